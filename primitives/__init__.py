@@ -1,0 +1,37 @@
+"""The epilogue contract the LLM writes against (see primitive_docs/).
+
+An epilogue is a plain function of the GEMM accumulator built from these names; the same
+source runs on the GPU (quack's SM90 GEMM) and on the CPU (the tile emulator).
+"""
+
+from primitives import finish, prepare
+from primitives.config import DEFAULT_CONFIG, GemmConfig
+from primitives.epilogue import Epilogue, EpilogueError, epilogue
+from primitives.math import dswiglu, exp, fma, log, rope_rotate, rsqrt, sigmoid, silu, swiglu
+from primitives.spec import (
+    ColReduce,
+    PerCol,
+    PerRow,
+    RowLogSumExp,
+    RowReduce,
+    RowSelect,
+    Scalar,
+    Tile,
+    partials_shape,
+)
+from primitives.values import pack, unpack
+
+
+def from_quack(mod, operands=None, name=None):
+    """Wrap a quack library epilogue (imports quack, ~10 s, on first use)."""
+    from primitives.quack_library import from_quack as _from_quack
+
+    return _from_quack(mod, operands=operands, name=name)
+
+
+__all__ = [
+    "ColReduce", "DEFAULT_CONFIG", "Epilogue", "EpilogueError", "GemmConfig", "PerCol",
+    "PerRow", "RowLogSumExp", "RowReduce", "RowSelect", "Scalar", "Tile", "dswiglu",
+    "epilogue", "exp", "finish", "fma", "from_quack", "log", "pack", "partials_shape",
+    "prepare", "rope_rotate", "rsqrt", "sigmoid", "silu", "swiglu", "unpack",
+]

@@ -1,0 +1,230 @@
+"""`@epilogue`: a plain function of the accumulator becomes a fused GEMM.
+
+    @epilogue(outputs=("x",), operands={"w": PerCol()}, reductions={"sumsq": RowReduce(product=True)})
+    def residual_rms(acc, c, w):
+        x = acc + c
+        return {"D": x * w, "x": x, "sumsq": (x, x)}
+
+    out = residual_rms(a, w_o, c=residual, w=norm_weight)   # D = epilogue(a @ w_o^T)
+
+The function is called per output element (per pair in the paired modes) and returns a
+dict: "D" (the main output; omit it to store the raw accumulator), each declared output,
+and each declared reduction's value. The call runs the quack SM90 GEMM when the tensors
+are on a GPU and the tile emulator when they are on the CPU: one source, both places.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from primitives.config import DEFAULT_CONFIG, GemmConfig
+from primitives.spec import (
+    MODES,
+    Operand,
+    PerCol,
+    PerRow,
+    Reduction,
+    RowSelect,
+    Scalar,
+    Tile,
+)
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+class EpilogueError(ValueError):
+    """A call or declaration that does not fit the epilogue contract (one clear line)."""
+
+
+@dataclass
+class Epilogue:
+    """An epilogue function plus its declarations. Build it with `@epilogue(...)` or
+    `from_quack(...)`; call it like a function to run the fused GEMM."""
+
+    fn: Callable
+    outputs: tuple[str, ...] = ()
+    operands: dict[str, Operand] = field(default_factory=dict)
+    reductions: dict[str, Reduction] = field(default_factory=dict)
+    mode: str = "element"
+    # the function the emulator calls (a torch twin for quack's own epilogues)
+    torch_fn: Callable | None = None
+    # an existing quack EpiMod to launch on the GPU instead of minting one from `fn`
+    quack_mod: object | None = None
+    author: str | None = None
+
+    def __post_init__(self):
+        self.name = getattr(self.fn, "__name__", "epilogue")
+        self.torch_fn = self.torch_fn or self.fn
+        if self.mode not in MODES:
+            raise EpilogueError(f"{self.name}: mode must be one of {MODES}, got {self.mode!r}")
+        params = list(inspect.signature(self.fn).parameters)
+        if not params or params[0] != "acc":
+            raise EpilogueError(f"{self.name}: the function's first parameter must be 'acc'")
+        self.params: tuple[str, ...] = tuple(params[1:])
+        for p in self.params:
+            if p != "c" and p not in self.operands:
+                raise EpilogueError(
+                    f"{self.name}: parameter {p!r} has no declaration; add operands={{{p!r}: "
+                    "PerRow() | PerCol() | Scalar() | Tile()}} (or name it 'c' for the GEMM's C)"
+                )
+        for p in self.operands:
+            if p not in self.params:
+                raise EpilogueError(f"{self.name}: operand {p!r} is declared but not a parameter")
+        reserved = {"config", "dtypes", "store_d"} & set(self.params)
+        if reserved:
+            raise EpilogueError(f"{self.name}: parameter names {sorted(reserved)} are reserved by the call")
+        names = set(self.outputs) | set(self.reductions)
+        clash = names & (set(self.params) | {"acc", "c", "D"})
+        if clash or len(names) != len(self.outputs) + len(self.reductions):
+            raise EpilogueError(f"{self.name}: output/reduction names clash: {sorted(clash)}")
+        if self.mode == "packed_pair" and "c" not in self.params:
+            raise EpilogueError(f"{self.name}: mode='packed_pair' needs the 'c' parameter")
+        if self.mode == "acc_pair" and any(
+            getattr(r, "product", False) for r in self.reductions.values()
+        ):
+            raise EpilogueError(
+                f"{self.name}: product reductions are not available in acc_pair mode "
+                "(quack 0.6.5): return the product itself as a pair"
+            )
+        self.index_names = tuple(
+            r.index for r in self.reductions.values() if isinstance(r, RowSelect)
+        )
+
+    # ---- the call ----------------------------------------------------------------
+
+    def __call__(
+        self,
+        a: torch.Tensor,
+        w: torch.Tensor,
+        /,
+        c: torch.Tensor | None = None,
+        *,
+        config: GemmConfig | None = None,
+        dtypes: Mapping[str, torch.dtype] | None = None,
+        store_d: bool = True,
+        **values,
+    ) -> dict[str, torch.Tensor]:
+        """Run D = epilogue(a @ w^T) with `a` (M, K) and `w` (N, K) (nn.Linear layout; a
+        transposed view of a (K, N) tensor works too). Returns {"D": ..., <outputs>,
+        <reductions as raw float32 partials>}; `store_d=False` skips writing D."""
+        call = self.check_call(a, w, c, values, dtypes, store_d)
+        config = config or DEFAULT_CONFIG
+        if a.device.type == "cuda":
+            from primitives.lowering import launch
+
+            return launch(self, call, config)
+        from primitives.emulator import emulate
+
+        return emulate(self, call, config)
+
+    def check_call(self, a, w, c, values, dtypes, store_d) -> "Call":
+        """Validate a call against the declarations; one clear error line when it does not fit."""
+        where = f"{self.name}()"
+        if not (isinstance(a, torch.Tensor) and a.ndim == 2 and a.dtype in _HALF):
+            raise EpilogueError(f"{where}: a must be a 2-D bf16/fp16 tensor (M, K)")
+        if not (isinstance(w, torch.Tensor) and w.ndim == 2 and w.dtype == a.dtype):
+            raise EpilogueError(f"{where}: w must be a 2-D (N, K) tensor of a's dtype {a.dtype}")
+        m, k = a.shape
+        n = w.shape[0]
+        if w.shape[1] != k:
+            raise EpilogueError(f"{where}: a is (M={m}, K={k}) but w is {tuple(w.shape)}; expected (N, {k})")
+        if w.device != a.device:
+            raise EpilogueError(f"{where}: a and w are on different devices")
+        if self.mode == "acc_pair" and n % 2:
+            raise EpilogueError(f"{where}: mode='acc_pair' needs an even N, got {n}")
+        c_shape = (m, 2 * n) if self.mode == "packed_pair" else (m, n)
+        if "c" in self.params:
+            if c is None:
+                raise EpilogueError(f"{where}: the function takes 'c' but no c was passed")
+            if tuple(c.shape) != c_shape:
+                raise EpilogueError(f"{where}: c must be {c_shape}, got {tuple(c.shape)}")
+            if self.mode == "packed_pair" and c.dtype not in _HALF:
+                raise EpilogueError(f"{where}: packed_pair c must be bf16/fp16, got {c.dtype}")
+        elif c is not None:
+            raise EpilogueError(f"{where}: c was passed but the function has no 'c' parameter")
+        for p in self.params:
+            if p != "c" and p not in values:
+                raise EpilogueError(f"{where}: missing operand {p}=")
+        for name in self.index_names:
+            idx = values.get(name)
+            if not isinstance(idx, torch.Tensor) or idx.shape != (m,) or idx.dtype not in (torch.int32, torch.int64):
+                raise EpilogueError(f"{where}: {name}= must be an int32/int64 ({m},) tensor")
+        unknown = set(values) - set(self.params) - set(self.index_names)
+        if unknown:
+            raise EpilogueError(f"{where}: unexpected arguments {sorted(unknown)}")
+        for p, kind in self.operands.items():
+            _check_operand(where, p, kind, values[p], m, n, a.device)
+        dtypes = dict(dtypes or {})
+        unknown = set(dtypes) - {"D", *self.outputs}
+        if unknown:
+            raise EpilogueError(f"{where}: dtypes= names unknown outputs {sorted(unknown)}")
+        d_default = c.dtype if self.mode == "packed_pair" else a.dtype
+        dtypes.setdefault("D", d_default)
+        if self.mode == "packed_pair" and store_d and dtypes["D"] != c.dtype:
+            raise EpilogueError(f"{where}: packed_pair D has c's dtype {c.dtype}")
+        for o in self.outputs:
+            dtypes.setdefault(o, a.dtype)
+        return Call(a=a, w=w, c=c, values=values, dtypes=dtypes, store_d=store_d, m=m, n=n, k=k)
+
+
+@dataclass
+class Call:
+    """A validated call: what both the emulator and the GPU lowering consume."""
+
+    a: torch.Tensor
+    w: torch.Tensor
+    c: torch.Tensor | None
+    values: dict
+    dtypes: dict
+    store_d: bool
+    m: int
+    n: int
+    k: int
+
+
+def _check_operand(where, name, kind, value, m, n, device) -> None:
+    if isinstance(kind, Scalar):
+        if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+            return
+        raise EpilogueError(f"{where}: {name}= is Scalar(); pass a number or a 1-element tensor")
+    if not isinstance(value, torch.Tensor):
+        raise EpilogueError(f"{where}: {name}= must be a tensor, got {type(value).__name__}")
+    if value.device != device:
+        raise EpilogueError(f"{where}: {name}= is on {value.device}, the GEMM on {device}")
+    expected = {PerRow: (m,), PerCol: (n,), Tile: (m, n)}[type(kind)]
+    if tuple(value.shape) != expected:
+        raise EpilogueError(
+            f"{where}: {name}= is {type(kind).__name__}() so its shape must be {expected}, "
+            f"got {tuple(value.shape)}"
+        )
+    if not value.is_floating_point():
+        raise EpilogueError(f"{where}: {name}= must be a floating-point tensor, got {value.dtype}")
+
+
+def epilogue(
+    outputs: tuple[str, ...] | list[str] = (),
+    operands: Mapping[str, Operand] | None = None,
+    reductions: Mapping[str, Reduction] | None = None,
+    mode: str = "element",
+):
+    """Declare an epilogue. `outputs`: names of extra full tiles the function returns
+    (stored like D; half width in acc_pair mode). `operands`: the kind of each parameter
+    after `acc` (except `c`, the GEMM's C operand). `reductions`: per-row / per-column
+    statistics the function returns. `mode`: "element" (one accumulator element per call),
+    "acc_pair" (adjacent output columns 2j, 2j+1 arrive as one pair), "packed_pair" (C and
+    D are 16-bit (M, 2N) tensors holding (x, y) pairs; the accumulator is one value per pair)."""
+
+    def wrap(fn):
+        return Epilogue(
+            fn=fn,
+            outputs=tuple(outputs),
+            operands=dict(operands or {}),
+            reductions=dict(reductions or {}),
+            mode=mode,
+        )
+
+    return wrap

@@ -1,0 +1,156 @@
+"""The GPU meaning of an epilogue: quack 0.6.5's SM90 GEMM with the function as its
+epilogue (the seam between the contract and quack; keep it thin).
+
+`launch` runs a validated call on CUDA tensors. `compile_only` builds the same kernel
+for sm_90a on a machine without a GPU (CUTE_DSL_ARCH=sm_90a, QUACK_ARCH=90): it is the
+CI's compile check and the way to fill quack's object cache before a GPU session.
+Importing quack happens here, on first use, never on the emulator path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from primitives.config import GemmConfig
+from primitives.epilogue import Call, Epilogue
+from primitives.spec import ColReduce, PerCol, PerRow, RowLogSumExp, RowReduce, RowSelect, Scalar, Tile, partials_shape
+
+#: the H200/H100 SM count; stands in for the driver's cluster-occupancy query when compiling without a GPU
+SM90_SM_COUNT = 132
+_REPO_SOURCES = [Path(__file__).resolve().parent]
+_QUACK_MODE = {"element": None, "acc_pair": "acc_pair", "packed_pair": "packed_cd_b16x2"}
+_COMBINE = {"sum": "add", "max": "max", "absmax": "max_abs"}
+_quack_ready = False
+
+
+def _import_quack():
+    """Import quack once, registering our sources in its compile-cache fingerprint so an
+    edited primitive never reuses a stale compiled kernel."""
+    global _quack_ready
+    import quack.cache as qcache
+
+    if not _quack_ready:
+        for src in _REPO_SOURCES:
+            if src not in qcache.EXTRA_SOURCE_DIRS:
+                qcache.EXTRA_SOURCE_DIRS.append(src)
+        _quack_ready = True
+    from quack.epilogue import frontend, ops
+
+    return frontend, ops
+
+
+def quack_mod(epi: Epilogue):
+    """The quack EpiMod for an epilogue (its own for library epilogues; minted once
+    otherwise, every operand pinned to its declared kind)."""
+    if epi.quack_mod is not None:
+        return epi.quack_mod
+    frontend, ops = _import_quack()
+    pin = {PerRow: ops.ColVecLoad, PerCol: ops.RowVecLoad, Scalar: ops.Scalar, Tile: ops.TileLoad}
+    pins = {p: pin[type(kind)](p) for p, kind in epi.operands.items()}
+    sinks, extra = {}, []
+    for name, red in epi.reductions.items():
+        if isinstance(red, RowReduce):
+            sinks[name] = ops.ColVecReduce(name, combine=_COMBINE[red.combine], scaled=red.product)
+        elif isinstance(red, ColReduce):
+            sinks[name] = ops.RowVecReduce(name, combine=_COMBINE[red.combine], scaled=red.product)
+        elif isinstance(red, RowLogSumExp):
+            sinks[name] = ops.OnlineLSEReduce(name)
+        elif isinstance(red, RowSelect):
+            idx = ops.ColVecLoad(red.index)
+            extra.append(idx)
+            sinks[name] = ops.ColVecSelect(name, idx_op=idx)
+    epi.quack_mod = frontend.gemm_epilogue(
+        outputs=epi.outputs, ops=pins, outs=sinks, mode=_QUACK_MODE[epi.mode], extra_ops=tuple(extra)
+    )(epi.fn)
+    return epi.quack_mod
+
+
+def _buffers(epi: Epilogue, call: Call, config: GemmConfig, device):
+    """D, outputs and reduction buffers, plus quack's epi_args for the call."""
+    m, n = call.m, call.n
+    d = None
+    if call.store_d:
+        width = 2 * n if epi.mode == "packed_pair" else n
+        d = torch.empty((m, width), dtype=call.dtypes["D"], device=device)
+    out_w = n // 2 if epi.mode == "acc_pair" else n
+    result = {"D": d} if d is not None else {}
+    epi_args = {}
+    for o in epi.outputs:
+        result[o] = epi_args[o] = torch.empty((m, out_w), dtype=call.dtypes[o], device=device)
+    for name, red in epi.reductions.items():
+        shape = partials_shape(red, m, n, config.tile_m, config.tile_n)
+        # a select leaves out-of-range rows unwritten: NaN makes that visible
+        fill = torch.full if isinstance(red, RowSelect) else None
+        buf = fill(shape, float("nan"), dtype=torch.float32, device=device) if fill else torch.empty(
+            shape, dtype=torch.float32, device=device
+        )
+        result[name] = epi_args[name] = buf
+    for p, kind in epi.operands.items():
+        v = call.values[p]
+        if isinstance(kind, Scalar):
+            epi_args[p] = float(v) if not isinstance(v, torch.Tensor) else float(v.reshape(()).item())
+        elif isinstance(kind, (PerRow, PerCol)):
+            epi_args[p] = v.reshape(1, -1)  # quack's vectors carry a batch dim
+        else:
+            epi_args[p] = v
+    for idx in epi.index_names:
+        epi_args[idx] = call.values[idx].reshape(1, -1)
+    return d, result, epi_args
+
+
+def _gemm(epi: Epilogue, call: Call, config: GemmConfig, launch: bool, device):
+    mod = quack_mod(epi)
+    d, result, epi_args = _buffers(epi, call, config, device)
+    mod.gemm(
+        call.a,
+        call.w,
+        d,
+        call.c,
+        epi_args=epi_args,
+        tile_M=config.tile_m,
+        tile_N=config.tile_n,
+        cluster_M=config.cluster_m,
+        cluster_N=config.cluster_n,
+        pingpong=config.pingpong,
+        persistent=True,
+        max_swizzle_size=config.max_swizzle_size,
+        _launch=launch,
+    )
+    return result
+
+
+def launch(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Tensor]:
+    """Run the fused GEMM on the GPU; returns D, outputs and raw reduction partials."""
+    return _gemm(epi, call, config, True, call.a.device)
+
+
+def compile_only(epi: Epilogue, call: Call, config: GemmConfig) -> None:
+    """Compile the kernel for sm_90a without a GPU (CPU tensors only describe shapes and
+    dtypes; nothing runs). Needs CUTE_DSL_ARCH=sm_90a and QUACK_ARCH=90 set before
+    quack is imported; raises whatever the DSL compiler raises."""
+    if os.environ.get("QUACK_ARCH") != "90" or os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
+        raise RuntimeError("compile_only needs QUACK_ARCH=90 and CUTE_DSL_ARCH=sm_90a in the environment")
+    _import_quack()
+    import quack.gemm_runtime.host as host
+
+    # the launch-time occupancy query needs a driver; every SM of an H100/H200 runs one
+    # CTA of these kernels, so a persistent grid has SMs // cluster_size clusters
+    host.get_max_active_clusters = lambda cluster_size, *a, **k: SM90_SM_COUNT // cluster_size
+    _gemm(epi, call, config, False, torch.device("cpu"))
+
+
+def finish_on_gpu(name: str, partials: torch.Tensor, **kw):
+    """The finishing steps on CUDA tensors (torch for now; see issue 3)."""
+    if name == "rstd_from_sumsq":
+        return torch.rsqrt(partials.sum(dim=-1) / kw["n"] + kw["eps"])
+    if name == "row_sum":
+        return partials.sum(dim=-1)
+    if name == "col_sum":
+        return partials.sum(dim=0)
+    if name == "cross_entropy":
+        lse = torch.logsumexp(partials, dim=-1)
+        return lse - kw["target_logit"], lse
+    raise ValueError(f"unknown finishing step {name!r}")

@@ -1,0 +1,28 @@
+"""One-time transforms of constant inputs (weights, frequency tables), run before timing
+by a kernel's `prepare()`. They may read only the task's constant inputs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, passthrough_cols: int = 0) -> torch.Tensor:
+    """The per-column float32 table `primitives.math.rope_rotate` reads as a PerCol operand.
+
+    inv_freq is HF-style, (head_dim/2,): pair j of every head rotates by pos * inv_freq[j].
+    For each pair (2j, 2j+1) of the first `rotary_cols` columns the table holds
+    (hi, lo) = the float-float split of inv_freq[j] / (2 pi), i.e. the angle in turns to
+    ~2^-49 relative; the last `passthrough_cols` columns (e.g. V of a fused QKV
+    projection) get frequency 0, an exact identity."""
+    if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] != head_dim:
+        raise ValueError(f"inv_freq must be ({head_dim // 2},), got {tuple(inv_freq.shape)}")
+    if rotary_cols % head_dim or passthrough_cols % 2:
+        raise ValueError("rotary_cols must be whole heads and passthrough_cols even")
+    turns = inv_freq.double() / (2 * math.pi)
+    hi = turns.float()
+    lo = (turns - hi.double()).float()
+    head = torch.stack((hi, lo), dim=-1).reshape(-1)
+    table = head.repeat(rotary_cols // head_dim)
+    return torch.cat((table, table.new_zeros(passthrough_cols))).contiguous()

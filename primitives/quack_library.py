@@ -1,0 +1,197 @@
+"""Run quack's own library epilogues (written by CODA's authors) through the contract.
+
+`from_quack(mod)` turns a quack `EpiMod` into an `Epilogue`: its declarations are read
+off the mod's ops, the GPU launches the mod itself, and the emulator calls a *torch twin*
+of its function: the same code object with its math names (unpack, swiglu, cute.math.fma,
+...) rebound to torch versions, recursively through the quack helpers it calls. Importing
+quack costs ~10 s, so only kernels that wrap a library epilogue pay it, when first used.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from primitives import math as pm
+from primitives.epilogue import Epilogue, EpilogueError
+from primitives.spec import (
+    ColReduce,
+    PerCol,
+    PerRow,
+    RowLogSumExp,
+    RowReduce,
+    RowSelect,
+    Scalar,
+    Tile,
+)
+from primitives.values import TorchPair, pack, unpack
+
+_QUACK_MODE = {"element": "element", "acc_pair": "acc_pair", "packed_cd_b16x2": "packed_pair"}
+_COMBINE = {"add": "sum", "max": "max", "max_abs": "absmax"}
+
+
+def from_quack(mod, operands: dict | None = None, name: str | None = None) -> Epilogue:
+    """Wrap a quack EpiMod. `operands` declares the kinds of parameters quack would infer
+    from tensor shapes (those the mod does not pin), e.g. {"y": Tile()}."""
+    from quack.epilogue import ops as q
+
+    pinned = {
+        q.ColVecLoad: PerRow,
+        q.RowVecLoad: PerCol,
+        q.Scalar: Scalar,
+        q.TileLoad: Tile,
+    }
+    kinds = dict(operands or {})
+    for p, op in mod.ops.items():
+        kind = pinned.get(type(op))
+        if kind is None:
+            raise EpilogueError(f"from_quack: operand {p!r} uses {type(op).__name__}, which has no torch meaning here")
+        kinds.setdefault(p, kind())
+    reductions = {}
+    for s, op in mod.sinks.items():
+        if isinstance(op, q.OnlineLSEReduce):
+            reductions[s] = RowLogSumExp()
+        elif isinstance(op, q.ColVecSelect):
+            reductions[s] = RowSelect(index=op.idx_op.name)
+        elif isinstance(op, q.ColVecReduce):
+            reductions[s] = RowReduce(_COMBINE[op.combine], product=op.scaled)
+        elif isinstance(op, q.RowVecReduce):
+            reductions[s] = ColReduce(_COMBINE[op.combine], product=op.scaled)
+        else:
+            raise EpilogueError(f"from_quack: sink {s!r} ({type(op).__name__}) has no torch meaning here")
+    if mod.prepass is not None:
+        raise EpilogueError("from_quack: epilogues with a prepass are not supported")
+    fn = mod.fn
+    if name:
+        fn = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    epi = Epilogue(
+        fn=fn,
+        outputs=tuple(mod.outputs),
+        operands=kinds,
+        reductions=reductions,
+        mode=_QUACK_MODE[mod.mode],
+        torch_fn=torch_twin(mod.fn),
+        quack_mod=mod,
+        author="quack library (CODA's authors)",
+    )
+    return epi
+
+
+# ---- torch twins --------------------------------------------------------------------
+
+
+class _CuteMathTwin:
+    """The slice of cutlass.cute.math that library epilogues use, on torch tensors."""
+
+    @staticmethod
+    def fma(a, b, c):
+        return pm.fma(a, b, c)
+
+    @staticmethod
+    def exp(x, fastmath=False):
+        return torch.exp(x)
+
+    @staticmethod
+    def exp2(x, fastmath=False):
+        return torch.exp2(x)
+
+    @staticmethod
+    def log(x, fastmath=False):
+        return torch.log(x)
+
+    @staticmethod
+    def sin(x, fastmath=False):
+        # the library's angle helpers pass float32 radians already reduced to [-pi, pi]
+        return torch.sin(x.double()).float()
+
+    @staticmethod
+    def cos(x, fastmath=False):
+        return torch.cos(x.double()).float()
+
+    @staticmethod
+    def rsqrt(x, fastmath=False):
+        return torch.rsqrt(x)
+
+    @staticmethod
+    def sqrt(x, fastmath=False):
+        return torch.sqrt(x)
+
+    @staticmethod
+    def tanh(x, fastmath=False):
+        return torch.tanh(x)
+
+
+class _CuteArchTwin:
+    @staticmethod
+    def fmax(a, b, abs=False):
+        return torch.maximum(a.abs(), b.abs()) if abs else torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
+
+
+class _CuteTwin:
+    math = _CuteMathTwin
+    arch = _CuteArchTwin
+
+
+def _twin_table() -> dict[int, object]:
+    """quack objects -> torch twins, keyed by identity (names vary across modules)."""
+    import cutlass
+    import cutlass.cute as cute
+    import quack.activation as act
+    import quack.epilogue.math as qmath
+
+    table = {
+        qmath.unpack: unpack,
+        qmath.pack: pack,
+        qmath.Pair: TorchPair,
+        qmath.pexp: torch.exp,
+        qmath.pexp2: torch.exp2,
+        act.sigmoid: pm.sigmoid,
+        act.silu: pm.silu,
+        act.swiglu: pm.swiglu,
+        act.dswiglu: pm.dswiglu,
+        act.relu: torch.relu,
+        cute: _CuteTwin,
+        cutlass.const_expr: lambda x: x,
+        cutlass.Float32: lambda x: x,
+    }
+    return {id(k): v for k, v in table.items()}
+
+
+_TABLE: dict[int, object] | None = None
+
+
+def torch_twin(fn, _done: dict | None = None):
+    """The same function with every quack/CuTe name it reaches replaced by a torch twin."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _twin_table()
+    done = {} if _done is None else _done
+    if id(fn) in done:
+        return done[id(fn)]
+    glb = dict(fn.__globals__)
+    for name in _code_names(fn.__code__):
+        if name in glb:
+            glb[name] = _twin_of(glb[name], done)
+    closure = None
+    if fn.__closure__:
+        closure = tuple(types.CellType(_twin_of(cell.cell_contents, done)) for cell in fn.__closure__)
+    twin = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, closure)
+    done[id(fn)] = twin
+    return twin
+
+
+def _twin_of(obj, done):
+    if id(obj) in _TABLE:
+        return _TABLE[id(obj)]
+    if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("quack."):
+        return torch_twin(obj, done)
+    return obj
+
+
+def _code_names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
