@@ -22,11 +22,14 @@ from primitives.spec import (
 from primitives.values import pack, unpack
 
 
-def from_quack(mod, operands=None, name=None):
-    """Wrap a quack library epilogue (imports quack, ~10 s, on first use)."""
-    from primitives.quack_library import from_quack as _from_quack
+def from_quack(target, operands=None):
+    """Wrap a quack library epilogue: an EpiMod, or a "module:name" path such as
+    "quack.epilogue.library:swiglu_mod", resolved (importing quack, ~10 s) on first use."""
+    from primitives.quack_library import LazyQuackEpilogue, from_quack as _from_quack
 
-    return _from_quack(mod, operands=operands, name=name)
+    if isinstance(target, str):
+        return LazyQuackEpilogue(target, operands)
+    return _from_quack(target, operands=operands)
 
 
 __all__ = [

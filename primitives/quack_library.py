@@ -31,7 +31,7 @@ _QUACK_MODE = {"element": "element", "acc_pair": "acc_pair", "packed_cd_b16x2": 
 _COMBINE = {"add": "sum", "max": "max", "max_abs": "absmax"}
 
 
-def from_quack(mod, operands: dict | None = None, name: str | None = None) -> Epilogue:
+def from_quack(mod, operands: dict | None = None) -> Epilogue:
     """Wrap a quack EpiMod. `operands` declares the kinds of parameters quack would infer
     from tensor shapes (those the mod does not pin), e.g. {"y": Tile()}."""
     from quack.epilogue import ops as q
@@ -62,11 +62,8 @@ def from_quack(mod, operands: dict | None = None, name: str | None = None) -> Ep
             raise EpilogueError(f"from_quack: sink {s!r} ({type(op).__name__}) has no torch meaning here")
     if mod.prepass is not None:
         raise EpilogueError("from_quack: epilogues with a prepass are not supported")
-    fn = mod.fn
-    if name:
-        fn = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
     epi = Epilogue(
-        fn=fn,
+        fn=mod.fn,
         outputs=tuple(mod.outputs),
         operands=kinds,
         reductions=reductions,
@@ -76,6 +73,33 @@ def from_quack(mod, operands: dict | None = None, name: str | None = None) -> Ep
         author="quack library (CODA's authors)",
     )
     return epi
+
+
+class LazyQuackEpilogue:
+    """A quack library epilogue named by "module:name", imported on first use so that
+    merely loading a kernel file stays cheap."""
+
+    author = "quack library (CODA's authors)"
+
+    def __init__(self, target: str, operands: dict | None = None):
+        module, sep, attr = target.partition(":")
+        if not sep or not module.startswith("quack."):
+            raise EpilogueError(f"from_quack: expected 'quack.<module>:<name>', got {target!r}")
+        self.target, self.name, self._operands, self._epi = target, attr, operands, None
+
+    def resolve(self) -> Epilogue:
+        if self._epi is None:
+            import importlib
+
+            module, _, attr = self.target.partition(":")
+            mod = getattr(importlib.import_module(module), attr, None)
+            if mod is None:
+                raise EpilogueError(f"from_quack: {self.target} does not exist in quack")
+            self._epi = from_quack(mod, operands=self._operands)
+        return self._epi
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
 
 
 # ---- torch twins --------------------------------------------------------------------

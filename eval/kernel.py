@@ -1,0 +1,84 @@
+"""Kernel: one Python file that solves one task. Its metadata is read from the source's
+top-level constants without importing it (generated code is untrusted).
+
+A kernel module defines:
+    TASK = "<task name>"                 (required)
+    AUTHOR = "..."                       (expert kernels: who wrote it)
+    SESSION, BACKEND, MODEL = "..."      (generated kernels: where it came from)
+    prepare(consts) -> dict              (optional; reads only the task's constant inputs)
+    run(inputs, prepared, config=None) -> dict[str, Tensor]
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+from pydantic import BaseModel
+
+REPO = Path(__file__).resolve().parent.parent
+HUMAN_DIR = REPO / "human_kernels"
+GENERATED_DIR = REPO / "generated_kernels"
+
+
+class KernelError(ValueError):
+    """A kernel file that cannot be used (one clear line)."""
+
+
+class Kernel(BaseModel):
+    path: Path
+    task: str
+    track: str  # expert | generated | candidate
+    sha256: str
+    author: str | None = None
+    session: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    has_prepare: bool = False
+
+
+def read_kernel(path: Path, track: str | None = None) -> Kernel:
+    """Parse a kernel file's metadata (never imports it)."""
+    path = Path(path)
+    try:
+        source = path.read_text()
+    except OSError as e:
+        raise KernelError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as e:
+        raise KernelError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    consts, funcs = {}, set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                consts[node.targets[0].id] = node.value.value
+        elif isinstance(node, ast.FunctionDef):
+            funcs.add(node.name)
+    if "TASK" not in consts:
+        raise KernelError(f"{path}: no TASK = \"<task name>\" constant at the top level")
+    if "run" not in funcs:
+        raise KernelError(f"{path}: no top-level def run(inputs, prepared, config=None)")
+    if track is None:
+        resolved = path.resolve()
+        track = "expert" if resolved.is_relative_to(HUMAN_DIR) else "generated" if resolved.is_relative_to(GENERATED_DIR) else "candidate"
+    return Kernel(
+        path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
+        author=consts.get("AUTHOR"), session=consts.get("SESSION"), backend=consts.get("BACKEND"),
+        model=consts.get("MODEL"), has_prepare="prepare" in funcs,
+    )
+
+
+def resolve_kernel(spec: str, task_name: str) -> Path:
+    """'human' -> the expert kernel of the task; 'generated:ID' -> generated_kernels/<task>/<ID>.py;
+    anything else is a path."""
+    if spec == "human":
+        path = HUMAN_DIR / f"{task_name}.py"
+    elif spec.startswith("generated:"):
+        path = GENERATED_DIR / task_name / f"{spec.split(':', 1)[1]}.py"
+    else:
+        path = Path(spec)
+    if not path.is_file():
+        raise KernelError(f"no kernel file at {path}")
+    return path

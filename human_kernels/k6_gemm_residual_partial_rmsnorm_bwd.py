@@ -1,0 +1,27 @@
+"""k6: RMSNorm backward in the gate/up dgrad GEMM's epilogue. acc = g (gradient at the
+norm's output); the per-row correction arrives finished as zdz (from k7), so everything
+else is elementwise: dx = dx_in + rstd * (w*g - xhat * zdz/d)."""
+
+import primitives as P
+
+TASK = "k6_gemm_residual_partial_rmsnorm_bwd"
+AUTHOR = "epiforge maintainers"
+
+
+@P.epilogue(
+    outputs=("h",),
+    operands={"x": P.Tile(), "rstd": P.PerRow(), "w": P.PerCol(), "zdz": P.PerRow(), "inv_d": P.Scalar()},
+    reductions={"dw": P.ColReduce(product=True)},
+)
+def rmsnorm_bwd(acc, c, x, rstd, w, zdz, inv_d):
+    xhat = x * rstd
+    return {"D": c + rstd * (acc * w - xhat * (zdz * inv_d)), "h": xhat * w, "dw": (acc, xhat)}
+
+
+def run(inputs, prepared, config=None):
+    w_gu = inputs["w_gu"]  # (2F, d): the dgrad GEMM's B is its transpose, (N=d, K=2F)
+    out = rmsnorm_bwd(
+        inputs["dz"], w_gu.T, c=inputs["dx_in"], x=inputs["x"], rstd=inputs["rstd"],
+        w=inputs["norm_weight"], zdz=inputs["zdz"], inv_d=1.0 / w_gu.shape[1], config=config,
+    )
+    return {"dx": out["D"], "h": out["h"], "dw": P.finish.col_sum(out["dw"])}

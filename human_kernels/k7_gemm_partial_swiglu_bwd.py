@@ -1,0 +1,16 @@
+"""k7: SwiGLU backward in the down projection's dgrad epilogue with quack's
+dswiglu_dpreact_mod: C and D hold the 16-bit (gate, up) pairs packed, acc is one d_out per
+pair; dsum collects per-tile sums of gate*d_gate + up*d_up (the ZdZ partials)."""
+
+import primitives as P
+
+TASK = "k7_gemm_partial_swiglu_bwd"
+AUTHOR = "quack library (CODA's authors)"
+
+swiglu_bwd_zdz = P.from_quack("quack.epilogue.library:dswiglu_dpreact_mod")
+
+
+def run(inputs, prepared, config=None):
+    # acc = dout @ w_down: B = w_down^T, (N=F, K=d)
+    out = swiglu_bwd_zdz(inputs["dout"], inputs["w_down"].T, c=inputs["z"], config=config)
+    return {"dz": out["D"], "out": out["postact"], "zdz": P.finish.row_sum(out["dsum"])}

@@ -1,0 +1,75 @@
+"""Realistic input makers and reference pieces shared by the task references.
+
+Scales follow a trained LLM's: activations ~ N(0, 1), linear weights ~ N(0, 1/K) (so
+outputs stay O(1)), norm weights around 1, rstd computed from a real residual stream,
+positions 0..seq-1 per sequence, RoPE frequencies theta**(-2j/head_dim), gradients small.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ROPE_THETA = 10000.0
+
+
+def normal(shape, gen, device, std=1.0, dtype=torch.bfloat16) -> torch.Tensor:
+    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+
+def linear_weight(n_out: int, n_in: int, gen, device) -> torch.Tensor:
+    """nn.Linear layout (out, in), std 1/sqrt(in)."""
+    return normal((n_out, n_in), gen, device, std=1.0 / math.sqrt(n_in))
+
+
+def norm_weight(n: int, gen, device) -> torch.Tensor:
+    return normal((n,), gen, device, std=0.1, dtype=torch.float32).add_(1.0).to(torch.bfloat16)
+
+
+def rstd_of(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm's reciprocal rms of each row, float32."""
+    xf = x.float()
+    return torch.rsqrt(xf.pow(2).mean(-1) + eps)
+
+
+def positions(m: int, seq: int, device) -> torch.Tensor:
+    """0..seq-1 for each sequence of the batch, float32 (exact to 2**24)."""
+    return (torch.arange(m, device=device) % seq).to(torch.float32)
+
+
+def rope_inv_freq(head_dim: int, device) -> torch.Tensor:
+    j = torch.arange(0, head_dim, 2, device=device, dtype=torch.float64)
+    return (1.0 / ROPE_THETA ** (j / head_dim)).to(torch.float32)
+
+
+def targets(m: int, vocab: int, gen, device) -> torch.Tensor:
+    return torch.randint(0, vocab, (m,), generator=gen, device=device, dtype=torch.int64)
+
+
+# ---- reference pieces (plain torch; they run in whatever dtype they are given) ---------
+
+
+def swiglu_interleaved(z: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for z = [g0, u0, g1, u1, ...] along the last axis."""
+    g, u = z[..., 0::2], z[..., 1::2]
+    return torch.nn.functional.silu(g) * u
+
+
+def rope_interleaved(z: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int) -> torch.Tensor:
+    """Rotate the first `rotary_cols` columns of z (whole heads) in adjacent pairs
+    (2j, 2j+1) of each head by pos[m] * inv_freq[j]; the rest pass through."""
+    m = z.shape[0]
+    head_dim = 2 * inv_freq.shape[0]
+    angle = pos[:, None] * inv_freq[None, :]  # (M, head_dim/2)
+    cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
+    rot = z[:, :rotary_cols].reshape(m, rotary_cols // head_dim, head_dim // 2, 2)
+    x1, x2 = rot[..., 0], rot[..., 1]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).reshape(m, rotary_cols)
+    return torch.cat((rotated, z[:, rotary_cols:]), dim=1)
+
+
+def cross_entropy_rows(logits: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse) per row."""
+    lse = torch.logsumexp(logits, dim=-1)
+    return lse - logits.gather(1, tgt[:, None])[:, 0], lse

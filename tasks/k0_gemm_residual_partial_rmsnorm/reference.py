@@ -1,0 +1,18 @@
+from tasks import common
+
+
+def make_inputs(dims, gen, device):
+    M, d = dims["M"], dims["d"]
+    return {
+        "a": common.normal((M, d), gen, device),
+        "w_o": common.linear_weight(d, d, gen, device),
+        "residual": common.normal((M, d), gen, device),
+        "norm_weight": common.norm_weight(d, gen, device),
+    }
+
+
+def reference(inputs, dims):
+    x = inputs["a"] @ inputs["w_o"].T + inputs["residual"]
+    h = x * inputs["norm_weight"]
+    rstd = (x * x).mean(-1).add(inputs["eps"]).rsqrt()
+    return {"x": x, "h": h, "rstd": rstd}

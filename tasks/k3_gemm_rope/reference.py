@@ -1,0 +1,16 @@
+from tasks import common
+
+
+def make_inputs(dims, gen, device):
+    M, d = dims["M"], dims["d"]
+    return {
+        "a": common.normal((M, d), gen, device),
+        "w_qkv": common.linear_weight(3 * d, d, gen, device),
+        "positions": common.positions(M, dims["seq"], device),
+        "inv_freq": common.rope_inv_freq(dims["head_dim"], device),
+    }
+
+
+def reference(inputs, dims):
+    z = inputs["a"] @ inputs["w_qkv"].T
+    return {"qkv": common.rope_interleaved(z, inputs["positions"], inputs["inv_freq"], 2 * dims["d"])}

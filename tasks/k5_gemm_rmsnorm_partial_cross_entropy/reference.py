@@ -1,0 +1,26 @@
+import math
+
+import torch
+
+from tasks import common
+
+EPS = 1e-6
+
+
+def make_inputs(dims, gen, device):
+    M, d, V = dims["M"], dims["d"], dims["V"]
+    x = common.normal((M, d), gen, device)
+    nw = common.norm_weight(d, gen, device)
+    w = (common.normal((V, d), gen, device, dtype=torch.float32) * (3.0 / math.sqrt(d))).bfloat16()
+    return {
+        "h": (x.float() * nw.float()).bfloat16(),
+        "rstd": common.rstd_of(x, EPS),
+        "w_lm": w,
+        "targets": common.targets(M, V, gen, device),
+    }
+
+
+def reference(inputs, dims):
+    logits = inputs["rstd"][:, None] * (inputs["h"] @ inputs["w_lm"].T)
+    loss, lse = common.cross_entropy_rows(logits, inputs["targets"])
+    return {"loss": loss, "lse": lse}

@@ -1,0 +1,23 @@
+import torch
+
+from tasks import common
+
+
+def make_inputs(dims, gen, device):
+    M, d, F = dims["M"], dims["d"], dims["F"]
+    return {
+        "dout": common.normal((M, d), gen, device, std=1e-2),
+        "w_down": common.linear_weight(d, F, gen, device),
+        "z": common.normal((M, 2 * F), gen, device),
+    }
+
+
+def reference(inputs, dims):
+    g_out = inputs["dout"] @ inputs["w_down"]
+    z = inputs["z"]
+    gate, up = z[:, 0::2], z[:, 1::2]
+    s = torch.sigmoid(gate)
+    d_gate = g_out * up * s * (1 + gate * (1 - s))
+    d_up = g_out * gate * s
+    dz = torch.stack((d_gate, d_up), dim=-1).flatten(1)
+    return {"dz": dz, "out": gate * s * up, "zdz": (z * dz).sum(-1)}

@@ -1,0 +1,280 @@
+"""Task: what a kernel must compute. One folder per task under tasks/: `task.toml` (the
+spec, validated here) and `reference.py` (`make_inputs` and the torch `reference`).
+
+Defined once, here: TensorSpec, ScalarSpec, Tolerance, GemmDims, Task, ShapeSet.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from primitives.finish import FINISHERS
+from tasks import dims as dimexpr
+
+TASKS_DIR = Path(__file__).resolve().parent
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+DTypeName = Literal["bfloat16", "float16", "float32", "int32", "int64"]
+#: symbols a shape may use (the columns of tasks/shapes.toml)
+DIMENSIONS = ("M", "seq", "d", "F", "V", "head_dim")
+
+
+class TaskError(ValueError):
+    """A malformed or unknown task: the message is one line naming the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """A named tensor the kernel reads or writes."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    shape: list[str] = Field(min_length=1, description="dimension expressions, e.g. ['M', '2*F']")
+    dtype: DTypeName
+    description: str
+    layout: str = "row-major, contiguous"
+    constant: bool = Field(False, description="weight-like: fixed across steps; a kernel's prepare() may read it")
+
+    @field_validator("shape")
+    @classmethod
+    def _known_dims(cls, shape):
+        for expr in shape:
+            unknown = dimexpr.symbols(expr) - set(DIMENSIONS)
+            if unknown:
+                raise ValueError(f"unknown dimension(s) {sorted(unknown)} in {expr!r}; known: {DIMENSIONS}")
+        return shape
+
+    def concrete_shape(self, dims: dict[str, int]) -> tuple[int, ...]:
+        return tuple(dimexpr.evaluate(e, dims) for e in self.shape)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+class ScalarSpec(_Strict):
+    """A named constant passed to the kernel as a Python number (e.g. RMSNorm's eps)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    value: float
+    description: str
+
+
+class Tolerance(_Strict):
+    """max|out - ref| <= factor * max|ref_lowprec - ref| + atol, where ref is the reference
+    in `reference_dtype` and ref_lowprec the same PyTorch code run on the inputs as given
+    (their own low precision), rounded to the output's dtype. NaN or Inf never pass."""
+
+    factor: float = Field(2.0, gt=0)
+    atol: float = Field(1e-6, ge=0)
+
+
+class OutputSpec(TensorSpec):
+    tolerance: Tolerance = Tolerance()
+
+
+class GemmDims(_Strict):
+    """The fused GEMM's problem size: D (m x n) = A (m x k) @ B (k x n)."""
+
+    m: str
+    n: str
+    k: str
+
+    @field_validator("m", "n", "k")
+    @classmethod
+    def _expr(cls, e):
+        dimexpr.symbols(e)
+        return e
+
+
+class ShapeSet(_Strict):
+    """One row of tasks/shapes.toml: concrete model dimensions."""
+
+    name: str
+    M: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    d: int = Field(gt=0)
+    F: int = Field(gt=0)
+    V: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.M % self.seq:
+            raise ValueError(f"M={self.M} is not a whole number of sequences of {self.seq}")
+        if self.d % self.head_dim:
+            raise ValueError(f"d={self.d} is not a whole number of heads of {self.head_dim}")
+        return self
+
+    def dims(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in DIMENSIONS}
+
+
+class Task(_Strict):
+    """A task spec plus access to its reference module."""
+
+    id: str = Field(pattern=r"^k[0-9]+$")
+    name: str = Field(pattern=r"^k[0-9]+_[a-z0-9_]+$")
+    title: str
+    description: str
+    gemm: GemmDims
+    inputs: list[TensorSpec] = Field(min_length=1)
+    scalars: list[ScalarSpec] = []
+    outputs: list[OutputSpec] = Field(min_length=1)
+    launches: list[str] = Field(min_length=1, description="the fused GEMM plus named finishing steps")
+    reference_dtype: Literal["float64", "float32"] = "float64"
+    folder: Path = Field(exclude=True)
+
+    @field_validator("launches")
+    @classmethod
+    def _known_launches(cls, launches):
+        if launches[0] != "gemm" or launches.count("gemm") != 1:
+            raise ValueError("the first launch must be the one fused 'gemm'")
+        unknown = set(launches[1:]) - set(FINISHERS)
+        if unknown:
+            raise ValueError(f"unknown finishing step(s) {sorted(unknown)}; known: {sorted(FINISHERS)}")
+        return launches
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        names = [t.name for t in self.inputs] + [s.name for s in self.scalars] + [o.name for o in self.outputs]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate names {sorted(dup)}")
+        return self
+
+    # ---- the reference module -------------------------------------------------------
+
+    @cached_property
+    def _module(self):
+        return importlib.import_module(f"tasks.{self.name}.reference")
+
+    def make_inputs(self, dims: dict[str, int], seed: int, device: str | torch.device = "cpu") -> dict:
+        """Fresh inputs (tensors and scalars) for one shape, reproducible from the seed."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+        inputs = self._module.make_inputs(dims, gen, torch.device(device))
+        for s in self.scalars:
+            inputs[s.name] = s.value
+        self._check_io(inputs, self.inputs, dims, "make_inputs")
+        return inputs
+
+    def reference(self, inputs: dict, dims: dict[str, int], exact: bool = True) -> dict[str, torch.Tensor]:
+        """The reference outputs: `exact` casts floating inputs to reference_dtype first;
+        otherwise the same PyTorch code runs on the inputs in their own precision and each
+        result is rounded to its output dtype (the 'plain PyTorch' low-precision baseline)."""
+        if exact:
+            rdt = DTYPES.get(self.reference_dtype) or getattr(torch, self.reference_dtype)
+            inputs = {k: v.to(rdt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+        out = self._module.reference(inputs, dims)
+        if not exact:
+            out = {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
+        return out
+
+    def _check_io(self, values: dict, specs, dims, where) -> None:
+        for spec in specs:
+            t = values.get(spec.name)
+            want = spec.concrete_shape(dims)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != spec.torch_dtype:
+                got = (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TaskError(f"{self.folder / 'reference.py'}: {where} gave {spec.name}={got}, spec says {want} {spec.dtype}")
+
+    # ---- roofline numbers -------------------------------------------------------------
+
+    def gemm_shape(self, dims: dict[str, int]) -> tuple[int, int, int]:
+        return tuple(dimexpr.evaluate(e, dims) for e in (self.gemm.m, self.gemm.n, self.gemm.k))
+
+    def flops(self, dims: dict[str, int]) -> int:
+        """2*m*n*k of the fused GEMM (the epilogue's few flops per element are not counted)."""
+        m, n, k = self.gemm_shape(dims)
+        return 2 * m * n * k
+
+    def min_bytes(self, dims: dict[str, int]) -> int:
+        """Each input read once and each output written once."""
+        total = 0
+        for t in [*self.inputs, *self.outputs]:
+            numel = 1
+            for s in t.concrete_shape(dims):
+                numel *= s
+            total += numel * t.torch_dtype.itemsize
+        return total
+
+    def summary(self, shape_sets: dict[str, list["ShapeSet"]]) -> dict:
+        """What `epiforge tasks list --json` prints for this task."""
+        shapes = {
+            set_name: [
+                {"name": s.name, "dims": s.dims(), "gemm_mnk": self.gemm_shape(s.dims()),
+                 "flops": self.flops(s.dims()), "bytes": self.min_bytes(s.dims())}
+                for s in sets
+            ]
+            for set_name, sets in shape_sets.items()
+        }
+        return {
+            "id": self.id,
+            "name": self.name,
+            "title": self.title,
+            "description": self.description,
+            "gemm": self.gemm.model_dump(),
+            "inputs": [t.model_dump() for t in self.inputs],
+            "scalars": [s.model_dump() for s in self.scalars],
+            "outputs": [o.model_dump() for o in self.outputs],
+            "launches": self.launches,
+            "tolerance": {o.name: o.tolerance.model_dump() for o in self.outputs},
+            "reference_dtype": self.reference_dtype,
+            "shapes": shapes,
+            "flops": {k: [s["flops"] for s in v] for k, v in shapes.items()},
+            "bytes": {k: [s["bytes"] for s in v] for k, v in shapes.items()},
+        }
+
+
+# ---- loading ----------------------------------------------------------------------------
+
+
+def _one_line(path: Path, err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        parts.append(f"{loc}: {e['msg']}")
+    return f"{path}: " + "; ".join(parts)
+
+
+def load_task_file(path: Path) -> Task:
+    """Parse and validate one task.toml; TaskError (one line, file and field) if malformed."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise TaskError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        task = Task(**data, folder=path.parent)
+    except ValidationError as e:
+        raise TaskError(_one_line(path, e)) from None
+    except TypeError as e:
+        raise TaskError(f"{path}: {e}") from None
+    if task.name != path.parent.name:
+        raise TaskError(f"{path}: name: {task.name!r} must match its folder {path.parent.name!r}")
+    return task
+
+
+def load_shape_sets(path: Path = TASKS_DIR / "shapes.toml") -> dict[str, list[ShapeSet]]:
+    try:
+        data = tomllib.loads(path.read_text())
+        return {name: [ShapeSet(**row) for row in rows] for name, rows in data.items()}
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"{path}: not valid TOML: {e}") from None
+    except ValidationError as e:
+        raise TaskError(_one_line(path, e)) from None

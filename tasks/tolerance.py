@@ -1,0 +1,58 @@
+"""The correctness rule: compare a kernel's outputs with the task's references."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+import torch
+
+from tasks.spec import OutputSpec
+
+
+class OutputCheck(BaseModel):
+    """One output's verdict, with the worst element when it fails."""
+
+    name: str
+    ok: bool
+    problem: str | None = None  # "shape", "dtype", "nonfinite", "tolerance", "missing"
+    max_error: float | None = None
+    allowed: float | None = None
+    worst_index: list[int] | None = None
+    got: float | None = None
+    expected: float | None = None
+    detail: str = ""
+
+
+def check_output(spec: OutputSpec, out, exact: torch.Tensor, lowprec: torch.Tensor) -> OutputCheck:
+    """max|out - exact| <= factor * max|lowprec - exact| + atol, and every element finite."""
+    name = spec.name
+    if not isinstance(out, torch.Tensor):
+        return OutputCheck(name=name, ok=False, problem="missing", detail=f"{name} missing or not a tensor")
+    if tuple(out.shape) != tuple(exact.shape):
+        return OutputCheck(name=name, ok=False, problem="shape",
+                           detail=f"{name}: shape {tuple(out.shape)}, expected {tuple(exact.shape)}")
+    if out.dtype != spec.torch_dtype:
+        return OutputCheck(name=name, ok=False, problem="dtype",
+                           detail=f"{name}: dtype {out.dtype}, expected {spec.torch_dtype}")
+    got = out.detach().to(exact.device, torch.float64)
+    ref = exact.to(torch.float64)
+    allowed = spec.tolerance.factor * (lowprec.to(ref.device, torch.float64) - ref).abs().max().item() + spec.tolerance.atol
+    bad = ~torch.isfinite(got)
+    if bad.any():
+        flat = int(bad.flatten().nonzero()[0])
+        idx = list(torch.unravel_index(torch.tensor(flat), got.shape))
+        idx = [int(i) for i in idx]
+        return OutputCheck(name=name, ok=False, problem="nonfinite", allowed=allowed, worst_index=idx,
+                           got=float(got.flatten()[flat]), expected=float(ref.flatten()[flat]),
+                           detail=f"{name}: non-finite value at {idx}")
+    err = (got - ref).abs()
+    flat = int(err.flatten().argmax())
+    max_err = float(err.flatten()[flat])
+    idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), got.shape)]
+    ok = max_err <= allowed
+    return OutputCheck(
+        name=name, ok=ok, problem=None if ok else "tolerance", max_error=max_err, allowed=allowed,
+        worst_index=idx, got=float(got.flatten()[flat]), expected=float(ref.flatten()[flat]),
+        detail=f"{name}: max error {max_err:.3e} at {idx} (got {float(got.flatten()[flat]):.6g}, "
+               f"expected {float(ref.flatten()[flat]):.6g}); allowed {allowed:.3e}",
+    )
