@@ -65,8 +65,11 @@ def evaluate(
     seed: int | None = None,
     timeout_s: float | None = None,
     memory_limit_gib: float | None = 16,
+    compile: bool = False,
 ) -> Result:
-    """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`."""
+    """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`. On a CPU,
+    `compile=True` also builds every epilogue the kernel launches for sm_90a (the GPU
+    kernel itself, cross-compiled) before emulating it."""
     started = time.monotonic()
     device = "cuda" if device in ("gpu", "cuda") else device
     if device not in ("cpu", "cuda"):
@@ -82,8 +85,11 @@ def evaluate(
                       message=f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
     request = {"task": task.name, "kernel_path": str(path.resolve()), "device": device, "shapes": shapes,
                "seed": secrets.randbelow(2**31) if seed is None else seed}
+    extra_env = {}
+    if compile and device == "cpu":
+        extra_env = {"EPIFORGE_CROSS_COMPILE": "1", "CUTE_DSL_ARCH": "sm_90a", "QUACK_ARCH": "90"}
     raw, stderr_tail, timed_out, rc = _run_worker(
-        request, timeout_s or DEFAULT_TIMEOUT_S[device],
+        request, extra_env, timeout_s or DEFAULT_TIMEOUT_S[device],
         int(memory_limit_gib * 2**30) if (memory_limit_gib and device == "cpu") else None,
     )
     wall = round(time.monotonic() - started, 3)
@@ -95,10 +101,11 @@ def evaluate(
         return Result(**base, outcome=Outcome.RUNTIME_ERROR, message=f"the worker died ({why}) before reporting",
                       stderr_tail=stderr_tail, wall_s=wall)
     return Result(**base, outcome=Outcome(raw["outcome"]), message=raw["message"],
-                  per_shape=[ShapeResult(**r) for r in raw["per_shape"]], stderr_tail=stderr_tail, wall_s=wall)
+                  per_shape=[ShapeResult(**r) for r in raw["per_shape"]], compiled=raw.get("compiled", []),
+                  stderr_tail=stderr_tail, wall_s=wall)
 
 
-def _run_worker(request: dict, timeout_s: float, cpu_bytes: int | None):
+def _run_worker(request: dict, extra_env: dict, timeout_s: float, cpu_bytes: int | None):
     """Start the worker, feed it the request, wait; kill its whole group on timeout.
     Returns (result dict or None, stderr tail, timed_out, return code)."""
     read_fd, write_fd = os.pipe()
@@ -107,7 +114,7 @@ def _run_worker(request: dict, timeout_s: float, cpu_bytes: int | None):
         with open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "eval.worker", "--result-fd", str(write_fd)],
-                stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=tmp, env=clean_env(),
+                stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=tmp, env=clean_env(extra_env),
                 pass_fds=(write_fd,), start_new_session=True, preexec_fn=_limit_memory(cpu_bytes),
             )
             os.close(write_fd)

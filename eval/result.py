@@ -50,6 +50,7 @@ class Result(BaseModel):
     message: str = Field("", description="one line: why it failed, or what passed")
     stderr_tail: str = ""
     per_shape: list[ShapeResult] = []
+    compiled: list[dict] = Field([], description="sm_90a cross-compiles done on a CPU (epilogue, config, ok, seconds)")
     environment: dict = {}
     started_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     wall_s: float | None = None

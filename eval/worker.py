@@ -56,6 +56,8 @@ def _is_compile_error(e: BaseException) -> bool:
 
     if isinstance(e, EpilogueError):
         return True
+    if "primitives.lowering" in sys.modules and isinstance(e, sys.modules["primitives.lowering"].CompileError):
+        return True
     mod = type(e).__module__ or ""
     return mod.startswith(("cutlass", "quack")) and "Runtime" not in type(e).__name__
 
@@ -115,12 +117,19 @@ def evaluate_in_process(request: dict) -> dict:
         bad = [r for r in per_shape if r.outcome != Outcome.PASSED]
         outcome = bad[0].outcome if bad else Outcome.PASSED
         message = f"{bad[0].shape}: {bad[0].message}" if bad else f"all {len(per_shape)} shapes within tolerance"
-        return {"outcome": outcome.value, "message": message, "per_shape": [r.model_dump(mode="json") for r in per_shape]}
+        return {"outcome": outcome.value, "message": message, "per_shape": [r.model_dump(mode="json") for r in per_shape],
+                "compiled": _compile_log()}
     except StageError as e:
-        return {"outcome": e.outcome.value, "message": e.message, "per_shape": []}
+        return {"outcome": e.outcome.value, "message": e.message, "per_shape": [], "compiled": _compile_log()}
     except Exception as e:
         traceback.print_exc()
-        return {"outcome": Outcome.RUNTIME_ERROR.value, "message": f"{type(e).__name__}: {e}".splitlines()[0], "per_shape": []}
+        return {"outcome": Outcome.RUNTIME_ERROR.value, "message": f"{type(e).__name__}: {e}".splitlines()[0],
+                "per_shape": [], "compiled": _compile_log()}
+
+
+def _compile_log() -> list[dict]:
+    lowering = sys.modules.get("primitives.lowering")
+    return list(lowering.COMPILE_LOG) if lowering else []
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,7 @@ are on a GPU and the tile emulator when they are on the CPU: one source, both pl
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -117,6 +118,11 @@ class Epilogue:
             from primitives.lowering import launch
 
             return launch(self, call, config)
+        if os.environ.get("EPIFORGE_CROSS_COMPILE") == "1":
+            # the CPU compile check: build the exact GPU kernel for sm_90a, then emulate
+            from primitives.lowering import cross_compile
+
+            cross_compile(self, call, config)
         from primitives.emulator import emulate
 
         return emulate(self, call, config)

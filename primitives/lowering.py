@@ -10,6 +10,7 @@ Importing quack happens here, on first use, never on the emulator path.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -140,6 +141,31 @@ def compile_only(epi: Epilogue, call: Call, config: GemmConfig) -> None:
     # CTA of these kernels, so a persistent grid has SMs // cluster_size clusters
     host.get_max_active_clusters = lambda cluster_size, *a, **k: SM90_SM_COUNT // cluster_size
     _gemm(epi, call, config, False, torch.device("cpu"))
+
+
+class CompileError(RuntimeError):
+    """The DSL compiler rejected an epilogue: names the epilogue, the config and the message."""
+
+
+#: what this process cross-compiled: {epilogue, config, ok, seconds[, error]} per attempt
+COMPILE_LOG: list[dict] = []
+
+
+def cross_compile(epi: Epilogue, call: Call, config: GemmConfig) -> None:
+    """compile_only with a record in COMPILE_LOG; a failure raises CompileError carrying
+    the compiler's own message (its last lines, where the DSL puts the cause)."""
+    entry = {"epilogue": epi.name, "config": config.key(), "mode": epi.mode}
+    t0 = time.monotonic()
+    try:
+        compile_only(epi, call, config)
+    except Exception as e:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        msg = " | ".join(lines[-6:]) if lines else type(e).__name__
+        entry.update(ok=False, seconds=round(time.monotonic() - t0, 2), error=f"{type(e).__name__}: {msg}")
+        COMPILE_LOG.append(entry)
+        raise CompileError(f"epilogue {epi.name} [{config.key()}] does not compile for sm_90a: {type(e).__name__}: {msg}") from e
+    entry.update(ok=True, seconds=round(time.monotonic() - t0, 2))
+    COMPILE_LOG.append(entry)
 
 
 def finish_on_gpu(name: str, partials: torch.Tensor, **kw):

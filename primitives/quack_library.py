@@ -101,6 +101,11 @@ class LazyQuackEpilogue:
     def __call__(self, *args, **kwargs):
         return self.resolve()(*args, **kwargs)
 
+    def __getattr__(self, attr):  # declarations, fn, ... of the resolved epilogue
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.resolve(), attr)
+
 
 # ---- torch twins --------------------------------------------------------------------
 

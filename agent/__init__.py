@@ -1,0 +1,1 @@
+"""The kernel-authoring agent: loop, LLM backends, prompt building, session logs."""

@@ -1,0 +1,187 @@
+"""epiforge command line: thin; it parses, calls tasks/, eval/ or agent/, prints.
+
+    epiforge tasks list [--json]            the task catalogue
+    epiforge tasks show NAME [--json]       one task in full
+    epiforge eval --task T --kernel K ...   evaluate one kernel (see --help)
+    epiforge compile --task T --kernel K    cross-compile a kernel's epilogues for sm_90a (no GPU needed)
+    epiforge demo                           the main job on its embedded default (no API key, no GPU)
+    epiforge generate / replay / ...        the agent (agent/cli.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _die(msg: str, code: int = 2) -> int:
+    print(f"epiforge: {msg}", file=sys.stderr)
+    return code
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+# ---- tasks --------------------------------------------------------------------------------
+
+
+def cmd_tasks_list(args) -> int:
+    import tasks
+
+    catalogue, errors = tasks.load_catalogue()
+    for e in errors:
+        print(f"epiforge: skipped a malformed task: {e}", file=sys.stderr)
+    sets = tasks.shape_sets()
+    if args.json:
+        print(json.dumps([t.summary(sets) for t in catalogue], indent=1))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="epiforge tasks (GEMM m x n x k at the paper's 1B scale)")
+    for col in ("id", "name", "title", "gemm (1B)", "launches"):
+        table.add_column(col)
+    one_b = sets["paper"][0].dims()
+    for t in catalogue:
+        m, n, k = t.gemm_shape(one_b)
+        table.add_row(t.id, t.name, t.title, f"{m} x {n} x {k}", ", ".join(t.launches))
+    _console().print(table)
+    return 1 if errors else 0
+
+
+def cmd_tasks_show(args) -> int:
+    import tasks
+
+    task = tasks.get_task(args.name)
+    summary = task.summary(tasks.shape_sets())
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    con = _console()
+    con.print(f"[bold]{task.name}[/bold]: {task.title}\n")
+    con.print(task.description.strip() + "\n")
+    con.print(f"GEMM: D ({task.gemm.m} x {task.gemm.n}) = A ({task.gemm.m} x {task.gemm.k}) @ B; launches: {', '.join(task.launches)}")
+    for title, specs in (("inputs", task.inputs), ("outputs", task.outputs)):
+        con.print(f"\n[bold]{title}[/bold]")
+        for t in specs:
+            tag = " (constant)" if getattr(t, "constant", False) else ""
+            con.print(f"  {t.name}: [{', '.join(t.shape)}] {t.dtype}{tag}: {t.description}  ({t.layout})")
+    for s in task.scalars:
+        con.print(f"  scalar {s.name} = {s.value}: {s.description}")
+    con.print("\n[bold]tolerance[/bold]: max|out - ref| <= factor * max|ref_lowprec - ref| + atol per output")
+    return 0
+
+
+# ---- eval / compile --------------------------------------------------------------------
+
+
+def cmd_eval(args) -> int:
+    from eval import evaluate
+
+    result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
+                      timeout_s=args.timeout, compile=args.compile)
+    if args.store:
+        from eval.store import ResultStore
+
+        ResultStore(args.store).add(result)
+    if args.json:
+        print(result.model_dump_json(indent=1))
+    else:
+        con = _console()
+        color = "green" if result.passed else "red"
+        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes}): [{color}]{result.outcome.value}[/{color}]")
+        con.print(result.message)
+        if not result.passed and result.stderr_tail:
+            con.print("[dim]--- stderr (tail) ---[/dim]")
+            con.print(result.stderr_tail[-1500:], markup=False)
+    return 0 if result.passed else 1
+
+
+def cmd_compile(args) -> int:
+    from eval import evaluate
+
+    result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed)
+    if args.json:
+        print(json.dumps({"task": result.task, "kernel": result.kernel, "outcome": result.outcome.value,
+                          "message": result.message, "compiled": result.compiled}, indent=1))
+    else:
+        for c in result.compiled:
+            print(f"{result.kernel}: {c['epilogue']} [{c['config']}] {'ok' if c['ok'] else 'FAILED'} in {c['seconds']} s")
+        print(f"{result.outcome.value}: {result.message}")
+    compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
+    return 0 if compiled_ok and result.outcome.value != "COMPILE_ERROR" else 1
+
+
+# ---- demo (the main job) ---------------------------------------------------------------
+
+
+def cmd_demo(args) -> int:
+    from agent.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="epiforge", description="LLM-written fused GEMM epilogues, proved right and fast.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("tasks", help="the task catalogue").add_subparsers(dest="tasks_command", required=True)
+    p = t.add_parser("list", help="list the tasks")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tasks_list)
+    p = t.add_parser("show", help="show one task")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tasks_show)
+
+    p = sub.add_parser("eval", help="evaluate one kernel on one task")
+    p.add_argument("--task", required=True)
+    p.add_argument("--kernel", required=True, help="human | generated:ID | PATH")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "cuda"])
+    p.add_argument("--shapes", default="smoke", help="shape set: smoke | paper")
+    p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the worker's process group is killed")
+    p.add_argument("--compile", action="store_true", help="on a CPU, also cross-compile every epilogue for sm_90a")
+    p.add_argument("--store", default=None, help="also record the result in this SQLite file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("compile", help="cross-compile a kernel's epilogues for sm_90a (no GPU needed)")
+    p.add_argument("--task", required=True)
+    p.add_argument("--kernel", required=True, help="human | generated:ID | PATH")
+    p.add_argument("--shapes", default="smoke")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("demo", help="the main job on its embedded default: no API key, no GPU")
+    p.set_defaults(func=cmd_demo)
+
+    try:
+        from agent.cli import add_commands
+    except ImportError:
+        add_commands = None
+    if add_commands:
+        add_commands(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from eval.kernel import KernelError
+    from primitives.epilogue import EpilogueError
+    from tasks import TaskError
+
+    try:
+        return args.func(args)
+    except (TaskError, KernelError, EpilogueError, ValueError, FileNotFoundError) as e:
+        return _die(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except KeyboardInterrupt:
+        return _die("interrupted", 130)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
