@@ -30,6 +30,7 @@ _PROBLEM_OUTCOME = {
     "dtype": Outcome.INCORRECT_DTYPE,
     "nonfinite": Outcome.INCORRECT_NUMERICS,
     "tolerance": Outcome.INCORRECT_NUMERICS,
+    "rms": Outcome.INCORRECT_NUMERICS,
 }
 
 

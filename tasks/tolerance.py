@@ -14,9 +14,11 @@ class OutputCheck(BaseModel):
 
     name: str
     ok: bool
-    problem: str | None = None  # "shape", "dtype", "nonfinite", "tolerance", "missing"
+    problem: str | None = None  # "shape", "dtype", "nonfinite", "tolerance", "rms", "missing"
     max_error: float | None = None
     allowed: float | None = None
+    rms_error: float | None = None
+    rms_allowed: float | None = None
     worst_index: list[int] | None = None
     got: float | None = None
     expected: float | None = None
@@ -24,7 +26,8 @@ class OutputCheck(BaseModel):
 
 
 def check_output(spec: OutputSpec, out, exact: torch.Tensor, lowprec: torch.Tensor) -> OutputCheck:
-    """max|out - exact| <= factor * max|lowprec - exact| + atol, and every element finite."""
+    """max|out - exact| <= factor * max|lowprec - exact| + atol, the same on the RMS error
+    (rms_factor), and every element finite."""
     name = spec.name
     if not isinstance(out, torch.Tensor):
         return OutputCheck(name=name, ok=False, problem="missing", detail=f"{name} missing or not a tensor")
@@ -36,7 +39,9 @@ def check_output(spec: OutputSpec, out, exact: torch.Tensor, lowprec: torch.Tens
                            detail=f"{name}: dtype {out.dtype}, expected {spec.torch_dtype}")
     got = out.detach().to(exact.device, torch.float64)
     ref = exact.to(torch.float64)
-    allowed = spec.tolerance.factor * (lowprec.to(ref.device, torch.float64) - ref).abs().max().item() + spec.tolerance.atol
+    tol = spec.tolerance
+    low_err = lowprec.to(ref.device, torch.float64) - ref
+    allowed = tol.factor * low_err.abs().max().item() + tol.atol
     bad = ~torch.isfinite(got)
     if bad.any():
         flat = int(bad.flatten().nonzero()[0])
@@ -49,10 +54,15 @@ def check_output(spec: OutputSpec, out, exact: torch.Tensor, lowprec: torch.Tens
     flat = int(err.flatten().argmax())
     max_err = float(err.flatten()[flat])
     idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), got.shape)]
-    ok = max_err <= allowed
+    rms_err = err.pow(2).mean().sqrt().item()
+    rms_allowed = None if tol.rms_factor is None else tol.rms_factor * low_err.pow(2).mean().sqrt().item() + tol.atol
+    problem = "tolerance" if max_err > allowed else "rms" if rms_allowed is not None and rms_err > rms_allowed else None
+    where = (f"max error {max_err:.3e} at {idx} (got {float(got.flatten()[flat]):.6g}, "
+             f"expected {float(ref.flatten()[flat]):.6g}); allowed {allowed:.3e}")
+    if problem == "rms":
+        where = f"RMS error {rms_err:.3e} > allowed {rms_allowed:.3e} (a systematic error); " + where
     return OutputCheck(
-        name=name, ok=ok, problem=None if ok else "tolerance", max_error=max_err, allowed=allowed,
-        worst_index=idx, got=float(got.flatten()[flat]), expected=float(ref.flatten()[flat]),
-        detail=f"{name}: max error {max_err:.3e} at {idx} (got {float(got.flatten()[flat]):.6g}, "
-               f"expected {float(ref.flatten()[flat]):.6g}); allowed {allowed:.3e}",
+        name=name, ok=problem is None, problem=problem, max_error=max_err, allowed=allowed, rms_error=rms_err,
+        rms_allowed=rms_allowed, worst_index=idx, got=float(got.flatten()[flat]), expected=float(ref.flatten()[flat]),
+        detail=f"{name}: {where}",
     )

@@ -1,0 +1,78 @@
+"""The expert track on a CPU: every kernel PASSES through the emulator via the CLI, and
+every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tasks
+from eval import evaluate
+
+REPO = Path(__file__).resolve().parent.parent
+TASKS = [t.name for t in tasks.load_catalogue()[0]]
+
+
+def cli(*args, timeout=600):
+    return subprocess.run([sys.executable, str(REPO / "epiforge.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_expert_kernel_passes_on_cpu(task):
+    out = cli("eval", "--task", task, "--kernel", "human", "--device", "cpu", "--shapes", "smoke", "--json")
+    result = json.loads(out.stdout)
+    assert result["outcome"] == "PASSED", result["message"] + result["stderr_tail"]
+    assert result["track"] == "expert" and result["author"]
+    checks = [c for s in result["per_shape"] for c in s["outputs"]]
+    assert checks and all(c["max_error"] <= c["allowed"] for c in checks)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_expert_kernel_compiles_for_sm90a(task):
+    r = evaluate(task, "human", device="cpu", shapes="smoke", seed=0, compile=True)
+    assert r.outcome.value == "PASSED", r.message + r.stderr_tail
+    assert r.compiled and all(c["ok"] for c in r.compiled), r.compiled
+
+
+def test_a_wrong_kernel_fails_with_its_worst_element(tmp_path):
+    src = (REPO / "human_kernels" / "k1_gemm_rmsnorm.py").read_text()
+    bad = tmp_path / "k1_off_by_one_percent.py"
+    bad.write_text(src.replace('{"D": acc * rstd}', '{"D": acc * rstd * 1.01}'))
+    out = cli("eval", "--task", "k1", "--kernel", str(bad), "--json")
+    assert out.returncode == 1
+    r = json.loads(out.stdout)
+    assert r["outcome"] == "INCORRECT_NUMERICS"
+    worst = next(c for c in r["per_shape"][0]["outputs"] if not c["ok"])
+    # a 1% scale error: depending on the draw the max rule or the RMS guard catches it
+    assert worst["problem"] in ("tolerance", "rms") and worst["rms_error"] > worst["rms_allowed"]
+    assert len(worst["worst_index"]) == 2 and worst["got"] != worst["expected"]
+
+
+def test_an_epilogue_the_dsl_rejects_is_a_compile_error(tmp_path):
+    src = (REPO / "human_kernels" / "k1_gemm_rmsnorm.py").read_text()
+    bad = tmp_path / "k1_torch_method.py"
+    # torch has Tensor.clamp, the DSL's Float32 has not: the emulator runs it, the compiler does not
+    bad.write_text(src.replace('{"D": acc * rstd}', '{"D": (acc * rstd).clamp(-100.0, 100.0)}'))
+    assert evaluate("k1", str(bad), compile=False, seed=0).passed
+    r = evaluate("k1", str(bad), compile=True, seed=0)
+    assert r.outcome.value == "COMPILE_ERROR"
+    assert "row_scale" in r.message and "sm_90a" in r.message
+
+
+def test_cli_light_commands():
+    out = cli("tasks", "list", "--json")
+    listed = json.loads(out.stdout)
+    assert [t["name"] for t in listed] == TASKS
+    for t in listed:
+        assert {"name", "description", "inputs", "outputs", "shapes", "tolerance", "flops", "bytes"} <= set(t)
+        assert len(t["flops"]["paper"]) == 3 and all(b > 0 for b in t["bytes"]["smoke"])
+    show = cli("tasks", "show", "k3")
+    assert show.returncode == 0 and "inv_freq" in show.stdout
+    bad = cli("tasks", "show", "k99")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown task" in bad.stderr
+    missing = cli("eval", "--task", "k1", "--kernel", "/nonexistent/kernel.py")
+    assert missing.returncode == 2 and "no kernel file" in missing.stderr
