@@ -70,6 +70,23 @@ def read_kernel(path: Path, track: str | None = None) -> Kernel:
     )
 
 
+#: the module name every kernel is loaded under. quack keys compiled kernels by the
+#: epilogue function's module and name, so the evaluator worker, bench/ and the
+#: precompile step must all load kernels under this same name to share compiled objects
+KERNEL_MODULE_NAME = "candidate_kernel"
+
+
+def load_kernel_module(path: Path):
+    """Import a kernel file as a fresh module (NOT for the harness process: only inside
+    an evaluation worker, or for trusted expert kernels in bench/)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(KERNEL_MODULE_NAME, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def resolve_kernel(spec: str, task_name: str) -> Path:
     """'human' -> the expert kernel of the task; 'generated:ID' -> generated_kernels/<task>/<ID>.py;
     anything else is a path."""

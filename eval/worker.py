@@ -12,7 +12,6 @@ one JSON object (a list of ShapeResult dicts plus an outcome) to the result pipe
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ import traceback
 
 import torch
 
+from eval.kernel import load_kernel_module
 from eval.result import Outcome, ShapeResult
 from tasks import get_task, shape_sets
 from tasks.tolerance import check_output
@@ -41,10 +41,8 @@ class StageError(Exception):
 
 
 def _load_module(path: str):
-    spec = importlib.util.spec_from_file_location("candidate_kernel", path)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = load_kernel_module(path)
     except Exception as e:  # the kernel's own import-time code failed
         raise StageError(Outcome.COMPILE_ERROR, f"importing the kernel failed: {type(e).__name__}: {e}") from e
     if not callable(getattr(module, "run", None)):

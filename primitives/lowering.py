@@ -169,14 +169,7 @@ def cross_compile(epi: Epilogue, call: Call, config: GemmConfig) -> None:
 
 
 def finish_on_gpu(name: str, partials: torch.Tensor, **kw):
-    """The finishing steps on CUDA tensors (torch for now; see issue 3)."""
-    if name == "rstd_from_sumsq":
-        return torch.rsqrt(partials.sum(dim=-1) / kw["n"] + kw["eps"])
-    if name == "row_sum":
-        return partials.sum(dim=-1)
-    if name == "col_sum":
-        return partials.sum(dim=0)
-    if name == "cross_entropy":
-        lse = torch.logsumexp(partials, dim=-1)
-        return lse - kw["target_logit"], lse
-    raise ValueError(f"unknown finishing step {name!r}")
+    """A finishing step on CUDA tensors: one Triton kernel (primitives/finish_gpu.py)."""
+    from primitives.finish_gpu import finish
+
+    return finish(name, partials, **kw)

@@ -1,0 +1,68 @@
+"""The finishing steps on CUDA tensors: one small Triton kernel each, so that a task's
+launch budget ("gemm" plus named finishers) counts them as one launch apiece.
+(Triton's interpreter runs these on CPU tensors for the tests: TRITON_INTERPRET=1.)"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_fold(P, OUT, OUT2, T_IDX, M, T, n, eps, stride_m, KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_T)
+    mask = (rows[:, None] < M) & (cols[None, :] < T)
+    if KIND == 2:  # cross-entropy: stable logsumexp over the tiles' partial LSEs
+        x = tl.load(P + rows[:, None] * stride_m + cols[None, :], mask=mask, other=-float("inf"))
+        mx = tl.max(x, axis=1)
+        safe = tl.where(mx == -float("inf"), 0.0, mx)
+        lse = safe + tl.log(tl.sum(tl.exp(x - safe[:, None]), axis=1))
+        tgt = tl.load(T_IDX + rows, mask=rows < M, other=0.0)
+        tl.store(OUT + rows, lse - tgt, mask=rows < M)
+        tl.store(OUT2 + rows, lse, mask=rows < M)
+    else:
+        x = tl.load(P + rows[:, None] * stride_m + cols[None, :], mask=mask, other=0.0)
+        s = tl.sum(x, axis=1)
+        if KIND == 1:  # rstd from sums of squares
+            s = 1.0 / tl.sqrt(s / n + eps)
+        tl.store(OUT + rows, s, mask=rows < M)
+
+
+@triton.jit
+def _col_fold(P, OUT, T, N, stride_t, BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for t in range(0, T):
+        acc += tl.load(P + t * stride_t + cols, mask=cols < N, other=0.0)
+    tl.store(OUT + cols, acc, mask=cols < N)
+
+
+def _rows(kind: int, partials: torch.Tensor, n: float = 1.0, eps: float = 0.0, target_logit=None):
+    partials = partials.contiguous()
+    m, t = partials.shape
+    out = torch.empty(m, dtype=torch.float32, device=partials.device)
+    out2 = torch.empty_like(out) if kind == 2 else out
+    tgt = target_logit.contiguous() if target_logit is not None else out
+    block_t = triton.next_power_of_2(max(t, 1))
+    block_m = max(1, min(128, 8192 // block_t))
+    _row_fold[(triton.cdiv(m, block_m),)](partials, out, out2, tgt, m, t, float(n), float(eps), partials.stride(0),
+                                          KIND=kind, BLOCK_M=block_m, BLOCK_T=block_t)
+    return (out, out2) if kind == 2 else out
+
+
+def finish(name: str, partials: torch.Tensor, **kw):
+    if name == "row_sum":
+        return _rows(0, partials)
+    if name == "rstd_from_sumsq":
+        return _rows(1, partials, n=kw["n"], eps=kw["eps"])
+    if name == "cross_entropy":
+        return _rows(2, partials, target_logit=kw["target_logit"].float())
+    if name == "col_sum":
+        partials = partials.contiguous()
+        t, n = partials.shape
+        out = torch.empty(n, dtype=torch.float32, device=partials.device)
+        _col_fold[(triton.cdiv(n, 256),)](partials, out, t, n, partials.stride(0), BLOCK_N=256)
+        return out
+    raise ValueError(f"unknown finishing step {name!r}")
