@@ -82,13 +82,10 @@ def _buffers(epi: Epilogue, call: Call, config: GemmConfig, device):
     for o in epi.outputs:
         result[o] = epi_args[o] = torch.empty((m, out_w), dtype=call.dtypes[o], device=device)
     for name, red in epi.reductions.items():
+        # no fill: a select's out-of-range rows stay unwritten (garbage, where the emulator
+        # shows NaN) because a fill would be one more launch than the task allows
         shape = partials_shape(red, m, n, config.tile_m, config.tile_n)
-        # a select leaves out-of-range rows unwritten: NaN makes that visible
-        fill = torch.full if isinstance(red, RowSelect) else None
-        buf = fill(shape, float("nan"), dtype=torch.float32, device=device) if fill else torch.empty(
-            shape, dtype=torch.float32, device=device
-        )
-        result[name] = epi_args[name] = buf
+        result[name] = epi_args[name] = torch.empty(shape, dtype=torch.float32, device=device)
     for p, kind in epi.operands.items():
         v = call.values[p]
         if isinstance(kind, Scalar):

@@ -93,11 +93,16 @@ class OutputSpec(TensorSpec):
 
 
 class GemmDims(_Strict):
-    """The fused GEMM's problem size: D (m x n) = A (m x k) @ B (k x n)."""
+    """The fused GEMM: D (m x n) = A (m x k) @ B (k x n), with A and B named inputs.
+    b_layout "nk": B is given as (n, k), nn.Linear's layout (D = A @ B^T); "kn": as (k, n)
+    (a dgrad GEMM reading a forward weight: D = A @ B)."""
 
     m: str
     n: str
     k: str
+    a: str = Field(description="the input that is the GEMM's A (m x k)")
+    b: str = Field(description="the input that is the GEMM's B")
+    b_layout: Literal["nk", "kn"] = "nk"
 
     @field_validator("m", "n", "k")
     @classmethod
@@ -155,6 +160,14 @@ class Task(_Strict):
         return launches
 
     @model_validator(mode="after")
+    def _gemm_operands_are_inputs(self):
+        names = {t.name for t in self.inputs}
+        for role in ("a", "b"):
+            if getattr(self.gemm, role) not in names:
+                raise ValueError(f"gemm.{role} = {getattr(self.gemm, role)!r} is not an input")
+        return self
+
+    @model_validator(mode="after")
     def _unique_names(self):
         names = [t.name for t in self.inputs] + [s.name for s in self.scalars] + [o.name for o in self.outputs]
         dup = {n for n in names if names.count(n) > 1}
@@ -167,6 +180,13 @@ class Task(_Strict):
     @cached_property
     def _module(self):
         return importlib.import_module(f"tasks.{self.name}.reference")
+
+    def unfused(self, inputs: dict, dims: dict[str, int]) -> dict:
+        """The plain PyTorch computation of the outputs in the inputs' own precision, each
+        rounded to its output dtype: what a user runs without fusion (and what bench/
+        compiles with torch.compile as the cuBLAS + Inductor baseline)."""
+        out = self._module.reference(inputs, dims)
+        return {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
 
     def make_inputs(self, dims: dict[str, int], seed: int, device: str | torch.device = "cpu") -> dict:
         """Fresh inputs (tensors and scalars) for one shape, reproducible from the seed."""
@@ -184,10 +204,9 @@ class Task(_Strict):
         if exact:
             rdt = DTYPES.get(self.reference_dtype) or getattr(torch, self.reference_dtype)
             inputs = {k: v.to(rdt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
-        out = self._module.reference(inputs, dims)
         if not exact:
-            out = {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
-        return out
+            return self.unfused(inputs, dims)
+        return self._module.reference(inputs, dims)
 
     def _check_io(self, values: dict, specs, dims, where) -> None:
         for spec in specs:
@@ -201,6 +220,11 @@ class Task(_Strict):
 
     def gemm_shape(self, dims: dict[str, int]) -> tuple[int, int, int]:
         return tuple(dimexpr.evaluate(e, dims) for e in (self.gemm.m, self.gemm.n, self.gemm.k))
+
+    def gemm_operands(self, inputs: dict):
+        """(A, B) with B as (n, k): the GEMM-only baseline's operands, in the task's layouts."""
+        b = inputs[self.gemm.b]
+        return inputs[self.gemm.a], (b if self.gemm.b_layout == "nk" else b.T)
 
     def flops(self, dims: dict[str, int]) -> int:
         """2*m*n*k of the fused GEMM (the epilogue's few flops per element are not counted)."""

@@ -1,0 +1,21 @@
+"""The SM90 tile configurations the bench tries (a subset of quack 0.6.5's own autotune
+space, gemm_config._get_sm90_configs) and where compiled kernels are cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from primitives.config import GemmConfig
+
+REPO = Path(__file__).resolve().parent.parent
+#: quack's object cache, filled on a CPU by bench/precompile.py and carried to the GPU
+CACHE_DIR = REPO / ".epiforge" / "quack-cache"
+
+CANDIDATES = [
+    GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True),  # quack's SM90 default
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, pingpong=True),
+    GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, pingpong=False),
+    GemmConfig(tile_m=256, tile_n=128, cluster_m=2, cluster_n=1, pingpong=False),
+    GemmConfig(tile_m=256, tile_n=192, cluster_m=1, cluster_n=2, pingpong=False),
+    GemmConfig(tile_m=128, tile_n=160, cluster_m=1, cluster_n=2, pingpong=True),
+]

@@ -1,0 +1,64 @@
+"""GPU-side setup shared by the bench scripts: the environment fingerprint every result
+file carries, and installing the objects bench/precompile.py built on a CPU into this
+machine's quack cache (quack names its cache folder after a fingerprint that hashes the
+Python version, which differs between the two machines; the objects' own names do not)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from bench.configs import CACHE_DIR
+
+
+def install_precompiled() -> int:
+    """Copy carried .o files into quack's cache for this machine; returns how many."""
+    from primitives.lowering import _import_quack
+
+    _import_quack()  # registers primitives/ in the fingerprint before it is computed
+    from quack.cache.jit import _compute_source_fingerprint, get_cache_path
+
+    dest = get_cache_path() / _compute_source_fingerprint()
+    dest.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for obj in CACHE_DIR.glob("*/*.o"):
+        target = dest / obj.name
+        if not target.exists():
+            shutil.copyfile(obj, target)
+            n += 1
+    return n
+
+
+def fingerprint(command: str | None = None) -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    def version(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = None
+    return {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "driver": driver,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "nvidia-cutlass-dsl": version("nvidia-cutlass-dsl"),
+        "quack-kernels": version("quack-kernels"),
+        "triton": version("triton"),
+        "liger-kernel": version("liger-kernel"),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or " ".join([os.path.basename(sys.executable), *sys.argv]),
+    }

@@ -1,0 +1,75 @@
+"""Render bench/run.py result files as one markdown table (bench/results/h200/README.md).
+
+    python -m bench.report bench/results/h200/run-*.json --out bench/results/h200/README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+FUSED_TARGET = 1.05  # fused <= 1.05 x GEMM-only
+BOUND_TARGET = 0.9  # speedup vs torch.compile >= 0.9 x (torch.compile / GEMM-only)
+
+
+def _verdict(r) -> str:
+    misses = []
+    if r["fused_over_gemm_only"] > FUSED_TARGET:
+        misses.append(f"fused {r['fused_over_gemm_only']:.2f}x GEMM-only")
+    if "fraction_of_bound" in r and r["fraction_of_bound"] < BOUND_TARGET:
+        misses.append(f"{r['fraction_of_bound']:.2f} of bound")
+    return "met" if not misses else "MISSED: " + ", ".join(misses)
+
+
+def markdown(reports: list[dict]) -> str:
+    envs = [r["environment"] for r in reports]
+    env = envs[0]
+    reps = {r.get("reps") for r in reports}
+    lines = [
+        f"# Expert kernels on the {env['gpu']}",
+        "",
+        "bf16, M = 16384 tokens. Every number is a ratio of medians measured in the same process "
+        "and run (CUDA events, L2 flushed before each repetition, rotating inputs). GEMM-only = the "
+        "faster of cuBLAS and quack's identity-epilogue GEMM of the same shape and layouts. "
+        f"Targets: fused / GEMM-only <= {FUSED_TARGET}; speedup over cuBLAS + torch.compile >= "
+        f"{BOUND_TARGET} x the bound (torch.compile / GEMM-only), i.e. fraction of bound >= {BOUND_TARGET}.",
+        "",
+        "| task | scale | best config | fused / GEMM-only | quack GEMM / cuBLAS | speedup vs torch.compile | bound | fraction of bound | targets |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for report in reports:
+        for r in report["rows"]:
+            if "fused" not in r:
+                lines.append(f"| {r['task']} | {r['shape']} | no config ran | | | | | | |")
+                continue
+            q_over_c = r["gemm_quack"]["median_us"] / r["gemm_cublas"]["median_us"]
+            tc = f"{r['speedup_vs_compile']:.2f}x" if "speedup_vs_compile" in r else "not run"
+            bound = f"{r['compile_over_gemm_only']:.2f}x" if "compile_over_gemm_only" in r else ""
+            frac = f"{r['fraction_of_bound']:.2f}" if "fraction_of_bound" in r else ""
+            lines.append(f"| {r['task']} | {r['shape']} | {r['best_config']} | {r['fused_over_gemm_only']:.3f} | "
+                         f"{q_over_c:.3f} | {tc} | {bound} | {frac} | {_verdict(r)} |")
+    lines.append("")
+    for e in envs:
+        lines.append(f"- `{e['command']}` on {e['date']}: torch {e['torch']} (CUDA {e['cuda']}), "
+                     f"nvidia-cutlass-dsl {e['nvidia-cutlass-dsl']}, quack-kernels {e['quack-kernels']}, "
+                     f"triton {e['triton']}, driver {e['driver']}, Python {e['python']}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    reports = [json.loads(Path(f).read_text()) for f in args.files]
+    text = markdown(reports)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Time every expert kernel beside its baselines, in one process and one run.
+
+For each task and paper scale (d = 2048/4096/8192, M = 16384, bf16):
+  fused          the expert kernel's run(): the fused GEMM plus its finishing steps,
+                 at each candidate tile config (bench/configs.py); the best is kept
+  gemm_cublas    torch.matmul of the same GEMM shape and operand layouts (cuBLAS)
+  gemm_quack     quack's mainloop with an identity epilogue at the same config
+  torch_compile  cuBLAS + torch.compile (Inductor) of the task's unfused torch reference
+                 (--compile; compiling costs ~20-60 s per task on the GPU machine)
+Timing: eval/timing.py (CUDA events on the current stream, L2 flushed, warm-up, rotating
+inputs, median of many). Writes JSON (with the environment); bench/report.py renders the tables.
+
+    python -m bench.run --out bench/results/h200/run.json [--tasks k0 k8] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPS = 30
+N_INPUT_SETS = 2
+
+
+def _time(fn, arg_sets):
+    from eval.timing import time_cuda
+
+    return time_cuda(fn, arg_sets, warmup=3, reps=REPS).model_dump()
+
+
+def bench_task(task, module, shape, configs, with_compile, compiled_ref):
+    from bench.baselines import gemm_only
+
+    dims = shape.dims()
+    sets = [task.make_inputs(dims, seed=100 + i, device="cuda") for i in range(N_INPUT_SETS)]
+    consts = {t.name: sets[0][t.name] for t in task.inputs if t.constant}
+    prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
+    operands = [task.gemm_operands(s) for s in sets]
+    row = {"task": task.name, "shape": shape.name, "dims": dims, "gemm_mnk": task.gemm_shape(dims),
+           "flops": task.flops(dims), "min_bytes": task.min_bytes(dims), "configs": {}}
+    row["gemm_cublas"] = _time(lambda a, b: torch.matmul(a, b.T), operands)
+    for cfg in configs:
+        entry = {}
+        try:
+            entry["fused"] = _time(lambda s: module.run(s, prepared, config=cfg), [(s,) for s in sets])
+            entry["gemm_quack"] = _time(lambda a, b: gemm_only(a, b, config=cfg), operands)
+        except Exception as e:  # a config an epilogue cannot use: recorded, not fatal
+            entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        row["configs"][cfg.key()] = entry
+        torch.cuda.empty_cache()
+    timed = {k: v for k, v in row["configs"].items() if "fused" in v}
+    if timed:
+        best = min(timed, key=lambda k: timed[k]["fused"]["median_us"])
+        row["best_config"] = best
+        row["fused"] = timed[best]["fused"]
+        row["gemm_quack"] = min((v["gemm_quack"] for v in timed.values()), key=lambda t: t["median_us"])
+    if with_compile and compiled_ref is not None:
+        try:
+            row["torch_compile"] = _time(lambda s: compiled_ref(s, dims), [(s,) for s in sets])
+        except Exception as e:
+            row["torch_compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    _ratios(row)
+    return row
+
+
+def _ratios(row):
+    """Speedups and fractions, always from times measured in this run."""
+    if "fused" not in row:
+        return
+    fused = row["fused"]["median_us"]
+    gemm_only = min(row["gemm_cublas"]["median_us"], row["gemm_quack"]["median_us"])
+    row["gemm_only_us"] = gemm_only
+    row["fused_over_gemm_only"] = fused / gemm_only
+    if "torch_compile" in row:
+        tc = row["torch_compile"]["median_us"]
+        row["speedup_vs_compile"] = tc / fused
+        row["compile_over_gemm_only"] = tc / gemm_only  # the bound a perfect fusion reaches
+        row["fraction_of_bound"] = (tc / fused) / (tc / gemm_only)
+
+
+def _unfused_fn(task):
+    """task.unfused as a plain function (dynamo traces it without the pydantic object)."""
+    reference = task._module.reference
+    dtypes = {o.name: o.torch_dtype for o in task.outputs}
+
+    def unfused(inputs, dims):
+        out = reference(inputs, dims)
+        return {k: out[k].to(dt) for k, dt in dtypes.items()}
+
+    return unfused
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", nargs="*", default=None)
+    ap.add_argument("--scales", nargs="*", default=None, help="paper shape names: 1B 7B 70B")
+    ap.add_argument("--configs", nargs="*", type=int, default=None, help="indexes into bench.configs.CANDIDATES")
+    ap.add_argument("--compile", action="store_true", help="also time cuBLAS + torch.compile of the unfused code")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import tasks
+    from bench.configs import CANDIDATES
+    from bench.gpu_env import fingerprint, install_precompiled
+    from eval.kernel import HUMAN_DIR, load_kernel_module
+
+    print(f"installed {install_precompiled()} precompiled objects", flush=True)
+    configs = [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"environment": fingerprint(), "rows": []}
+    for task in tasks.load_catalogue()[0]:
+        if args.tasks and task.id not in args.tasks:
+            continue
+        module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+        compiled_ref = None
+        if args.compile:
+            compiled_ref = torch.compile(_unfused_fn(task), dynamic=True)
+        for shape in tasks.shape_sets()["paper"]:
+            if args.scales and shape.name not in args.scales:
+                continue
+            t0 = time.monotonic()
+            row = bench_task(task, module, shape, configs, args.compile, compiled_ref)
+            report["rows"].append(row)
+            msg = f"{row.get('fused_over_gemm_only', float('nan')):.3f} of GEMM-only"
+            if "speedup_vs_compile" in row:
+                msg += f", {row['speedup_vs_compile']:.2f}x vs torch.compile (bound {row['compile_over_gemm_only']:.2f}x)"
+            print(f"{task.id} {shape.name}: best {row.get('best_config')} {msg} ({time.monotonic() - t0:.0f} s)", flush=True)
+            out.write_text(json.dumps(report, indent=1))  # partial results survive a timeout
+    out.write_text(json.dumps(report, indent=1))
+    from bench.report import markdown
+
+    print(markdown([report]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
