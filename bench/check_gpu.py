@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import tasks
-    from bench.gpu_env import fingerprint, install_precompiled
+    from bench.gpu_env import command_line, fingerprint, install_precompiled
     from eval.kernel import HUMAN_DIR, load_kernel_module
     from eval.worker import run_shape
 
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                 print(f"{task.id} {set_name}/{shape.name}: {res.outcome.value} worst/allowed={worst:.3f} "
                       f"{row.get('launches', '')} {res.message[:200]} ({row['seconds']} s)", flush=True)
                 torch.cuda.empty_cache()
-    report = {"environment": fingerprint(), "all_passed": ok_all, "rows": rows}
+    report = {"environment": fingerprint(command_line("bench.check_gpu", argv)), "all_passed": ok_all, "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

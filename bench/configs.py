@@ -18,4 +18,14 @@ CANDIDATES = [
     GemmConfig(tile_m=256, tile_n=128, cluster_m=2, cluster_n=1, pingpong=False),
     GemmConfig(tile_m=256, tile_n=192, cluster_m=1, cluster_n=2, pingpong=False),
     GemmConfig(tile_m=128, tile_n=160, cluster_m=1, cluster_n=2, pingpong=True),
+    # a second round, for the shapes the first six left short of their targets
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, pingpong=True),
+    GemmConfig(tile_m=192, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True),
+    GemmConfig(tile_m=128, tile_n=64, cluster_m=2, cluster_n=1, pingpong=True),
+    GemmConfig(tile_m=128, tile_n=192, cluster_m=1, cluster_n=2, pingpong=True),
+    GemmConfig(tile_m=128, tile_n=208, cluster_m=2, cluster_n=1, pingpong=True),
+    GemmConfig(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2, pingpong=False),
+    GemmConfig(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, pingpong=False),
+    GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, max_swizzle_size=1),
 ]

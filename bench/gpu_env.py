@@ -33,7 +33,15 @@ def install_precompiled() -> int:
     return n
 
 
-def fingerprint(command: str | None = None) -> dict:
+def command_line(module: str, argv: list[str] | None) -> str:
+    """How to rerun this: `python -m <module> <args>`, with the output folder as $OUT and
+    no machine path."""
+    out = os.environ.get("OUT")
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python -m", module, *((a.replace(out, "$OUT") if out else a) for a in args)])
+
+
+def fingerprint(command: str) -> dict:
     import importlib.metadata as md
 
     import torch
@@ -60,5 +68,5 @@ def fingerprint(command: str | None = None) -> dict:
         "liger-kernel": version("liger-kernel"),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command or " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": command,
     }

@@ -106,14 +106,14 @@ def main(argv=None) -> int:
 
     import tasks
     from bench.configs import CANDIDATES
-    from bench.gpu_env import fingerprint, install_precompiled
+    from bench.gpu_env import command_line, fingerprint, install_precompiled
     from eval.kernel import HUMAN_DIR, load_kernel_module
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     configs = [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"environment": fingerprint(), "rows": []}
+    report = {"environment": fingerprint(command_line("bench.run", argv)), "rows": []}
     for task in tasks.load_catalogue()[0]:
         if args.tasks and task.id not in args.tasks:
             continue

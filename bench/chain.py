@@ -1,0 +1,114 @@
+"""The backward chain of one layer boundary, where CODA's backward gains come from:
+
+  fused:    k7 (down-proj dgrad + SwiGLU backward + ZdZ partials) -> row_sum
+            -> k6 (gate/up dgrad + RMSNorm backward using ZdZ) -> col_sum
+  unfused:  the same math in plain PyTorch, compiled with torch.compile (cuBLAS GEMMs +
+            Inductor), computing the RMSNorm correction the usual way: a full pass over
+            g = dz @ w_gu after the second GEMM
+  GEMM-only: the two dgrad GEMMs alone (cuBLAS): the bound a perfect fusion reaches
+
+    python -m bench.chain --out bench/results/h200/chain.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.run import N_INPUT_SETS, _time
+
+
+def make_chain_inputs(dims, seed, device="cuda"):
+    """A consistent forward state and an incoming gradient for one MLP block."""
+    from tasks import common
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    M, d, F = dims["M"], dims["d"], dims["F"]
+    x = common.normal((M, d), gen, device)
+    nw = common.norm_weight(d, gen, device)
+    rstd = common.rstd_of(x, 1e-6)
+    w_gu = common.linear_weight(2 * F, d, gen, device)
+    h = (x.float() * rstd[:, None] * nw.float()).bfloat16()
+    return {
+        "x": x, "norm_weight": nw, "rstd": rstd, "w_gu": w_gu, "z": h @ w_gu.T,
+        "w_down": common.linear_weight(d, F, gen, device),
+        "dout": common.normal((M, d), gen, device, std=1e-2),
+        "dx_in": common.normal((M, d), gen, device, std=1e-2),
+    }
+
+
+def fused_chain(k7, k6):
+    def run(s):
+        a = k7.run({"dout": s["dout"], "w_down": s["w_down"], "z": s["z"]}, {})
+        b = k6.run({"dz": a["dz"], "w_gu": s["w_gu"], "x": s["x"], "rstd": s["rstd"], "norm_weight": s["norm_weight"],
+                    "dx_in": s["dx_in"], "zdz": a["zdz"]}, {})
+        return a["dz"], a["out"], b["dx"], b["h"], b["dw"]
+
+    return run
+
+
+def unfused_chain(s):
+    g_out = s["dout"] @ s["w_down"]
+    gate, up = s["z"][:, 0::2].float(), s["z"][:, 1::2].float()
+    sg = torch.sigmoid(gate)
+    d_gate = g_out * up * sg * (1 + gate * (1 - sg))
+    d_up = g_out * gate * sg
+    dz = torch.stack((d_gate, d_up), dim=-1).flatten(1).to(torch.bfloat16)
+    out = (gate * sg * up).to(torch.bfloat16)
+    g = (dz @ s["w_gu"]).float()
+    rstd = s["rstd"][:, None]
+    xhat = s["x"].float() * rstd
+    wg = g * s["norm_weight"].float()
+    c = (wg * xhat).mean(-1, keepdim=True)
+    dx = (s["dx_in"].float() + rstd * (wg - xhat * c)).to(torch.bfloat16)
+    h = (xhat * s["norm_weight"].float()).to(torch.bfloat16)
+    return dz, out, dx, h, (g * xhat).sum(0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--scales", nargs="*", default=None)
+    args = ap.parse_args(argv)
+
+    import tasks
+    from bench.gpu_env import command_line, fingerprint, install_precompiled
+    from eval.kernel import HUMAN_DIR, load_kernel_module
+
+    install_precompiled()
+    k7 = load_kernel_module(HUMAN_DIR / "k7_gemm_partial_swiglu_bwd.py")
+    k6 = load_kernel_module(HUMAN_DIR / "k6_gemm_residual_partial_rmsnorm_bwd.py")
+    fused = fused_chain(k7, k6)
+    compiled = torch.compile(unfused_chain, dynamic=True)
+    report = {"environment": fingerprint(command_line("bench.chain", argv)), "rows": []}
+    for shape in tasks.shape_sets()["paper"]:
+        if args.scales and shape.name not in args.scales:
+            continue
+        t0 = time.monotonic()
+        sets = [(make_chain_inputs(shape.dims(), 200 + i),) for i in range(N_INPUT_SETS)]
+        ref, got = compiled(sets[0][0]), fused(sets[0][0])
+        agree = {name: float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+                 for name, a, b in zip(("dz", "out", "dx", "h", "dw"), got, ref)}
+        row = {
+            "shape": shape.name, "dims": shape.dims(),
+            "fused": _time(fused, sets),
+            "torch_compile": _time(compiled, sets),
+            "gemm_only": _time(lambda s: (s["dout"] @ s["w_down"], s["z"] @ s["w_gu"]), sets),
+            "max_rel_diff_fused_vs_compiled": agree,
+        }
+        f, tc, g = (row[k]["median_us"] for k in ("fused", "torch_compile", "gemm_only"))
+        row.update(speedup_vs_compile=tc / f, bound=tc / g, fused_over_gemm_only=f / g, fraction_of_bound=(tc / f) / (tc / g))
+        report["rows"].append(row)
+        print(f"chain {shape.name}: {tc / f:.2f}x vs torch.compile (bound {tc / g:.2f}x), fused {f / g:.3f} of GEMM-only; "
+              f"max rel diff {max(agree.values()):.2e} ({time.monotonic() - t0:.0f} s)", flush=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
