@@ -1,0 +1,106 @@
+"""Knowledge-pack ablations: the same task and backend, run repeatedly with the full pack and
+without each named page, then a report of success rate, turns, tokens and cost per condition.
+
+The report is computed from session logs alone (each records the pages it was run
+without), so logs of earlier runs can be pooled: `epiforge ablate --from-logs DIR`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Callable
+
+from agent.session import SessionConfig, SessionEnded, read_events
+
+FULL = "(full pack)"
+_PASSED = ("passed", "passed_slow")
+
+
+@dataclass
+class Row:
+    task: str
+    without: str  # FULL or the page left out (pages joined by '+')
+    runs: int
+    passed: int
+    success_rate: float
+    mean_turns: float
+    mean_tokens: float
+    mean_cost_usd: float | None  # None when any run was unpriced
+    delta_success: float | None = None  # against the full pack of the same task
+    delta_turns: float | None = None
+
+
+def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, pages: list[str], runs: int, log_dir: Path,
+                 docs_dir: Path | None = None, say: Callable[[str], None] = print) -> list[Path]:
+    """`runs` sessions with the full pack, then `runs` without each page; returns the logs."""
+    from agent.loop import run_session
+    from agent.pack import build_pack
+    import tasks
+
+    task = tasks.get_task(config.task)
+    for page in pages:  # an unknown page fails now, before any session is spent
+        build_pack(task, docs_dir, [page])
+    logs = []
+    for without in [[], *[[p] for p in pages]]:
+        for i in range(runs):
+            say(f"ablation: {'without ' + without[0] if without else FULL}, run {i + 1} of {runs}")
+            backend = make_backend()
+            try:
+                _, log = run_session(config.model_copy(update={"pack_without": without}), backend, log_dir=log_dir,
+                                     out_dir=None, docs_dir=docs_dir, say=say)
+            finally:
+                backend.close()
+            logs.append(log)
+    return logs
+
+
+def report(log_paths: list[Path], warn: Callable[[str], None] = print) -> list[Row]:
+    """One row per (task, pages left out), from the logs of finished sessions."""
+    groups: dict[tuple[str, str], list[SessionEnded]] = {}
+    for path in log_paths:
+        events, warnings = read_events(path)
+        for w in warnings:
+            warn(f"warning: {w}")
+        end = next((e for e in reversed(events) if isinstance(e, SessionEnded)), None)
+        if end is None:
+            warn(f"warning: {path}: the session did not finish; left out of the report")
+            continue
+        start = events[0]
+        key = (start.config.task, "+".join(start.pack.without) or FULL)
+        groups.setdefault(key, []).append(end)
+    rows = []
+    for (task, without), ends in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != FULL, kv[0][1])):
+        costs = [e.totals.cost_usd for e in ends]
+        passed = sum(e.outcome in _PASSED for e in ends)
+        rows.append(Row(task=task, without=without, runs=len(ends), passed=passed, success_rate=round(passed / len(ends), 3),
+                        mean_turns=round(mean(e.totals.turns for e in ends), 2),
+                        mean_tokens=round(mean(e.totals.usage.total for e in ends), 1),
+                        mean_cost_usd=None if None in costs else round(mean(costs), 6)))
+    full = {r.task: r for r in rows if r.without == FULL}
+    for r in rows:
+        base = full.get(r.task)
+        if base is not None and r is not base:
+            r.delta_success = round(r.success_rate - base.success_rate, 3)
+            r.delta_turns = round(r.mean_turns - base.mean_turns, 2)
+    return rows
+
+
+def print_report(rows: list[Row]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="knowledge-pack ablation")
+    for col in ("task", "without", "runs", "success", "d success", "turns", "d turns", "tokens", "cost"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.task, r.without, str(r.runs), f"{r.passed}/{r.runs} ({r.success_rate:.0%})",
+                      "" if r.delta_success is None else f"{r.delta_success:+.0%}", f"{r.mean_turns:.1f}",
+                      "" if r.delta_turns is None else f"{r.delta_turns:+.1f}", f"{r.mean_tokens:.0f}",
+                      "unpriced" if r.mean_cost_usd is None else f"${r.mean_cost_usd:.4f}")
+    Console().print(table)
+
+
+def rows_json(rows: list[Row]) -> list[dict]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,34 @@
+"""LLM backends: anthropic, openai (any OpenAI-compatible server), command (an external
+coding-agent CLI), replay (a recorded session). Each SDK is imported only when its
+backend is made, so light commands never pay for it."""
+
+from __future__ import annotations
+
+from agent.backends.base import Backend, BackendError, ModelTurn, RecordingExhausted, RetryPolicy, ToolSpec
+
+LIVE_BACKENDS = ("anthropic", "openai", "command")
+
+
+def make_backend(name: str, *, model: str | None = None, base_url: str | None = None, command: str | None = None,
+                 max_output_tokens: int = 8192, timeout_s: float | None = None, retry: RetryPolicy | None = None,
+                 stream: bool | None = None, note=print) -> Backend:
+    """A live backend by name; a missing key or a missing option is a BackendError (one line)."""
+    if name == "anthropic":
+        from agent.backends.anthropic_backend import AnthropicBackend
+
+        return AnthropicBackend(model, base_url=base_url, max_output_tokens=max_output_tokens,
+                                timeout_s=timeout_s or 600.0, retry=retry, stream=True if stream is None else stream)
+    if name == "openai":
+        from agent.backends.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(model, base_url=base_url, max_output_tokens=max_output_tokens, timeout_s=timeout_s or 600.0,
+                             retry=retry, stream=bool(stream), note=note)
+    if name == "command":
+        from agent.backends.command_backend import CommandBackend
+
+        return CommandBackend(command, model, timeout_s=timeout_s or 1800.0)
+    raise BackendError(f"unknown backend {name!r}; live backends: {', '.join(LIVE_BACKENDS)} (replay: epiforge replay LOG)")
+
+
+__all__ = ["Backend", "BackendError", "LIVE_BACKENDS", "ModelTurn", "RecordingExhausted", "RetryPolicy", "ToolSpec",
+           "make_backend"]

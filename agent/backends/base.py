@@ -1,0 +1,157 @@
+"""What every backend is: `complete(system, messages, tools, step)` -> ModelTurn.
+
+Backends speak their own wire format; the loop sees only session.Message/Block values.
+Failures are BackendError with one clear line; transient API failures (429, 5xx,
+overloaded, timeouts, dropped connections) are retried here with exponential backoff,
+each retry reported to the loop (which logs it).
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agent.session import Block, Message, Usage
+
+
+class BackendError(RuntimeError):
+    """A backend that cannot go on (one line: which backend, what happened)."""
+
+
+class RecordingExhausted(BackendError):
+    """A replay asked for a response the recording does not have."""
+
+
+@dataclass
+class ModelTurn:
+    content: list[Block]
+    stop_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    latency_s: float = 0.0
+    model: str | None = None
+    source: str = "live"
+    cost_usd: float | None = None
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def tool_calls(self) -> list:
+        return [b for b in self.content if b.type == "tool_use"]
+
+
+@dataclass
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict
+
+
+@dataclass
+class SessionContext:
+    """What a backend may need to know about the session before its first turn."""
+
+    session_id: str
+    task: object  # tasks.Task
+    pack: object  # agent.pack.Pack
+    workspace: object  # pathlib.Path holding kernel.py
+    system: str
+    prompt: str
+    config: object  # agent.session.SessionConfig
+
+
+RetryHook = Callable[[int, str, float], None]  # (attempt, error line, wait seconds)
+
+
+class Backend:
+    """Base: subclasses set `name` and implement complete()."""
+
+    name = "base"
+
+    def __init__(self, model: str):
+        self.model = model
+        self.reached = False  # has the server answered once (see with_retries)
+
+    def start(self, ctx: SessionContext) -> None:
+        """Called once before the first turn (the command backend prepares its workspace)."""
+
+    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], *, step: int,
+                 on_retry: RetryHook | None = None) -> ModelTurn:
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        """What the session log records about this backend (no secrets)."""
+        return {"backend": self.name, "model": self.model}
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class RetryPolicy:
+    max_retries: int = 4
+    backoff_s: float = 1.0
+    max_wait_s: float = 60.0
+
+
+def with_retries(call: Callable[[], ModelTurn], classify: Callable[[Exception], tuple[bool, str, float | None]],
+                 policy: RetryPolicy, on_retry: RetryHook | None, *, reached: bool = True) -> ModelTurn:
+    """Run `call`; on an exception `classify` says (retryable, one-line description,
+    server-suggested wait). Retryable failures wait backoff * 2**attempt (or the server's
+    retry-after, capped), plus a little jitter, up to policy.max_retries times. Until the
+    server has answered once (`reached` False), a refused connection is not retried: it is
+    a wrong URL or a server that is not running, and the user should hear so at once."""
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except BackendError:
+            raise
+        except Exception as e:  # the SDK's errors, classified below
+            retryable, line, suggested = classify(e)
+            if not reached and _refused(e):
+                raise BackendError(line) from None
+            if not retryable or attempt >= policy.max_retries:
+                tries = f" (after {attempt + 1} attempts)" if attempt else ""
+                raise BackendError(line + tries) from None
+            wait = suggested if suggested is not None else policy.backoff_s * 2**attempt
+            wait = min(policy.max_wait_s, wait) * (1 + 0.1 * random.random())
+            attempt += 1
+            if on_retry:
+                on_retry(attempt, line, round(wait, 3))
+            time.sleep(wait)
+
+
+def _refused(e: BaseException) -> bool:
+    """The connection itself failed (refused, unknown host), as opposed to a timeout or an HTTP error."""
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        text = str(e)
+        if "Connection refused" in text or "Name or service not known" in text or "nodename nor servname" in text:
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def retry_after(headers) -> float | None:
+    """Seconds from a retry-after(-ms) header, if the server sent one."""
+    if headers is None:
+        return None
+    for key, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        value = headers.get(key)
+        if value is not None:
+            try:
+                return max(0.0, float(value) * scale)
+            except ValueError:
+                return None
+    return None
+
+
+def root_cause(e: BaseException) -> str:
+    """The innermost cause's first line (e.g. 'Connection refused' under an SDK's wrapper)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return str(e).splitlines()[0] if str(e) else type(e).__name__

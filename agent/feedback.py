@@ -1,0 +1,124 @@
+"""What the model is told about an evaluation, and what a log may keep of it.
+
+Feedback is plain text: the outcome, the worst numeric mismatch per output, the sm_90a
+compile log (which epilogue, which tile config, ok or the error), the traceback tail of a
+failure, and on a GPU the time against GEMM-only and the other baselines. Paths of this
+machine are scrubbed from everything that reaches the model or a log.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from eval.kernel import REPO
+
+_STDERR_CHARS = 1500
+#: names the evaluator may give the candidate's own time in a shape's timing dict
+_KERNEL_KEYS = ("kernel", "candidate", "fused", "median")
+
+
+def scrub(text: str, *extra_roots: Path) -> str:
+    """Replace this machine's paths (the repo, workspaces, the venv, home) with neutral names."""
+    if not text:
+        return text
+    prefixes = sorted({sys.prefix, os.path.realpath(sys.prefix)}, key=len, reverse=True)
+    for p in prefixes:
+        text = text.replace(p, "<venv>")
+    for root, name in [*[(r, ".") for r in extra_roots], (REPO, "<repo>"), (Path.home(), "~")]:
+        for form in {str(root), os.path.realpath(root)}:
+            if form and form != "/":
+                text = text.replace(form, name)
+    return text
+
+
+def scrub_tree(value, *extra_roots: Path):
+    """scrub() every string in a JSON-able value."""
+    if isinstance(value, str):
+        return scrub(value, *extra_roots)
+    if isinstance(value, list):
+        return [scrub_tree(v, *extra_roots) for v in value]
+    if isinstance(value, dict):
+        return {k: scrub_tree(v, *extra_roots) for k, v in value.items()}
+    return value
+
+
+# ---- timing -------------------------------------------------------------------------------
+
+
+def shape_times(timing: dict) -> tuple[float | None, float | None, dict[str, float]]:
+    """(kernel us, GEMM-only us, {baseline: us}) from one shape's timing dict. Times are
+    entries holding {"median_us": ...} (eval.timing.Timing) or numbers under keys ending in
+    _us; the GEMM-only time is "gemm_only", else the fastest "gemm*" entry (quack, cuBLAS)."""
+    times = {}
+    for key, value in timing.items():
+        if isinstance(value, dict) and isinstance(value.get("median_us"), (int, float)):
+            times[key] = float(value["median_us"])
+        elif key.endswith("_us") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            times[key.removesuffix("_us")] = float(value)
+    kernel_key = next((k for k in _KERNEL_KEYS if k in times), None)
+    gemm_keys = [k for k in times if k.startswith("gemm")]
+    gemm = times.get("gemm_only", min((times[k] for k in gemm_keys), default=None))
+    baselines = {k: v for k, v in times.items() if k != kernel_key and k not in gemm_keys}
+    return (times[kernel_key] if kernel_key else None), gemm, baselines
+
+
+def speed_ratio(result) -> float | None:
+    """The worst kernel / GEMM-only time over the timed shapes; None when nothing was timed."""
+    ratios = []
+    for s in result.per_shape:
+        if s.timing:
+            kernel, gemm, _ = shape_times(s.timing)
+            if kernel and gemm:
+                ratios.append(kernel / gemm)
+    return max(ratios) if ratios else None
+
+
+# ---- the text -----------------------------------------------------------------------------
+
+
+def describe(result, *, what: str, seed: int, workspace: Path | None = None) -> str:
+    """Feedback for the model on one evaluation."""
+    roots = (workspace,) if workspace else ()
+    where = f"{'GPU' if result.device == 'cuda' else 'CPU emulator'}, {result.shapes} shapes, seed {seed}"
+    lines = [f"{what}: {result.outcome.value} ({where}; {result.wall_s or 0:.1f} s)", scrub(result.message, *roots)]
+    for shape in result.per_shape:
+        for check in shape.outputs:
+            if check.ok:
+                err = f"max error {check.max_error:.3e} <= allowed {check.allowed:.3e}" if check.max_error is not None else "ok"
+                lines.append(f"  {shape.shape} {check.name}: ok ({err})")
+            else:
+                lines.append(f"  {shape.shape} {check.name}: FAILED {check.problem}: {scrub(check.detail, *roots)}")
+        if shape.outcome.value != "PASSED" and not shape.outputs and shape.message and shape.message not in result.message:
+            lines.append(f"  {shape.shape}: {scrub(shape.message, *roots)}")
+        if shape.timing:
+            lines.append(f"  {shape.shape} timing: {_timing_line(shape.timing)}")
+    if result.compiled:
+        lines.append("sm_90a cross-compile (launch provenance):")
+        seen = set()
+        for c in result.compiled:
+            key = (c.get("epilogue"), c.get("config"), c.get("ok"))
+            if key in seen:  # the same build again for the next shape (a cache hit)
+                continue
+            seen.add(key)
+            status = "ok" if c.get("ok") else f"FAILED: {scrub(str(c.get('error', '')), *roots)}"
+            lines.append(f"  {c.get('epilogue')} [{c.get('config')}]{' mode=' + c['mode'] if c.get('mode') else ''}: {status} ({c.get('seconds', 0)} s)")
+    launches = getattr(result, "launches", None)
+    if launches:
+        lines.append(f"launches: {launches}")
+    if not result.passed and result.stderr_tail:
+        tail = scrub(result.stderr_tail, *roots).strip()[-_STDERR_CHARS:]
+        lines.append("stderr (tail):\n" + tail)
+    return "\n".join(line for line in lines if line)
+
+
+def _timing_line(timing: dict) -> str:
+    kernel, gemm, baselines = shape_times(timing)
+    parts = []
+    if kernel is not None:
+        parts.append(f"kernel {kernel:.1f} us")
+    if gemm is not None:
+        parts.append(f"GEMM-only {gemm:.1f} us" + (f" (ratio {kernel / gemm:.3f})" if kernel and gemm else ""))
+    parts += [f"{name} {us:.1f} us" for name, us in baselines.items()]
+    return ", ".join(parts) or str(timing)

@@ -1,0 +1,185 @@
+"""The knowledge pack: what the model reads. Pages are discovered under primitive_docs/
+(every *.md; only index.md is named here), expert kernels of the OTHER tasks are the
+examples, and the prompts are rendered with jinja2 from agent/templates/.
+
+Pages whose path names the session's own task (e.g. an implementation log of k8 while
+solving k8) are withheld: they would hand the model the answer. `without` removes pages
+for ablations. The pack's hash identifies exactly what the model could read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from eval.kernel import HUMAN_DIR, REPO
+
+DOCS_DIR = REPO / "primitive_docs"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+#: the pages embedded in the system prompt stop at this many characters; the rest stay readable with read_doc
+PROMPT_DOC_CHARS = 120_000
+PROMPT_EXAMPLES = 2
+
+
+class PackError(ValueError):
+    """A pack that cannot be built as asked (one line)."""
+
+
+@dataclass(frozen=True)
+class Doc:
+    name: str  # path under primitive_docs/ without .md, e.g. "index", "operands", "logs/k0"
+    text: str
+
+    @property
+    def kind(self) -> str:
+        return "index" if self.name == "index" else "log" if self.name.startswith("logs/") else "page"
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:12]
+
+
+@dataclass
+class Pack:
+    task: object  # tasks.Task
+    docs: list[Doc]
+    examples: dict[str, str]  # other task's name -> expert kernel source
+    without: list[str] = field(default_factory=list)
+    withheld: list[str] = field(default_factory=list)
+
+    # ---- lookups used by the tools ---------------------------------------------------
+
+    def doc(self, name: str) -> Doc | None:
+        name = name.strip().removesuffix(".md").removeprefix("primitive_docs/")
+        for d in self.docs:
+            if d.name == name:
+                return d
+        stems = [d for d in self.docs if d.name.rsplit("/", 1)[-1] == name]
+        return stems[0] if len(stems) == 1 else None
+
+    def example(self, name: str) -> tuple[str, str] | None:
+        """An example by task name or id ('k2' or 'k2_gemm_rmsnorm_swiglu')."""
+        for task_name, source in self.examples.items():
+            if name in (task_name, task_name.split("_", 1)[0], task_name + ".py"):
+                return task_name, source
+        return None
+
+    # ---- what goes into the prompt ---------------------------------------------------
+
+    def prompt_docs(self) -> tuple[list[Doc], list[Doc]]:
+        """(pages embedded in the system prompt, pages left to read_doc): index first, then
+        the pages most related to the task, then implementation logs, within PROMPT_DOC_CHARS."""
+        words = _task_words(self.task)
+        ranked = sorted(self.docs, key=lambda d: ({"index": 0, "page": 1, "log": 2}[d.kind], -_relevance(d, words), d.name))
+        inside, outside, used = [], [], 0
+        for d in ranked:
+            if used + len(d.text) <= PROMPT_DOC_CHARS:
+                inside.append(d)
+                used += len(d.text)
+            else:
+                outside.append(d)
+        return inside, outside
+
+    def prompt_examples(self) -> list[tuple[str, str]]:
+        words = _task_words(self.task)
+        ranked = sorted(self.examples.items(), key=lambda kv: (-len(words & set(kv[0].split("_")[1:])), _task_order(kv[0])))
+        return ranked[:PROMPT_EXAMPLES]
+
+    def info(self):
+        from agent.session import PackInfo
+
+        inside, _ = self.prompt_docs()
+        return PackInfo(sha256=self.sha256, docs={d.name: d.sha for d in self.docs}, in_prompt=[d.name for d in inside],
+                        examples=sorted(self.examples, key=_task_order), without=list(self.without),
+                        withheld=list(self.withheld))
+
+    @property
+    def sha256(self) -> str:
+        blob = {
+            "docs": {d.name: d.sha for d in self.docs},
+            "examples": {k: hashlib.sha256(v.encode()).hexdigest()[:12] for k, v in self.examples.items()},
+            "templates": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in sorted(TEMPLATES_DIR.glob("*.j2"))},
+        }
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+    # ---- rendering ---------------------------------------------------------------------
+
+    def render(self, template: str, **extra) -> str:
+        inside, outside = self.prompt_docs()
+        return _env().get_template(template).render(
+            task=self.task, inputs=self.task.inputs, outputs=self.task.outputs, scalars=self.task.scalars,
+            docs=inside, more_docs=outside, all_docs=self.docs, examples=self.prompt_examples(),
+            other_examples=sorted(self.examples, key=_task_order), stub=kernel_stub(self.task),
+            finishers=_finishers(self.task), smoke=_smoke_dims(), **extra,
+        ).strip() + "\n"
+
+    def system_prompt(self, **extra) -> str:
+        return self.render("system.md.j2", **extra)
+
+    def task_prompt(self, **extra) -> str:
+        return self.render("task.md.j2", **extra)
+
+
+def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[str, ...] = ()) -> Pack:
+    """Discover the pages and examples for `task`; `without` names pages to leave out (by
+    name, e.g. "operands" or "logs/k0", or by file name); an unknown name is an error."""
+    docs_dir = Path(docs_dir or DOCS_DIR)
+    docs = [Doc(p.relative_to(docs_dir).with_suffix("").as_posix(), p.read_text(encoding="utf-8"))
+            for p in sorted(docs_dir.rglob("*.md"))] if docs_dir.is_dir() else []
+    removed = set()
+    for want in without:
+        key = want.strip().removesuffix(".md").removeprefix("primitive_docs/")
+        hits = [d.name for d in docs if d.name == key or d.name.rsplit("/", 1)[-1] == key]
+        if len(hits) != 1:
+            known = ", ".join(d.name for d in docs) or "(none)"
+            why = "matches no page" if not hits else f"is ambiguous ({', '.join(hits)})"
+            raise PackError(f"--pack-without {want!r} {why}; pages: {known}")
+        removed.add(hits[0])
+    own = re.compile(rf"(^|[/_.-]){re.escape(task.id)}([/_.-]|$)|{re.escape(task.name)}")
+    withheld = [d.name for d in docs if own.search(d.name) and d.name not in removed]
+    kept = [d for d in docs if d.name not in removed and d.name not in withheld]
+    examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("k*.py")) if p.stem != task.name}
+    return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld)
+
+
+def kernel_stub(task) -> str:
+    """The file the model starts from (and the command backend's kernel.py)."""
+    return _env().get_template("kernel_stub.py.j2").render(task=task).strip() + "\n"
+
+
+@lru_cache(maxsize=1)
+def _env():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def _task_words(task) -> set[str]:
+    return set(task.name.split("_")[1:]) - {"gemm", "partial"}
+
+
+def _relevance(doc: Doc, words: set[str]) -> int:
+    name_hits = sum(3 for w in words if w in doc.name.lower())
+    text = doc.text.lower()
+    return name_hits + sum(min(text.count(w), 5) for w in words)
+
+
+def _task_order(name: str) -> int:
+    return int(name.split("_", 1)[0][1:])
+
+
+def _finishers(task) -> dict[str, str]:
+    from primitives.finish import FINISHERS
+
+    return {name: FINISHERS[name] for name in task.launches[1:]}
+
+
+def _smoke_dims() -> list[dict]:
+    import tasks
+
+    return [s.dims() | {"name": s.name} for s in tasks.shape_sets()["smoke"]]
