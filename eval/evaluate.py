@@ -33,7 +33,8 @@ def clean_env(extra: dict | None = None) -> dict:
     """The worker's environment: ours minus anything that looks like a secret."""
     env = {k: v for k, v in os.environ.items() if not any(m in k.upper() for m in _SECRET_MARKERS)}
     env.pop("PYTHONSTARTUP", None)
-    env["PYTHONPATH"] = str(REPO)
+    # the repo first; keep the rest (on the GPU machine quack and pydantic live there)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
