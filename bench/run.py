@@ -2,7 +2,8 @@
 
 For each task and paper scale (d = 2048/4096/8192, M = 16384, bf16):
   fused          the expert kernel's run(): the fused GEMM plus its finishing steps,
-                 at each candidate tile config (bench/configs.py); the best is kept
+                 at each candidate tile config (bench/configs.py; the best is kept), or
+                 with --tuned at the config the kernel picks itself from its TUNED table
   gemm_cublas    torch.matmul of the same GEMM shape and operand layouts (cuBLAS)
   gemm_quack     quack's mainloop with an identity epilogue at the same config
   torch_compile  cuBLAS + torch.compile (Inductor) of the task's unfused torch reference
@@ -46,8 +47,13 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref):
     row["gemm_cublas"] = _time(lambda a, b: torch.matmul(a, b.T), operands)
     for cfg in configs:
         entry = {}
+        own = cfg is None  # the kernel's own choice (its TUNED table): no sweep
+        if own:
+            import primitives as P
+
+            cfg = P.pick_config(getattr(module, "TUNED", {}), *operands[0])
         try:
-            entry["fused"] = _time(lambda s: module.run(s, prepared, config=cfg), [(s,) for s in sets])
+            entry["fused"] = _time(lambda s: module.run(s, prepared, config=None if own else cfg), [(s,) for s in sets])
             entry["gemm_quack"] = _time(lambda a, b: gemm_only(a, b, config=cfg), operands)
         except Exception as e:  # a config an epilogue cannot use: recorded, not fatal
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -100,6 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", nargs="*", default=None)
     ap.add_argument("--scales", nargs="*", default=None, help="paper shape names: 1B 7B 70B")
     ap.add_argument("--configs", nargs="*", type=int, default=None, help="indexes into bench.configs.CANDIDATES")
+    ap.add_argument("--tuned", action="store_true", help="time each kernel at its own tuned config only (no sweep)")
     ap.add_argument("--compile", action="store_true", help="also time cuBLAS + torch.compile of the unfused code")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -110,7 +117,7 @@ def main(argv=None) -> int:
     from eval.kernel import HUMAN_DIR, load_kernel_module
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
-    configs = [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
+    configs = [None] if args.tuned else [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"environment": fingerprint(command_line("bench.run", argv)), "rows": []}

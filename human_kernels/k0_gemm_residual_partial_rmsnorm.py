@@ -6,12 +6,19 @@ import primitives as P
 TASK = "k0_gemm_residual_partial_rmsnorm"
 AUTHOR = "quack library (CODA's authors)"
 
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+TUNED = {
+    "16384x2048x2048": "128x128_c1x2_pp",  # 1.101 of GEMM-only
+    "16384x4096x4096": "128x192_c2x1_pp",  # 1.076 of GEMM-only
+    "16384x8192x8192": "128x192_c2x1_pp",  # 0.998 of GEMM-only
+}
+
 residual_rms_partial = P.from_quack("quack.epilogue.library:rms_partial_epi")
 
 
 def run(inputs, prepared, config=None):
     out = residual_rms_partial(
-        inputs["a"], inputs["w_o"], c=inputs["residual"], weight=inputs["norm_weight"], config=config
+        inputs["a"], inputs["w_o"], c=inputs["residual"], weight=inputs["norm_weight"], config=config or P.pick_config(TUNED, inputs["a"], inputs["w_o"])
     )
     rstd = P.finish.rstd_from_sumsq(out["sqsum"], n=inputs["w_o"].shape[0], eps=inputs["eps"])
     return {"x": out["resid_out"], "h": out["D"], "rstd": rstd}

@@ -6,6 +6,13 @@ import primitives as P
 TASK = "k2_gemm_rmsnorm_swiglu"
 AUTHOR = "epiforge maintainers"
 
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+TUNED = {
+    "16384x11264x2048": "128x192_c2x1_pp",  # 0.930 of GEMM-only
+    "16384x22016x4096": "128x128_c2x1_pp",  # 1.025 of GEMM-only
+    "16384x44032x8192": "256x192_c1x2",  # 1.024 of GEMM-only
+}
+
 
 @P.epilogue(outputs=("out",), operands={"rstd": P.PerRow()}, mode="acc_pair")
 def rmsnorm_swiglu(acc, rstd):
@@ -14,5 +21,5 @@ def rmsnorm_swiglu(acc, rstd):
 
 
 def run(inputs, prepared, config=None):
-    out = rmsnorm_swiglu(inputs["h"], inputs["w_gu"], rstd=inputs["rstd"], config=config)
+    out = rmsnorm_swiglu(inputs["h"], inputs["w_gu"], rstd=inputs["rstd"], config=config or P.pick_config(TUNED, inputs["h"], inputs["w_gu"]))
     return {"z": out["D"], "out": out["out"]}

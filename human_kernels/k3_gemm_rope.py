@@ -7,6 +7,13 @@ import primitives as P
 TASK = "k3_gemm_rope"
 AUTHOR = "quack library (CODA's authors)"
 
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+TUNED = {
+    "16384x6144x2048": "128x192_c1x2_pp",  # 1.004 of GEMM-only
+    "16384x12288x4096": "128x128_c1x2_pp",  # 1.042 of GEMM-only
+    "16384x24576x8192": "256x192_c1x2",  # 0.997 of GEMM-only
+}
+
 qkv_rope = P.from_quack("quack.epilogue.rotary:rope_posfreq_epi")
 
 
@@ -17,5 +24,5 @@ def prepare(consts):
 
 
 def run(inputs, prepared, config=None):
-    out = qkv_rope(inputs["a"], inputs["w_qkv"], pos=inputs["positions"], freq=prepared["freq"], config=config)
+    out = qkv_rope(inputs["a"], inputs["w_qkv"], pos=inputs["positions"], freq=prepared["freq"], config=config or P.pick_config(TUNED, inputs["a"], inputs["w_qkv"]))
     return {"qkv": out["D"]}

@@ -6,6 +6,13 @@ import primitives as P
 TASK = "k5_gemm_rmsnorm_partial_cross_entropy"
 AUTHOR = "epiforge maintainers"
 
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+TUNED = {
+    "16384x32768x2048": "128x256_c2x1",  # 1.033 of GEMM-only
+    "16384x32768x4096": "128x192_c2x1_pp",  # 0.992 of GEMM-only
+    "16384x32768x8192": "128x256_c2x1",  # 1.025 of GEMM-only
+}
+
 
 @P.epilogue(
     operands={"rstd": P.PerRow()},
@@ -18,7 +25,7 @@ def rmsnorm_cross_entropy(acc, rstd):
 
 def run(inputs, prepared, config=None):
     out = rmsnorm_cross_entropy(
-        inputs["h"], inputs["w_lm"], rstd=inputs["rstd"], targets=inputs["targets"], store_d=False, config=config
+        inputs["h"], inputs["w_lm"], rstd=inputs["rstd"], targets=inputs["targets"], store_d=False, config=config or P.pick_config(TUNED, inputs["h"], inputs["w_lm"])
     )
     loss, lse = P.finish.cross_entropy(out["lse"], out["target_logit"])
     return {"loss": loss, "lse": lse}

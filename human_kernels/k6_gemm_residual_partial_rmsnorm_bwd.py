@@ -7,6 +7,13 @@ import primitives as P
 TASK = "k6_gemm_residual_partial_rmsnorm_bwd"
 AUTHOR = "epiforge maintainers"
 
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+TUNED = {
+    "16384x2048x11264": "128x192_c2x1_pp",  # 1.108 of GEMM-only
+    "16384x4096x22016": "192x128_c1x2_pp",  # 1.038 of GEMM-only
+    "16384x8192x44032": "128x192_c2x1_pp",  # 1.005 of GEMM-only
+}
+
 
 @P.epilogue(
     outputs=("h",),
@@ -22,6 +29,6 @@ def run(inputs, prepared, config=None):
     w_gu = inputs["w_gu"]  # (2F, d): the dgrad GEMM's B is its transpose, (N=d, K=2F)
     out = rmsnorm_bwd(
         inputs["dz"], w_gu.T, c=inputs["dx_in"], x=inputs["x"], rstd=inputs["rstd"],
-        w=inputs["norm_weight"], zdz=inputs["zdz"], inv_d=1.0 / w_gu.shape[1], config=config,
+        w=inputs["norm_weight"], zdz=inputs["zdz"], inv_d=1.0 / w_gu.shape[1], config=config or P.pick_config(TUNED, inputs["dz"], w_gu.T),
     )
     return {"dx": out["D"], "h": out["h"], "dw": P.finish.col_sum(out["dw"])}

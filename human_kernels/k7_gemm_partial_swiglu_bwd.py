@@ -7,10 +7,17 @@ import primitives as P
 TASK = "k7_gemm_partial_swiglu_bwd"
 AUTHOR = "quack library (CODA's authors)"
 
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+TUNED = {
+    "16384x5632x2048": "128x128_c2x1_pp",  # 1.287 of GEMM-only
+    "16384x11008x4096": "128x128_c1x2_pp",  # 1.155 of GEMM-only
+    "16384x22016x8192": "128x128_c2x1_pp",  # 1.076 of GEMM-only
+}
+
 swiglu_bwd_zdz = P.from_quack("quack.epilogue.library:dswiglu_dpreact_mod")
 
 
 def run(inputs, prepared, config=None):
     # acc = dout @ w_down: B = w_down^T, (N=F, K=d)
-    out = swiglu_bwd_zdz(inputs["dout"], inputs["w_down"].T, c=inputs["z"], config=config)
+    out = swiglu_bwd_zdz(inputs["dout"], inputs["w_down"].T, c=inputs["z"], config=config or P.pick_config(TUNED, inputs["dout"], inputs["w_down"].T))
     return {"dz": out["D"], "out": out["postact"], "zdz": P.finish.row_sum(out["dsum"])}

@@ -5,7 +5,7 @@ source runs on the GPU (quack's SM90 GEMM) and on the CPU (the tile emulator).
 """
 
 from primitives import finish, prepare
-from primitives.config import DEFAULT_CONFIG, GemmConfig
+from primitives.config import DEFAULT_CONFIG, GemmConfig, pick_config
 from primitives.epilogue import Epilogue, EpilogueError, epilogue
 from primitives.math import dswiglu, exp, fma, log, rope_rotate, rsqrt, sigmoid, silu, swiglu
 from primitives.spec import (
@@ -35,6 +35,6 @@ def from_quack(target, operands=None):
 __all__ = [
     "ColReduce", "DEFAULT_CONFIG", "Epilogue", "EpilogueError", "GemmConfig", "PerCol",
     "PerRow", "RowLogSumExp", "RowReduce", "RowSelect", "Scalar", "Tile", "dswiglu",
-    "epilogue", "exp", "finish", "fma", "from_quack", "log", "pack", "partials_shape",
+    "epilogue", "exp", "finish", "fma", "from_quack", "log", "pack", "partials_shape", "pick_config",
     "prepare", "rope_rotate", "rsqrt", "sigmoid", "silu", "swiglu", "unpack",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -20,9 +22,28 @@ class GemmConfig(BaseModel):
     max_swizzle_size: int = 8
 
     def key(self) -> str:
-        """A short stable name, e.g. for caches and reports: 128x192_c2x1_pp."""
+        """A short stable name, e.g. for caches and reports: 128x192_c2x1_pp (+ _sw1 when
+        the tile swizzle is not quack's default 8)."""
         pp = "_pp" if self.pingpong else ""
-        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}"
+        sw = f"_sw{self.max_swizzle_size}" if self.max_swizzle_size != 8 else ""
+        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}"
+
+    @classmethod
+    def parse(cls, key: str) -> "GemmConfig":
+        """The inverse of key()."""
+        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?", key)
+        if not m:
+            raise ValueError(f"not a config key: {key!r} (expected e.g. 128x192_c2x1_pp)")
+        tm, tn, cm, cn, pp, sw = m.groups()
+        return cls(tile_m=int(tm), tile_n=int(tn), cluster_m=int(cm), cluster_n=int(cn), pingpong=bool(pp),
+                   max_swizzle_size=int(sw) if sw else 8)
 
 
 DEFAULT_CONFIG = GemmConfig()
+
+
+def pick_config(tuned: dict[str, str], a, w) -> GemmConfig:
+    """The tuned config for this GEMM's m x n x k (a is (m, k), w is (n, k)) from a kernel's
+    table {"16384x2048x2048": "128x128_c1x2_pp", ...}; the default when the shape is not in it."""
+    key = f"{a.shape[0]}x{w.shape[0]}x{a.shape[1]}"
+    return GemmConfig.parse(tuned[key]) if key in tuned else DEFAULT_CONFIG
