@@ -36,20 +36,28 @@ def markdown(reports: list[dict]) -> str:
         f"Targets: fused / GEMM-only <= {FUSED_TARGET}; speedup over cuBLAS + torch.compile >= "
         f"{BOUND_TARGET} x the bound (torch.compile / GEMM-only), i.e. fraction of bound >= {BOUND_TARGET}.",
         "",
-        "| task | scale | best config | fused / GEMM-only | quack GEMM / cuBLAS | speedup vs torch.compile | bound | fraction of bound | targets |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | scale | config | fused / GEMM-only | quack GEMM / cuBLAS | speedup vs torch.compile | bound | fraction of bound | speedup vs Liger | targets |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for report in reports:
         for r in report["rows"]:
             if "fused" not in r:
-                lines.append(f"| {r['task']} | {r['shape']} | no config ran | | | | | | |")
+                lines.append(f"| {r['task']} | {r['shape']} | no config ran | | | | | | | |")
                 continue
             q_over_c = r["gemm_quack"]["median_us"] / r["gemm_cublas"]["median_us"]
             tc = f"{r['speedup_vs_compile']:.2f}x" if "speedup_vs_compile" in r else "not run"
             bound = f"{r['compile_over_gemm_only']:.2f}x" if "compile_over_gemm_only" in r else ""
             frac = f"{r['fraction_of_bound']:.2f}" if "fraction_of_bound" in r else ""
+            liger = f"{r['speedup_vs_liger']:.2f}x" if "speedup_vs_liger" in r else ""
             lines.append(f"| {r['task']} | {r['shape']} | {r['best_config']} | {r['fused_over_gemm_only']:.3f} | "
-                         f"{q_over_c:.3f} | {tc} | {bound} | {frac} | {_verdict(r)} |")
+                         f"{q_over_c:.3f} | {tc} | {bound} | {frac} | {liger} | {_verdict(r)} |")
+    notes = {r["task"]: r["liger_note"] for rep in reports for r in rep["rows"] if "liger_note" in r}
+    errors = {r["task"]: r["liger_error"] for rep in reports for r in rep["rows"] if "liger_error" in r}
+    lines.append("")
+    for task, note in sorted(notes.items()):
+        lines.append(f"- Liger for {task}: {note}.")
+    for task, err in sorted(errors.items()):
+        lines.append(f"- Liger for {task} did not run: {err}")
     lines.append("")
     for e in envs:
         lines.append(f"- `{e['command']}` on {e['date']}: torch {e['torch']} (CUDA {e['cuda']}), "

@@ -34,7 +34,7 @@ def _time(fn, arg_sets):
     return time_cuda(fn, arg_sets, warmup=3, reps=REPS).model_dump()
 
 
-def bench_task(task, module, shape, configs, with_compile, compiled_ref):
+def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None):
     from bench.baselines import gemm_only
 
     dims = shape.dims()
@@ -65,6 +65,13 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref):
         row["best_config"] = best
         row["fused"] = timed[best]["fused"]
         row["gemm_quack"] = min((v["gemm_quack"] for v in timed.values()), key=lambda t: t["median_us"])
+    if liger is not None:
+        fn, note = liger
+        try:
+            row["liger"] = _time(fn, [(s,) for s in sets])
+            row["liger_note"] = note
+        except Exception as e:
+            row["liger_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     if with_compile and compiled_ref is not None:
         try:
             row["torch_compile"] = _time(lambda s: compiled_ref(s, dims), [(s,) for s in sets])
@@ -82,6 +89,9 @@ def _ratios(row):
     gemm_only = min(row["gemm_cublas"]["median_us"], row["gemm_quack"]["median_us"])
     row["gemm_only_us"] = gemm_only
     row["fused_over_gemm_only"] = fused / gemm_only
+    if "liger" in row:
+        row["speedup_vs_liger"] = row["liger"]["median_us"] / fused
+        row["liger_over_gemm_only"] = row["liger"]["median_us"] / gemm_only
     if "torch_compile" in row:
         tc = row["torch_compile"]["median_us"]
         row["speedup_vs_compile"] = tc / fused
@@ -108,6 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", nargs="*", type=int, default=None, help="indexes into bench.configs.CANDIDATES")
     ap.add_argument("--tuned", action="store_true", help="time each kernel at its own tuned config only (no sweep)")
     ap.add_argument("--compile", action="store_true", help="also time cuBLAS + torch.compile of the unfused code")
+    ap.add_argument("--liger", action="store_true", help="also time Liger-Kernel composites where Liger has the op")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -120,7 +131,10 @@ def main(argv=None) -> int:
     configs = [None] if args.tuned else [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"environment": fingerprint(command_line("bench.run", argv)), "rows": []}
+    report = {"environment": fingerprint(command_line("bench.run", argv)), "reps": REPS, "rows": []}
+    from bench.liger import composites
+
+    liger = composites() if args.liger else {}
     for task in tasks.load_catalogue()[0]:
         if args.tasks and task.id not in args.tasks:
             continue
@@ -132,7 +146,7 @@ def main(argv=None) -> int:
             if args.scales and shape.name not in args.scales:
                 continue
             t0 = time.monotonic()
-            row = bench_task(task, module, shape, configs, args.compile, compiled_ref)
+            row = bench_task(task, module, shape, configs, args.compile, compiled_ref, liger.get(task.name))
             report["rows"].append(row)
             msg = f"{row.get('fused_over_gemm_only', float('nan')):.3f} of GEMM-only"
             if "speedup_vs_compile" in row:
