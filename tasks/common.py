@@ -33,6 +33,14 @@ def rstd_of(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(xf.pow(2).mean(-1) + eps)
 
 
+def deferred_rmsnorm_input(m: int, d: int, gen, device, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a GEMM after a deferred RMSNorm reads: h = x * norm_weight (bf16) and the rows'
+    real rstd (float32), from a residual stream x ~ N(0, 1)."""
+    x = normal((m, d), gen, device)
+    nw = norm_weight(d, gen, device)
+    return (x.float() * nw.float()).bfloat16(), rstd_of(x, eps)
+
+
 def positions(m: int, seq: int, device) -> torch.Tensor:
     """0..seq-1 for each sequence of the batch, float32 (exact to 2**24)."""
     return (torch.arange(m, device=device) % seq).to(torch.float32)

@@ -1,15 +1,12 @@
 from tasks import common
 
-EPS = 1e-6
-
 
 def make_inputs(dims, gen, device):
     M, d, F = dims["M"], dims["d"], dims["F"]
-    x = common.normal((M, d), gen, device)
-    nw = common.norm_weight(d, gen, device)
+    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device)
     return {
-        "h": (x.float() * nw.float()).bfloat16(),
-        "rstd": common.rstd_of(x, EPS),
+        "h": h,
+        "rstd": rstd,
         "w_gu": common.linear_weight(2 * F, d, gen, device),
     }
 

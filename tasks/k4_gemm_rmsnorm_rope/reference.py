@@ -1,15 +1,12 @@
 from tasks import common
 
-EPS = 1e-6
-
 
 def make_inputs(dims, gen, device):
     M, d = dims["M"], dims["d"]
-    x = common.normal((M, d), gen, device)
-    nw = common.norm_weight(d, gen, device)
+    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device)
     return {
-        "h": (x.float() * nw.float()).bfloat16(),
-        "rstd": common.rstd_of(x, EPS),
+        "h": h,
+        "rstd": rstd,
         "w_qkv": common.linear_weight(3 * d, d, gen, device),
         "positions": common.positions(M, dims["seq"], device),
         "inv_freq": common.rope_inv_freq(dims["head_dim"], device),

@@ -4,17 +4,14 @@ import torch
 
 from tasks import common
 
-EPS = 1e-6
-
 
 def make_inputs(dims, gen, device):
     M, d, V = dims["M"], dims["d"], dims["V"]
-    x = common.normal((M, d), gen, device)
-    nw = common.norm_weight(d, gen, device)
+    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device)
     w = (common.normal((V, d), gen, device, dtype=torch.float32) * (3.0 / math.sqrt(d))).bfloat16()
     return {
-        "h": (x.float() * nw.float()).bfloat16(),
-        "rstd": common.rstd_of(x, EPS),
+        "h": h,
+        "rstd": rstd,
         "w_lm": w,
         "targets": common.targets(M, V, gen, device),
     }
