@@ -19,7 +19,7 @@ from typing import Callable
 @dataclass
 class Reply:
     text: str | None = None
-    tools: list[tuple[str, dict]] = field(default_factory=list)  # (name, input)
+    tools: list[tuple[str, dict | str]] = field(default_factory=list)  # (name, input; openai: a str goes raw)
     # token counts the server reports; None: estimated from the request (~4 characters a
     # token, the system prompt counted as a cache write on the first request, a read after)
     input_tokens: int | None = None
@@ -180,7 +180,8 @@ class Loopback:
 
     def _openai(self, h, action, stream: bool) -> None:
         calls = [{"id": self._next_id("call"), "type": "function",
-                  "function": {"name": name, "arguments": json.dumps(args)}} for name, args in action.tools]
+                  "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
+                 for name, args in action.tools]  # a str is sent as is: broken JSON, as small models write
         finish = action.stop_reason or ("tool_calls" if calls else "stop")
         usage = {"prompt_tokens": action.input_tokens + action.cache_read, "completion_tokens": action.output_tokens,
                  "total_tokens": action.input_tokens + action.cache_read + action.output_tokens,

@@ -1,0 +1,62 @@
+"""Knowledge-pack ablations: a scripted model that only succeeds when a page is in its
+prompt, run with and without that page; the report shows the difference."""
+
+import json
+
+import pytest
+from loopback import Loopback, Reply, system_text
+from scenarios import K1_GOOD
+
+import epiforge
+from agent.ablate import FULL, report, run_ablation
+from agent.backends import make_backend
+from agent.pack import PackError
+from agent.session import Budget, SessionConfig
+
+
+def _model(body):
+    """Writes the right kernel at once if the pack told it how; otherwise it gives up."""
+    if "ROW-SCALE-HINT" not in system_text(body):
+        return Reply("I do not know how to do this.")
+    if len(body["messages"]) == 1:
+        return Reply("the hint says: scale rows by rstd", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])
+    return Reply("done")
+
+
+@pytest.fixture
+def docs(tmp_path):
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "index.md").write_text("# Index\n")
+    (d / "hint.md").write_text("ROW-SCALE-HINT: multiply acc by the PerRow rstd.\n")
+    return d
+
+
+def test_ablation_runs_and_reports_each_condition(tmp_path, docs, anthropic_key, fast_retry, capsys):
+    config = SessionConfig(task="k1", backend="anthropic", model="claude-haiku-4-5-loopback", compile=False,
+                           device="cpu", budget=Budget(max_turns=4))
+    with Loopback("anthropic", _model, model="claude-haiku-4-5-loopback") as server:
+        logs = run_ablation(config, lambda: make_backend("anthropic", model=config.model, base_url=server.url,
+                                                         retry=fast_retry, timeout_s=10),
+                            pages=["hint"], runs=2, log_dir=tmp_path / "logs", docs_dir=docs, say=lambda _: None)
+    assert len(logs) == 4
+    rows = {r.without: r for r in report(logs)}
+    full, ablated = rows[FULL], rows["hint"]
+    assert (full.runs, full.passed, full.success_rate) == (2, 2, 1.0)
+    assert (ablated.runs, ablated.passed, ablated.success_rate, ablated.delta_success) == (2, 0, 0.0, -1.0)
+    assert full.mean_turns == 1 and ablated.mean_turns == 2 and ablated.delta_turns == 1
+    assert full.mean_cost_usd > 0 and ablated.mean_cost_usd > 0
+
+    # the same report from the logs alone, through the CLI
+    rc = epiforge.main(["ablate", "--from-logs", str(tmp_path / "logs"), "--json", "--report", str(tmp_path / "r.json")])
+    printed = json.loads(capsys.readouterr().out)
+    assert rc == 0 and printed == json.loads((tmp_path / "r.json").read_text())
+    assert [(r["without"], r["success_rate"]) for r in printed] == [(FULL, 1.0), ("hint", 0.0)]
+
+
+def test_an_unknown_page_fails_before_any_session(tmp_path, docs):
+    config = SessionConfig(task="k1", backend="anthropic", model="m")
+    made = []
+    with pytest.raises(PackError, match="'nope' matches no page"):
+        run_ablation(config, lambda: made.append(1), pages=["nope"], runs=1, log_dir=tmp_path, docs_dir=docs)
+    assert made == [] and not list(tmp_path.glob("*.jsonl"))

@@ -1,0 +1,43 @@
+"""The CLI: light commands import no SDK and no GPU stack; bad input is one clear line."""
+
+import subprocess
+import sys
+
+import epiforge
+from eval.kernel import REPO
+
+
+def test_help_imports_no_sdk_and_no_gpu_stack():
+    code = ("import sys, epiforge, contextlib, io\n"
+            "for argv in (['--help'], ['generate', '--help'], ['replay', '--help'], ['ablate', '--help']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()):\n"
+            "        try: epiforge.main(argv)\n"
+            "        except SystemExit: pass\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'anthropic', 'openai', 'quack', 'cutlass', 'torch'})\n"
+            "print(heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_missing_key_is_one_line_and_no_log(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    rc = epiforge.main(["generate", "--task", "k1", "--backend", "anthropic", "--log-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["epiforge: anthropic: ANTHROPIC_API_KEY is not set (export it, or choose another --backend)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_malformed_log_is_one_line(tmp_path, capsys):
+    log = tmp_path / "bad.jsonl"
+    log.write_text('{"event": "session_started"}\n{"also": "bad"}\n')
+    rc = epiforge.main(["replay", str(log), "--log-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"epiforge: {log}:1: not a valid session event")
+
+
+def test_fork_needs_a_backend_and_an_unknown_task_is_one_line(tmp_path, capsys):
+    assert epiforge.main(["replay", str(tmp_path / "x.jsonl"), "--fork-at", "1"]) == 2
+    assert "--fork-at needs --backend" in capsys.readouterr().err
+    assert epiforge.main(["generate", "--task", "k99", "--backend", "anthropic"]) == 2
+    assert capsys.readouterr().err.startswith("epiforge: unknown task 'k99'")

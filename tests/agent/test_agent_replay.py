@@ -1,0 +1,133 @@
+"""Replay (offline, kernels re-evaluated, divergences reported), fork (recorded steps, then a
+live backend), resume (a killed session continues from its log), and the shipped example."""
+
+import json
+from pathlib import Path
+
+import pytest
+from loopback import Loopback, Reply
+from scenarios import K1_GOOD, K1_OFF_BY_2PCT
+
+from agent.backends import make_backend
+from agent.demo import DEFAULT_EXAMPLE, EXAMPLES, run_demo
+from agent.loop import resume_session, run_session
+from agent.replay import replay
+from agent.session import Budget, LogError, ModelResponse, SessionConfig, read_events
+from eval.kernel import read_kernel
+
+MODEL = "scripted-loopback-server"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A short anthropic session: a wrong kernel checked, then the right one submitted."""
+    tmp = tmp_path_factory.mktemp("recorded")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ANTHROPIC_API_KEY", "test-key-loopback")
+    script = [Reply("first try", [("write_kernel", {"source": K1_OFF_BY_2PCT}), ("run_check", {})]),
+              Reply("fixed", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])]
+    with Loopback("anthropic", script) as server:
+        backend = make_backend("anthropic", model=MODEL, base_url=server.url, timeout_s=10)
+        config = SessionConfig(task="k1", backend="anthropic", model=MODEL, compile=False, device="cpu",
+                               budget=Budget(max_turns=5))
+        end, log = run_session(config, backend, log_dir=tmp, workspace=tmp / "ws", out_dir=tmp / "gen", say=lambda _: None)
+    mp.undo()
+    assert end.outcome == "passed"
+    return log
+
+
+def test_a_tampered_recording_is_reported_where_it_diverges(recorded, tmp_path, said):
+    lines = recorded.read_text().splitlines()
+    out = []
+    for line in lines:
+        e = json.loads(line)
+        if e["event"] == "evaluation" and e["step"] == 0:
+            e["outcome"] = "PASSED"  # as if this machine had once passed the wrong kernel
+        out.append(json.dumps(e))
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("\n".join(out) + "\n")
+    report = replay(tampered, log_dir=tmp_path / "replays", workspace=tmp_path / "ws", say=said.say)
+    assert report.outcome == "passed" and not report.reproduced
+    assert [d.line() for d in report.divergences] == ["step 0: check (cpu, smoke): recorded PASSED, now INCORRECT_NUMERICS"]
+    assert recorded.read_text().splitlines() == lines  # the recording is only read
+
+
+def test_fork_continues_with_a_live_backend(recorded, tmp_path, openai_key, said):
+    with Loopback("openai", [Reply("my own fix", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])],
+                  model="local-model") as server:
+        live = make_backend("openai", model="local-model", base_url=server.url, timeout_s=10)
+        report = replay(recorded, log_dir=tmp_path, fork_at=1, live=live, out_dir=tmp_path / "gen",
+                        workspace=tmp_path / "ws", say=said.say)
+        assert len(server.requests) == 1
+        # the live model sees the recorded conversation: step 0's kernel and its feedback
+        sent = server.requests[0]["messages"]
+        assert any("INCORRECT_NUMERICS" in (m.get("content") or "") for m in sent if m["role"] == "tool")
+    assert report.outcome == "passed" and report.divergences == []
+    events, _ = read_events(report.new_log)
+    assert events[0].forked_from == {"log": recorded.name, "session": report.session, "step": 1}
+    assert [e.source for e in events if isinstance(e, ModelResponse)] == ["replay", "live"]
+    assert events[0].config.backend == "openai" and events[0].config.model == "local-model"
+    assert read_kernel(events[-1].generated_kernel).backend == "openai"
+
+
+def test_fork_at_a_step_that_was_not_recorded_is_refused(recorded, tmp_path, openai_key):
+    live = make_backend("openai", model="m", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(LogError, match="--fork-at must be between 0 and 2"):
+        replay(recorded, log_dir=tmp_path, fork_at=7, live=live)
+
+
+def test_a_killed_session_resumes_from_its_log(recorded, tmp_path, anthropic_key, said):
+    lines = recorded.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if '"model_response"' in line and '"step":1' in line)
+    killed = tmp_path / "killed.jsonl"
+    prefix = "".join(lines[: cut + 1]) + lines[cut + 1][:40]  # killed while logging step 1's first tool call
+    killed.write_text(prefix)
+    with Loopback("anthropic", []) as server:  # the pending calls finish the session: no request is needed
+        backend = make_backend("anthropic", model=MODEL, base_url=server.url, timeout_s=10)
+        end, log = resume_session(killed, backend, workspace=tmp_path / "ws", out_dir=tmp_path / "gen", say=said.say)
+        assert server.requests == []
+    assert log == killed and killed.read_text().startswith(prefix)
+    assert end.outcome == "passed" and end.totals.turns == 2
+    events, warnings = read_events(killed)
+    assert len(warnings) == 1 and "truncated" in warnings[0]
+    resumed = next(e for e in events if e.event == "session_resumed")
+    assert resumed.from_step == 2 and resumed.skipped_line == cut + 2
+    with pytest.raises(LogError, match="already ended"):
+        resume_session(killed, backend)
+
+
+def test_a_resumed_session_asks_the_model_with_the_whole_conversation(recorded, tmp_path, anthropic_key, said):
+    lines = recorded.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if '"model_request"' in line and '"step":1' in line)
+    killed = tmp_path / "killed.jsonl"
+    killed.write_text("".join(lines[:cut]))  # killed while waiting for step 1's answer
+    script = [Reply("again", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])]
+    with Loopback("anthropic", script) as server:
+        backend = make_backend("anthropic", model=MODEL, base_url=server.url, timeout_s=10)
+        end, _ = resume_session(killed, backend, workspace=tmp_path / "ws", out_dir=tmp_path / "gen", say=said.say)
+        messages = server.requests[0]["messages"]
+    assert end.outcome == "passed"
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert "INCORRECT_NUMERICS" in json.dumps(messages[2])
+
+
+def test_the_shipped_example_replays_end_to_end_on_this_machine(capsys):
+    """The demo: the example session in logs/examples/ replayed offline, its kernels
+    re-evaluated here with the sm_90a cross-compile, as recorded."""
+    example = EXAMPLES / DEFAULT_EXAMPLE
+    start = read_events(example)[0][0]
+    assert start.config.backend == "anthropic" and start.config.model == "scripted-loopback-server"
+    assert start.config.compile is True
+    assert run_demo(type("Args", (), {"log": None, "experts": False})()) == 0
+    out = capsys.readouterr().out
+    assert "recorded passed, replayed passed in 6 steps: reproduced" in out
+    assert "COMPILE_ERROR" in out and "INCORRECT_NUMERICS" in out
+
+
+def test_every_shipped_log_is_valid():
+    logs = sorted(Path(EXAMPLES).glob("*.jsonl"))
+    assert logs
+    for log in logs:
+        events, warnings = read_events(log)
+        assert warnings == [] and events[-1].event == "session_ended"
+        assert "/work/" not in log.read_text() and "/home/" not in log.read_text()
