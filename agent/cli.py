@@ -11,6 +11,7 @@ Nothing heavy is imported until a command runs (no SDK, no quack for --help).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -38,10 +39,10 @@ def add_commands(sub) -> None:
     p.add_argument("--fork-at", type=int, default=None, metavar="N", help="replay steps < N, then continue live")
     p.add_argument("--backend", choices=["anthropic", "openai", "command"], help="the live backend of a fork")
     _backend_options(p)
-    p.add_argument("--compile", action=argparse_bool(), default=None,
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="override the recorded sm_90a cross-compile setting")
     p.add_argument("--max-turns", type=int, default=None, help="a fork's turn budget (default: as recorded)")
-    p.add_argument("--docs-dir", default=None, help=argparse_hide())
+    p.add_argument("--docs-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-dir", default=None, help="where the new log goes (default: .epiforge/replays/, forks: logs/)")
     p.add_argument("--json", action="store_true", help="print the replay report as JSON")
     p.set_defaults(func=cmd_replay)
@@ -59,24 +60,12 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_ablate)
 
 
-def argparse_bool():
-    import argparse
-
-    return argparse.BooleanOptionalAction
-
-
-def argparse_hide():
-    import argparse
-
-    return argparse.SUPPRESS
-
-
 def _backend_options(p) -> None:
     p.add_argument("--model", default=None, help="model name (anthropic default: claude-sonnet-4-5; command: a label)")
     p.add_argument("--base-url", default=None, help="API base URL (anthropic: ANTHROPIC_BASE_URL; openai: OPENAI_BASE_URL)")
     p.add_argument("--command", default=None, help="command backend: the agent CLI to run in the workspace")
     p.add_argument("--timeout", type=float, default=None, help="seconds per API request (command: per run)")
-    p.add_argument("--stream", action=argparse_bool(), default=None, help="stream responses (anthropic default: on)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None, help="stream responses (anthropic default: on)")
     p.add_argument("--max-output-tokens", type=int, default=8192)
 
 
@@ -87,8 +76,8 @@ def _session_options(p) -> None:
     p.add_argument("--max-wall-s", type=float, default=None)
     p.add_argument("--pack-without", action="append", default=[], metavar="DOC",
                    help="leave this primitive_docs page out of the knowledge pack (repeatable)")
-    p.add_argument("--docs-dir", default=None, help=argparse_hide())
-    p.add_argument("--compile", action=argparse_bool(), default=True,
+    p.add_argument("--docs-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="cross-compile every epilogue for sm_90a in checks (default: on)")
     p.add_argument("--device", choices=["auto", "cpu"], default="auto", help="auto: also use a Hopper GPU when present")
     p.add_argument("--speed-target", type=float, default=1.05, help="kernel / GEMM-only time to reach (GPU)")

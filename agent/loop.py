@@ -66,9 +66,10 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFA
     session_id = new_session_id(task.id)
     system = pack.system_prompt(speed_target=config.speed_target)
     prompt = pack.task_prompt(speed_target=config.speed_target)
-    log = SessionLog.create(log_path or Path(log_dir) / f"{session_id}.jsonl")
     workspace = Path(workspace or WORKSPACES / session_id)
     workspace.mkdir(parents=True, exist_ok=True)
+    backend.start(SessionContext(session_id, task, pack, workspace, system, prompt, config))  # may fail: no log yet
+    log = SessionLog.create(log_path or Path(log_dir) / f"{session_id}.jsonl")
     log.write(SessionStarted(session=session_id, config=config, pack=pack.info(), system_sha256=_sha(system),
                              prompt=prompt, environment=environment(), backend_info=backend.info(),
                              forked_from=forked_from, replay_of=replay_of))
@@ -77,7 +78,6 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFA
                       seeds=dict(seeds or {}))
     driver = _Driver(config, backend, log, toolbox, system, [Message(role="user", content=[TextBlock(text=prompt)])],
                      say, out_dir)
-    backend.start(SessionContext(session_id, task, pack, workspace, system, prompt, config))
     return driver.run(), log.path
 
 
@@ -102,12 +102,13 @@ def resume_session(log_path: Path, backend: Backend, *, workspace: Path | None =
     system = pack.system_prompt(speed_target=config.speed_target)
     if pack.sha256 != start.pack.sha256:
         say("warning: the knowledge pack changed since this session started; resuming with the current one")
+    workspace = Path(workspace or WORKSPACES / start.session)
+    workspace.mkdir(parents=True, exist_ok=True)
+    backend.start(SessionContext(start.session, task, pack, workspace, system, start.prompt, config))
     skipped = truncated_last_line(log_path)
     log = SessionLog.append_to(log_path)
     log.write(SessionResumed(session=start.session, from_step=state.next_step, pack_sha256=pack.sha256,
                              skipped_line=skipped))
-    workspace = Path(workspace or WORKSPACES / start.session)
-    workspace.mkdir(parents=True, exist_ok=True)
     toolbox = ToolBox(task=task, pack=pack, workspace=workspace, config=config, session_id=start.session,
                       record=log.write, sources=dict(state.sources), current=state.current, best=state.best,
                       evaluations=state.totals.evaluations)
@@ -116,9 +117,8 @@ def resume_session(log_path: Path, backend: Backend, *, workspace: Path | None =
     say(f"session {start.session}: resumed at step {state.next_step} with {backend.name} / {backend.model}")
     driver = _Driver(config, backend, log, toolbox, system, state.messages, say, out_dir,
                      step=state.next_step, totals=state.totals, idle=state.idle)
-    backend.start(SessionContext(start.session, task, pack, workspace, system, start.prompt, config))
-    if state.pending:  # the kill came between a response and its tool results
-        driver.finish_step(state.next_step - 1, state.pending, had_calls=True)
+    if state.pending:  # the kill came between a response and (some of) its tool results
+        driver.finish_step(state.next_step - 1, state.pending, had_calls=True, done=state.partial)
     return driver.run(), log.path
 
 
@@ -170,9 +170,10 @@ class _Driver:
             self.finish_step(self.step, turn.tool_calls, had_calls=bool(turn.tool_calls), stop_reason=turn.stop_reason)
             self.step += 1
 
-    def finish_step(self, step: int, calls, *, had_calls: bool, stop_reason: str | None = None) -> None:
-        """Run this step's tool calls, log them, and queue the next user message."""
-        blocks, done = [], []
+    def finish_step(self, step: int, calls, *, had_calls: bool, stop_reason: str | None = None, done=()) -> None:
+        """Run this step's tool calls, log them, and queue the next user message (after
+        `done`: results of this step's calls that a killed run already logged)."""
+        blocks, names = list(done), []
         for call in calls:
             self.log.write(ToolCalled(session=self.session, step=step, call_id=call.id, name=call.name, input=call.input))
             t0 = time.monotonic()
@@ -181,10 +182,10 @@ class _Driver:
                                       is_error=block.is_error, content=block.content,
                                       seconds=round(time.monotonic() - t0, 3)))
             blocks.append(block)
-            done.append(f"{call.name}{' (error)' if block.is_error else ''}")
+            names.append(f"{call.name}{' (error)' if block.is_error else ''}")
             if self.toolbox.finished:
                 break  # the session is over; later calls of this turn are moot
-        self.say(f"step {step}: " + (", ".join(done) if done else f"no tool call ({stop_reason or 'end of turn'})")
+        self.say(f"step {step}: " + (", ".join(names) if names else f"no tool call ({stop_reason or 'end of turn'})")
                  + self._last_outcome(step))
         self.idle = 0 if had_calls else self.idle + 1
         if self.toolbox.finished:

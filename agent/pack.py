@@ -3,7 +3,8 @@
 examples, and the prompts are rendered with jinja2 from agent/templates/.
 
 Pages whose path names the session's own task (e.g. an implementation log of k8 while
-solving k8) are withheld: they would hand the model the answer. `without` removes pages
+solving k8), or that quote a kernel file of it (`TASK = "<task>"`), are withheld: they
+would hand the model the answer. `without` removes pages
 for ablations. The pack's hash identifies exactly what the model could read.
 """
 
@@ -86,7 +87,7 @@ class Pack:
 
     def prompt_examples(self) -> list[tuple[str, str]]:
         words = _task_words(self.task)
-        ranked = sorted(self.examples.items(), key=lambda kv: (-len(words & set(kv[0].split("_")[1:])), _task_order(kv[0])))
+        ranked = sorted(self.examples.items(), key=lambda kv: (-len(words & set(kv[0].split("_")[1:])), task_order(kv[0])))
         return ranked[:PROMPT_EXAMPLES]
 
     def info(self):
@@ -94,7 +95,7 @@ class Pack:
 
         inside, _ = self.prompt_docs()
         return PackInfo(sha256=self.sha256, docs={d.name: d.sha for d in self.docs}, in_prompt=[d.name for d in inside],
-                        examples=sorted(self.examples, key=_task_order), without=list(self.without),
+                        examples=sorted(self.examples, key=task_order), without=list(self.without),
                         withheld=list(self.withheld))
 
     @property
@@ -113,7 +114,7 @@ class Pack:
         return _env().get_template(template).render(
             task=self.task, inputs=self.task.inputs, outputs=self.task.outputs, scalars=self.task.scalars,
             docs=inside, more_docs=outside, all_docs=self.docs, examples=self.prompt_examples(),
-            other_examples=sorted(self.examples, key=_task_order), stub=kernel_stub(self.task),
+            other_examples=sorted(self.examples, key=task_order), stub=kernel_stub(self.task),
             finishers=_finishers(self.task), smoke=_smoke_dims(), **extra,
         ).strip() + "\n"
 
@@ -140,7 +141,8 @@ def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[st
             raise PackError(f"--pack-without {want!r} {why}; pages: {known}")
         removed.add(hits[0])
     own = re.compile(rf"(^|[/_.-]){re.escape(task.id)}([/_.-]|$)|{re.escape(task.name)}")
-    withheld = [d.name for d in docs if own.search(d.name) and d.name not in removed]
+    own_kernel = re.compile(rf"TASK\s*=\s*[\"']{re.escape(task.name)}[\"']")  # a page quoting the task's kernel file
+    withheld = [d.name for d in docs if (own.search(d.name) or own_kernel.search(d.text)) and d.name not in removed]
     kept = [d for d in docs if d.name not in removed and d.name not in withheld]
     examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("k*.py")) if p.stem != task.name}
     return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld)
@@ -169,7 +171,8 @@ def _relevance(doc: Doc, words: set[str]) -> int:
     return name_hits + sum(min(text.count(w), 5) for w in words)
 
 
-def _task_order(name: str) -> int:
+def task_order(name: str) -> int:
+    """Sort key of a task name: k2_... before k10_...."""
     return int(name.split("_", 1)[0][1:])
 
 

@@ -106,7 +106,9 @@ class ToolBox:
 
     def _tool_list_examples(self, args, **_):
         lines = []
-        for name in sorted(self.pack.examples, key=lambda n: int(n.split("_", 1)[0][1:])):
+        from agent.pack import task_order
+
+        for name in sorted(self.pack.examples, key=task_order):
             first = self.pack.examples[name].strip().strip('"').splitlines()[0].strip('"')
             lines.append(f"{name}: {first}")
         return "\n".join(lines) or "no examples"
@@ -201,7 +203,7 @@ class ToolBox:
     def _evaluate(self, sha, purpose, device, shapes, compile_, step, call_id):
         """evaluate() the workspace kernel (or reuse a passing result of the same kernel and
         settings from this session), log an Evaluation event, return (Result, feedback)."""
-        from eval import evaluate
+        from eval import KernelError, evaluate
 
         key = (sha, device, shapes, compile_)
         cached = self._cache.get(key)
@@ -211,7 +213,10 @@ class ToolBox:
         else:
             seed = self.seeds.get((step, call_id, device, shapes), secrets.randbelow(2**31))
             reused = None
-            result = evaluate(self.task.name, self.kernel_path, device=device, shapes=shapes, seed=seed, compile=compile_)
+            try:
+                result = evaluate(self.task.name, self.kernel_path, device=device, shapes=shapes, seed=seed, compile=compile_)
+            except KernelError as e:  # e.g. the file cannot be read any more
+                raise ToolFailure(f"the kernel cannot be evaluated: {scrub(str(e), self.workspace)}") from None
             self._cache[key] = (step, result, seed)
             self.evaluations += 1
         ratio = speed_ratio(result)

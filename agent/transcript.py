@@ -29,6 +29,7 @@ class Rebuilt:
     current: str | None = None
     best: BestKernel | None = None
     pending: list[ToolUseBlock] = field(default_factory=list)  # calls of the last response with no result yet
+    partial: list[ToolResultBlock] = field(default_factory=list)  # the results it has (they go first in its message)
     idle: int = 0  # consecutive responses without tool calls at the end
     ended: SessionEnded | None = None
 
@@ -69,7 +70,9 @@ def rebuild(events: list) -> Rebuilt:
         blocks = [ToolResultBlock(tool_use_id=c.id, content=done[c.id].content, is_error=done[c.id].is_error)
                   for c in calls if c.id in done]
         blocks += [TextBlock(text=n.text) for n in notes[step]]
-        if blocks:
+        if out.pending:  # killed mid-step: the resumed run completes this message
+            out.partial = blocks
+        elif blocks:
             out.messages.append(Message(role="user", content=blocks))
         out.next_step = step + 1
         out.totals.turns += 1

@@ -39,13 +39,11 @@ class ForkBackend(Backend):
         super().__init__(live.model)
         self.name = live.name
         self.replay, self.live, self.fork_at = replay, live, fork_at
-        self._ctx = None
 
     def info(self) -> dict:
         return self.live.info() | {"forked_at_step": self.fork_at}
 
     def start(self, ctx) -> None:
-        self._ctx = ctx
         self.live.start(ctx)
 
     def complete(self, system, messages, tools, *, step, on_retry=None) -> ModelTurn:

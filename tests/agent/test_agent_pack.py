@@ -22,13 +22,14 @@ def docs(tmp_path):
     (d / "pairs.md").write_text("# Pairs\nacc_pair mode for swiglu. PAIRS-MARKER\n")
     (d / "logs" / "k8_swiglu.md").write_text("how k8 was done: the answer. K8-LOG-MARKER\n")
     (d / "logs" / "k0.md").write_text("how k0 was done. K0-LOG-MARKER\n")
+    (d / "worked.md").write_text('A whole kernel file:\n```python\nTASK = "k8_gemm_swiglu"\n```\n')
     return d
 
 
 def test_pages_are_discovered_and_the_tasks_own_are_withheld(docs):
     p = build_pack(tasks.get_task("k8"), docs)
     assert sorted(d.name for d in p.docs) == ["index", "logs/k0", "operands", "pairs"]
-    assert p.withheld == ["logs/k8_swiglu"]
+    assert p.withheld == ["logs/k8_swiglu", "worked"]
     assert "k8_gemm_swiglu" not in p.examples and len(p.examples) == 9
     system = p.system_prompt(speed_target=1.05)
     assert "K8-LOG-MARKER" not in system
@@ -51,6 +52,7 @@ def test_a_page_can_be_left_out_and_the_hash_says_so(docs):
 
 def test_an_unknown_or_ambiguous_page_is_one_clear_error(docs):
     (docs / "logs" / "operands.md").write_text("a log named like a page\n")
+    (docs / "worked.md").unlink()
     task = tasks.get_task("k8")
     with pytest.raises(PackError, match="'nope' matches no page; pages: index"):
         build_pack(task, docs, ["nope"])

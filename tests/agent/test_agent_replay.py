@@ -13,6 +13,7 @@ from agent.demo import DEFAULT_EXAMPLE, EXAMPLES, run_demo
 from agent.loop import resume_session, run_session
 from agent.replay import replay
 from agent.session import Budget, LogError, ModelResponse, SessionConfig, read_events
+from agent.transcript import rebuild
 from eval.kernel import read_kernel
 
 MODEL = "scripted-loopback-server"
@@ -78,10 +79,15 @@ def test_fork_at_a_step_that_was_not_recorded_is_refused(recorded, tmp_path, ope
 
 def test_a_killed_session_resumes_from_its_log(recorded, tmp_path, anthropic_key, said):
     lines = recorded.read_text().splitlines(keepends=True)
-    cut = next(i for i, line in enumerate(lines) if '"model_response"' in line and '"step":1' in line)
+    # killed while logging step 1's second tool call (submit), after its write_kernel had run
+    cut = next(i for i, line in enumerate(lines) if '"tool_result"' in line and '"step":1' in line)
     killed = tmp_path / "killed.jsonl"
-    prefix = "".join(lines[: cut + 1]) + lines[cut + 1][:40]  # killed while logging step 1's first tool call
+    prefix = "".join(lines[: cut + 1]) + lines[cut + 1][:40]
     killed.write_text(prefix)
+    state = rebuild(read_events(killed)[0])
+    assert [c.name for c in state.pending] == ["submit"] and len(state.partial) == 1
+    assert [m.role for m in state.messages] == ["user", "assistant", "user", "assistant"]
+    assert state.sources[state.current] == K1_GOOD
     with Loopback("anthropic", []) as server:  # the pending calls finish the session: no request is needed
         backend = make_backend("anthropic", model=MODEL, base_url=server.url, timeout_s=10)
         end, log = resume_session(killed, backend, workspace=tmp_path / "ws", out_dir=tmp_path / "gen", say=said.say)
