@@ -15,6 +15,7 @@ from pathlib import Path
 from eval.kernel import REPO
 
 EXAMPLES = REPO / "logs" / "examples"
+DEMO_LOGS = REPO / ".epiforge" / "demo"
 DEFAULT_EXAMPLE = "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl"
 
 
@@ -29,7 +30,8 @@ def run_demo(args) -> int:
           f"{start.config.backend} backend (model: {start.config.model}).")
     print("The recorded responses drive the loop offline; every kernel is re-evaluated on this machine.\n")
     with tempfile.TemporaryDirectory(prefix="epiforge-demo-") as tmp:
-        report = replay(log, log_dir=Path(tmp) / "logs", workspace=Path(tmp) / "workspace")
+        # the replay's own log stays (git-ignored) for a look; its workspace does not
+        report = replay(log, log_dir=DEMO_LOGS, workspace=Path(tmp))
         print()
         print_replay(report)
     ok = report.reproduced

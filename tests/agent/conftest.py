@@ -10,6 +10,14 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 
+@pytest.fixture(autouse=True)
+def _workspaces_in_tmp(tmp_path, monkeypatch):
+    """Sessions that name no workspace get one under the test's tmp dir, not the repo's .epiforge/."""
+    import agent.loop
+
+    monkeypatch.setattr(agent.loop, "WORKSPACES", tmp_path / "workspaces")
+
+
 @pytest.fixture
 def anthropic_key(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key-loopback")

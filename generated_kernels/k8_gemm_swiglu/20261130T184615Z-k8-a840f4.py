@@ -4,7 +4,7 @@ accumulator (the pre-activation z); "out" is the half-width SwiGLU."""
 import primitives as P
 
 TASK = "k8_gemm_swiglu"
-SESSION = "20261130T183525Z-k8-b1feff"
+SESSION = "20261130T184615Z-k8-a840f4"
 BACKEND = "anthropic"
 MODEL = "scripted-loopback-server"
 
