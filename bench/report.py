@@ -23,7 +23,29 @@ def _verdict(r) -> str:
     return "met" if not misses else "MISSED: " + ", ".join(misses)
 
 
+def chain_markdown(report: dict) -> str:
+    lines = [
+        "## The backward chain of one layer boundary",
+        "",
+        "k7 (down-proj dgrad + SwiGLU backward + ZdZ partials) -> row_sum -> k6 (gate/up dgrad + "
+        "RMSNorm backward from ZdZ) -> col_sum, against torch.compile of the unfused backward (cuBLAS "
+        "GEMMs + Inductor, RMSNorm correction computed the usual way after the second GEMM) and against "
+        "the two dgrad GEMMs alone (cuBLAS). `bench/chain.py`.",
+        "",
+        "| scale | speedup vs torch.compile | bound (compile / GEMM-only) | fraction of bound | fused / GEMM-only |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        lines.append(f"| {r['shape']} | {r['speedup_vs_compile']:.2f}x | {r['bound']:.2f}x | {r['fraction_of_bound']:.2f} | "
+                     f"{r['fused_over_gemm_only']:.3f} |")
+    e = report["environment"]
+    lines += ["", f"- `{e['command']}` on {e['date']}, same environment as above."]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(reports: list[dict]) -> str:
+    chains = [r for r in reports if r["rows"] and "task" not in r["rows"][0]]
+    reports = [r for r in reports if r not in chains]
     envs = [r["environment"] for r in reports]
     env = envs[0]
     reps = {r.get("reps") for r in reports}
@@ -51,6 +73,12 @@ def markdown(reports: list[dict]) -> str:
             liger = f"{r['speedup_vs_liger']:.2f}x" if "speedup_vs_liger" in r else ""
             lines.append(f"| {r['task']} | {r['shape']} | {r['best_config']} | {r['fused_over_gemm_only']:.3f} | "
                          f"{q_over_c:.3f} | {tc} | {bound} | {frac} | {liger} | {_verdict(r)} |")
+    spread = [(r[k]["q3_us"] - r[k]["q1_us"]) / r[k]["median_us"] for rep in reports for r in rep["rows"]
+              for k in ("fused", "gemm_cublas") if k in r]
+    if spread:
+        lines += ["", f"Spread: interquartile range / median of the timed repetitions is at most {max(spread):.0%} "
+                  f"(median {sorted(spread)[len(spread) // 2]:.1%}) in this run; differences between two rows "
+                  "smaller than that are noise."]
     notes = {r["task"]: r["liger_note"] for rep in reports for r in rep["rows"] if "liger_note" in r}
     errors = {r["task"]: r["liger_error"] for rep in reports for r in rep["rows"] if "liger_error" in r}
     lines.append("")
@@ -63,7 +91,10 @@ def markdown(reports: list[dict]) -> str:
         lines.append(f"- `{e['command']}` on {e['date']}: torch {e['torch']} (CUDA {e['cuda']}), "
                      f"nvidia-cutlass-dsl {e['nvidia-cutlass-dsl']}, quack-kernels {e['quack-kernels']}, "
                      f"triton {e['triton']}, driver {e['driver']}, Python {e['python']}.")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    for c in chains:
+        text += "\n" + chain_markdown(c)
+    return text
 
 
 def main(argv=None) -> int:
