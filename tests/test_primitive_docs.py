@@ -6,12 +6,19 @@ A block that is deliberately not runnable starts with `# not-run: <reason>`; the
 at most MAX_NOT_RUN of them. Run just these tests with:
 
     .venv/bin/python -m pytest -q tests/test_primitive_docs.py
+
+With EPIFORGE_DOCS_COMPILE=1 every block also runs once with the sm_90a cross-compile on
+(each epilogue call builds the real GPU kernel first; ~2 minutes on 2 cores): examples must
+be GPU-valid, except blocks marked `# compile-fails: <reason>`, which must fail to compile.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +30,7 @@ from primitives.finish import FINISHERS
 DOCS = Path(__file__).resolve().parent.parent / "primitive_docs"
 MAX_NOT_RUN = 3
 NOT_RUN = "# not-run:"
+COMPILE_FAILS = "# compile-fails:"
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")
 
@@ -105,3 +113,41 @@ def test_links_between_pages_resolve():
             if "://" not in target and not (page.parent / target).resolve().is_file():
                 broken.append(f"{_name(page)} -> {target}")
     assert not broken, f"broken links: {broken}"
+
+
+_COMPILE_RUNNER = """
+import json, os, sys
+os.environ.update(EPIFORGE_CROSS_COMPILE="1", CUTE_DSL_ARCH="sm_90a", QUACK_ARCH="90")
+import torch
+from primitives.lowering import CompileError
+out = {}
+for where, code in json.load(sys.stdin):
+    torch.manual_seed(0)
+    try:
+        exec(compile(code, where, "exec"), {"__name__": "primitive_docs_block"})
+        out[where] = "ok"
+    except CompileError as e:
+        out[where] = "compile error: " + str(e).splitlines()[0][-300:]
+    except BaseException as e:
+        out[where] = f"other error: {type(e).__name__}: {str(e)[:300]}"
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.environ.get("EPIFORGE_DOCS_COMPILE") != "1", reason="opt-in: EPIFORGE_DOCS_COMPILE=1 (~2 min)")
+def test_code_blocks_compile_for_sm90a():
+    blocks = _runnable()
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_RUNNER], input=json.dumps(blocks), capture_output=True,
+                          text=True, cwd=DOCS.parent, timeout=1200)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert line, f"the compile runner died: {proc.stderr[-2000:]}"
+    results = json.loads(line[0][len("RESULT"):])
+    wrong = []
+    for where, code in blocks:
+        expect_fail = COMPILE_FAILS in code
+        got = results[where]
+        if expect_fail and not got.startswith("compile error"):
+            wrong.append(f"{where}: marked compile-fails but got: {got}")
+        elif not expect_fail and got != "ok":
+            wrong.append(f"{where}: {got}")
+    assert not wrong, "\n".join(wrong)
