@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class GemmConfig(BaseModel):
@@ -19,7 +19,24 @@ class GemmConfig(BaseModel):
     cluster_m: int = Field(2, ge=1, le=2)
     cluster_n: int = Field(1, ge=1, le=2)
     pingpong: bool = Field(True, description="two consumer warpgroups alternate tiles")
-    max_swizzle_size: int = 8
+    max_swizzle_size: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _sm90_tile_rules(self):
+        """quack 0.6.5's SM90 GEMM compiles only these tiles (gemm_sm90.py; each rule was
+        checked with the sm_90a compile, see primitive_docs/gemm_config.md)."""
+        tm, tn = self.tile_m, self.tile_n
+        if self.pingpong:
+            limit = {64: 256, 128: 208, 192: 128}.get(tm)
+            ok = limit is not None and tn % 16 == 0 and tn <= limit
+        elif tm in (64, 128, 256):
+            ok = (tn % 16 == 0 and tn <= 256) or (tn % 32 == 0 and tn <= 512)
+        else:
+            ok = (tm == 192 and tn % 32 == 0 and tn <= 256) or (tm == 320 and tn % 32 == 0 and tn <= 160)
+        if not ok or tn <= 0:
+            mode = "pingpong" if self.pingpong else "cooperative"
+            raise ValueError(f"tile {tm}x{tn} does not compile for sm_90a as {mode} (see primitive_docs/gemm_config.md)")
+        return self
 
     def key(self) -> str:
         """A short stable name, e.g. for caches and reports: 128x192_c2x1_pp (+ _sw1 when

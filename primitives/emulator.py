@@ -36,11 +36,10 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
     m, n = call.m, call.n
     paired = epi.mode == "acc_pair"
     packed = epi.mode == "packed_pair"
-    d_width = 2 * n if packed else n
     out_width = n // 2 if paired else n
     result: dict[str, torch.Tensor] = {}
     if call.store_d:
-        result["D"] = torch.empty((m, d_width), dtype=call.dtypes["D"])
+        result["D"] = torch.empty((m, 2 * n if packed else n), dtype=call.dtypes["D"])
     for o in epi.outputs:
         result[o] = torch.empty((m, out_width), dtype=call.dtypes[o])
     for r_name, red in epi.reductions.items():
@@ -48,12 +47,18 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
         # NaN marks anything the kernel would leave unwritten (a select's out-of-range rows)
         result[r_name] = torch.full(shape, math.nan, dtype=torch.float32)
 
-    w32 = call.w.float()
-    rows = max(config.tile_m, (_STRIPE_ELEMENTS // max(n, 1)) // config.tile_m * config.tile_m)
-    for m0 in range(0, m, rows):
-        m1 = min(m, m0 + rows)
-        acc = call.a[m0:m1].float() @ w32.T
-        args = {p: _operand_view(epi, p, call, m0, m1) for p in epi.params}
+    # Ragged last tiles, as on the GPU: the function also runs where a tile overhangs the
+    # output, with zeros for the accumulator and every out-of-range operand element; sums
+    # fold those values (max and log-sum-exp mask them; stores drop them).
+    np_ = n + (-n) % config.tile_n if epi.reductions else n
+    mp = m + (-m) % config.tile_m if epi.reductions else m
+    w32 = torch.nn.functional.pad(call.w.float(), (0, 0, 0, np_ - n))
+    rows = max(config.tile_m, (_STRIPE_ELEMENTS // max(np_, 1)) // config.tile_m * config.tile_m)
+    for m0 in range(0, mp, rows):
+        m1 = min(mp, m0 + rows)
+        real = min(m, m1) - m0  # rows of this stripe inside the output
+        acc = _pad_rows(call.a[m0 : m0 + real].float(), m1 - m0) @ w32.T
+        args = {p: _operand_view(epi, p, call, m0, m1, real, np_) for p in epi.params}
         res = epi.torch_fn(_pair(acc) if paired else acc, **args)
         if not isinstance(res, dict):
             raise EpilogueError(f"{epi.name}: the function must return a dict, got {type(res).__name__}")
@@ -63,16 +68,26 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
         extra = set(res) - set(epi.outputs) - set(epi.reductions) - {"D"}
         if extra:
             raise EpilogueError(f"{epi.name}: the function returned undeclared names {sorted(extra)}")
-        shape = (m1 - m0, n)
-        if call.store_d:
-            result["D"][m0:m1] = _d_value(epi, res, acc, shape, packed).to(call.dtypes["D"])
+        shape = (m1 - m0, np_)
+        if call.store_d and real > 0:
+            d = _d_value(epi, res, acc, shape, packed)
+            result["D"][m0 : m0 + real] = d[:real, : d.shape[1] * n // np_].to(call.dtypes["D"])
         for o in epi.outputs:
-            val = _full(res[o], (m1 - m0, out_width), f"{epi.name}: output {o!r}")
-            result[o][m0:m1] = val.to(call.dtypes[o])
+            val = _full(res[o], (m1 - m0, np_ // 2 if paired else np_), f"{epi.name}: output {o!r}")
+            if real > 0:
+                result[o][m0 : m0 + real] = val[:real, :out_width].to(call.dtypes[o])
         for r_name, red in epi.reductions.items():
             val = _reduction_value(epi, r_name, red, res[r_name], shape, paired)
-            _fold(red, val, result[r_name], m0, config, call.values)
+            _fold(red, val, result[r_name], m0, real, n, config, call.values)
     return result
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0])) if t.shape[0] < rows else t
+
+
+def _pad_cols(t: torch.Tensor, cols: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, cols - t.shape[-1])) if t.shape[-1] < cols else t
 
 
 def _pair(t: torch.Tensor) -> TorchPair:
@@ -83,22 +98,25 @@ def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack((a, b), dim=-1).flatten(-2)
 
 
-def _operand_view(epi: Epilogue, p: str, call: Call, m0: int, m1: int):
-    """What the function receives for parameter p on rows m0:m1, in float32."""
+def _operand_view(epi: Epilogue, p: str, call: Call, m0: int, m1: int, real: int, np_: int):
+    """What the function receives for parameter p on rows m0:m1 (zeros outside the output),
+    in float32."""
+    rows = m1 - m0
     if p == "c":
-        c = call.c[m0:m1].float()
+        width = 2 * np_ if epi.mode == "packed_pair" else np_
+        c = _pad_cols(_pad_rows(call.c[m0 : m0 + real].float(), rows), width)
         return _pair(c) if epi.mode in ("acc_pair", "packed_pair") else c
     kind, v = epi.operands[p], call.values[p]
     if isinstance(kind, Scalar):
         return float(v) if not isinstance(v, torch.Tensor) else float(v.reshape(()).item())
     if isinstance(kind, PerRow):
         # broadcast along N; in acc_pair mode one value serves both lanes
-        return v[m0:m1].float()[:, None]
+        return _pad_rows(v[m0 : m0 + real].float()[:, None], rows)
     if isinstance(kind, PerCol):
-        col = v.float()[None, :]
+        col = _pad_cols(v.float()[None, :], np_)
         return _pair(col) if epi.mode == "acc_pair" else col
     if isinstance(kind, Tile):
-        t = v[m0:m1].float()
+        t = _pad_cols(_pad_rows(v[m0 : m0 + real].float(), rows), np_)
         return _pair(t) if epi.mode == "acc_pair" else t
     raise EpilogueError(f"{epi.name}: unknown operand kind for {p!r}: {kind!r}")
 
@@ -146,43 +164,38 @@ def _reduction_value(epi, r_name, red, val, shape, paired) -> torch.Tensor:
         return _interleave(_full(x, half, what), _full(y, half, what))
     if getattr(red, "product", False):
         a, b = _lanes(val, what + " (product=True returns two factors)")
-        return _full(a, shape, what) * _full(b, shape, what)
+        # the GPU folds each product with one fused multiply-add: no rounding of a*b alone
+        return _full(a, shape, what).double() * _full(b, shape, what).double()  # summed in float64
     return _full(val, shape, what)
 
 
-def _fold(red, val: torch.Tensor, buf: torch.Tensor, m0: int, config: GemmConfig, values) -> None:
-    rows, n = val.shape
+def _fold(red, val: torch.Tensor, buf: torch.Tensor, m0: int, real: int, n: int, config: GemmConfig, values) -> None:
+    """Fold a stripe's (padded) values into the partials buffer the way the GPU does."""
+    rows, np_ = val.shape
+    masked = isinstance(red, RowLogSumExp) or getattr(red, "combine", None) == "max"
+    if masked and np_ > n:  # max and LSE mask the overhang; sum and absmax fold it
+        val = torch.cat((val[:, :n], val.new_full((rows, np_ - n), -math.inf)), dim=1)
+    x = val.abs() if getattr(red, "combine", None) == "absmax" else val
     if isinstance(red, (RowReduce, RowLogSumExp)):
-        tn = config.tile_n
-        n_tiles = -(-n // tn)
-        pad = n_tiles * tn - n
-        if isinstance(red, RowLogSumExp) or red.combine == "max":
-            fill = -math.inf
-        else:
-            fill = 0.0
-        x = val.abs() if getattr(red, "combine", None) == "absmax" else val
-        x = torch.nn.functional.pad(x, (0, pad), value=fill).view(rows, n_tiles, tn)
+        x = x[:real].reshape(real, np_ // config.tile_n, config.tile_n)
         if isinstance(red, RowLogSumExp):
             part = torch.logsumexp(x, dim=-1)
         elif red.combine == "sum":
             part = x.sum(dim=-1)
         else:
             part = x.amax(dim=-1)
-        buf[m0 : m0 + rows] = part
+        buf[m0 : m0 + real] = part
     elif isinstance(red, ColReduce):
-        tm = config.tile_m
-        t_tiles = -(-rows // tm)
-        pad = t_tiles * tm - rows
-        fill = -math.inf if red.combine == "max" else 0.0
-        x = val.abs() if red.combine == "absmax" else val
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad), value=fill).view(t_tiles, tm, n)
+        if red.combine == "max" and rows > real:
+            x = torch.cat((x[:real], x.new_full((rows - real, np_), -math.inf)))
+        x = x[:, :n].reshape(rows // config.tile_m, config.tile_m, n)
         part = x.sum(dim=1) if red.combine == "sum" else x.amax(dim=1)
-        buf[m0 // tm : m0 // tm + t_tiles] = part
+        buf[m0 // config.tile_m : m0 // config.tile_m + part.shape[0]] = part[: buf.shape[0] - m0 // config.tile_m]
     elif isinstance(red, RowSelect):
-        idx = values[red.index][m0 : m0 + rows].long()
+        idx = values[red.index][m0 : m0 + real].long()
         ok = (idx >= 0) & (idx < n)
-        picked = val.gather(1, idx.clamp(0, n - 1)[:, None])[:, 0]
-        seg = buf[m0 : m0 + rows]
+        picked = val[:real].gather(1, idx.clamp(0, n - 1)[:, None])[:, 0]
+        seg = buf[m0 : m0 + real]
         seg[ok] = picked[ok]
     else:
         raise EpilogueError(f"unknown reduction {red!r}")

@@ -70,7 +70,7 @@ class Epilogue:
             if p != "c" and p not in self.operands:
                 raise EpilogueError(
                     f"{self.name}: parameter {p!r} has no declaration; add operands={{{p!r}: "
-                    "PerRow() | PerCol() | Scalar() | Tile()}} (or name it 'c' for the GEMM's C)"
+                    "PerRow() | PerCol() | Scalar() | Tile()}} (or name it 'c' for the GEMM's C)".replace("}}", "}")
                 )
         for p in self.operands:
             if p not in self.params:
@@ -94,6 +94,13 @@ class Epilogue:
         self.index_names = tuple(
             r.index for r in self.reductions.values() if isinstance(r, RowSelect)
         )
+        taken = set(self.params) | set(self.outputs) | set(self.reductions) | {"acc", "c", "D", "config", "dtypes", "store_d"}
+        for idx in self.index_names:
+            if idx in taken or not idx.isidentifier():
+                raise EpilogueError(
+                    f"{self.name}: RowSelect index {idx!r} must be a fresh keyword name "
+                    "(not a parameter, output, reduction or call option)"
+                )
 
     # ---- the call ----------------------------------------------------------------
 
@@ -138,6 +145,9 @@ class Epilogue:
         n = w.shape[0]
         if w.shape[1] != k:
             raise EpilogueError(f"{where}: a is (M={m}, K={k}) but w is {tuple(w.shape)}; expected (N, {k})")
+        if n % 8 or k % 8:
+            # TMA moves 16-byte rows: the GPU refuses such shapes at launch
+            raise EpilogueError(f"{where}: N={n} and K={k} must be multiples of 8 (16-byte rows for the GPU's TMA)")
         if w.device != a.device:
             raise EpilogueError(f"{where}: a and w are on different devices")
         if self.mode == "acc_pair" and n % 2:
@@ -174,6 +184,8 @@ class Epilogue:
             raise EpilogueError(f"{where}: packed_pair D has c's dtype {c.dtype}")
         for o in self.outputs:
             dtypes.setdefault(o, a.dtype)
+            if self.mode == "acc_pair" and dtypes[o] not in _HALF:
+                raise EpilogueError(f"{where}: acc_pair outputs are stored per pair in 16 bits; {o!r} cannot be {dtypes[o]}")
         return Call(a=a, w=w, c=c, values=values, dtypes=dtypes, store_d=store_d, m=m, n=n, k=k)
 
 

@@ -62,6 +62,11 @@ def from_quack(mod, operands: dict | None = None) -> Epilogue:
             raise EpilogueError(f"from_quack: sink {s!r} ({type(op).__name__}) has no torch meaning here")
     if mod.prepass is not None:
         raise EpilogueError("from_quack: epilogues with a prepass are not supported")
+    companions = {id(r.idx_op) for r in mod.sinks.values() if isinstance(r, q.ColVecSelect)}
+    if any(getattr(op, "quant", None) is not None for op in mod.output_ops.values()) or any(
+        id(op) not in companions for op in mod.extra_ops
+    ):
+        raise EpilogueError("from_quack: quantized outputs and extra driver ops (SM100 or stochastic rounding) are not supported")
     epi = Epilogue(
         fn=mod.fn,
         outputs=tuple(mod.outputs),
@@ -114,52 +119,66 @@ class _CuteMathTwin:
     """The slice of cutlass.cute.math that library epilogues use, on torch tensors."""
 
     @staticmethod
-    def fma(a, b, c):
+    def fma(a, b, c, loc=None, ip=None):
         return pm.fma(a, b, c)
 
     @staticmethod
-    def exp(x, fastmath=False):
+    def exp(x, fastmath=False, loc=None, ip=None):
         return torch.exp(x)
 
     @staticmethod
-    def exp2(x, fastmath=False):
+    def exp2(x, fastmath=False, loc=None, ip=None):
         return torch.exp2(x)
 
     @staticmethod
-    def log(x, fastmath=False):
+    def log(x, fastmath=False, loc=None, ip=None):
         return torch.log(x)
 
     @staticmethod
-    def sin(x, fastmath=False):
+    def sin(x, fastmath=False, loc=None, ip=None):
         # the library's angle helpers pass float32 radians already reduced to [-pi, pi]
         return torch.sin(x.double()).float()
 
     @staticmethod
-    def cos(x, fastmath=False):
+    def cos(x, fastmath=False, loc=None, ip=None):
         return torch.cos(x.double()).float()
 
     @staticmethod
-    def rsqrt(x, fastmath=False):
+    def rsqrt(x, fastmath=False, loc=None, ip=None):
         return torch.rsqrt(x)
 
     @staticmethod
-    def sqrt(x, fastmath=False):
+    def sqrt(x, fastmath=False, loc=None, ip=None):
         return torch.sqrt(x)
 
     @staticmethod
-    def tanh(x, fastmath=False):
+    def tanh(x, fastmath=False, loc=None, ip=None):
         return torch.tanh(x)
 
 
 class _CuteArchTwin:
     @staticmethod
-    def fmax(a, b, abs=False):
+    def fmax(a, b, abs=False, loc=None, ip=None):
         return torch.maximum(a.abs(), b.abs()) if abs else torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
 
 
+class _Twins:
+    """A namespace of twins that names what it lacks, instead of a bare AttributeError."""
+
+    def __init__(self, prefix: str, cls):
+        self._prefix, self._cls = prefix, cls
+
+    def __getattr__(self, name):
+        twin = getattr(self._cls, name, None)
+        if twin is None:
+            raise EpilogueError(f"this quack epilogue uses {self._prefix}.{name}, which has no torch twin "
+                                "in primitives/quack_library.py: the emulator cannot run it")
+        return twin
+
+
 class _CuteTwin:
-    math = _CuteMathTwin
-    arch = _CuteArchTwin
+    math = _Twins("cute.math", _CuteMathTwin)
+    arch = _Twins("cute.arch", _CuteArchTwin)
 
 
 def _twin_table() -> dict[int, object]:
@@ -199,14 +218,15 @@ def torch_twin(fn, _done: dict | None = None):
     if id(fn) in done:
         return done[id(fn)]
     glb = dict(fn.__globals__)
+    cells = tuple(types.CellType() for _ in fn.__closure__ or ())
+    twin = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, cells or None)
+    twin.__kwdefaults__ = fn.__kwdefaults__
+    done[id(fn)] = twin  # before recursing: helpers that reach each other must not loop
     for name in _code_names(fn.__code__):
         if name in glb:
             glb[name] = _twin_of(glb[name], done)
-    closure = None
-    if fn.__closure__:
-        closure = tuple(types.CellType(_twin_of(cell.cell_contents, done)) for cell in fn.__closure__)
-    twin = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, closure)
-    done[id(fn)] = twin
+    for cell, orig in zip(cells, fn.__closure__ or ()):
+        cell.cell_contents = _twin_of(orig.cell_contents, done)
     return twin
 
 
@@ -214,7 +234,8 @@ def _twin_of(obj, done):
     if id(obj) in _TABLE:
         return _TABLE[id(obj)]
     if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("quack."):
-        return torch_twin(obj, done)
+        # a DSL op (@dsl_user_op) wraps a plain Python function: twin that one
+        return torch_twin(getattr(obj, "__wrapped__", obj), done)
     return obj
 
 

@@ -66,6 +66,25 @@ def test_partials_follow_the_tile_config():
             assert torch.allclose(out["cs"][i], (part * part).sum(0), rtol=1e-5)
 
 
+def test_ragged_tiles_fold_like_the_gpu():
+    """The GPU runs the function where a tile overhangs the output too (accumulator and
+    out-of-range operands zero) and sums fold those values; max masks them. Measured on an
+    H200 (primitive_docs/logs): sum(acc + 1) over N = 200 with 128-wide tiles gets +56."""
+    row, col = rnd(M, dtype=torch.float32), rnd(N, dtype=torch.float32)
+
+    @P.epilogue(operands={"r": P.PerRow(), "b": P.PerCol()},
+                reductions={"s": P.RowReduce(), "mx": P.RowReduce("max"), "cs": P.ColReduce(), "rs": P.RowReduce()})
+    def epi(acc, r, b):
+        return {"s": acc + 1.0, "mx": acc - 5.0, "cs": b, "rs": r}
+
+    out = epi(A, W, r=row, b=col, config=GemmConfig(tile_m=128, tile_n=128))
+    assert torch.allclose(out["s"][:, 1], (ACC[:, 128:] + 1).sum(1) + 56, rtol=1e-5, atol=1e-3)
+    assert torch.equal(out["mx"][:, 1], (ACC[:, 128:] - 5).amax(1))  # the overhang (-5) is masked
+    assert torch.allclose(out["rs"][:, 1], row * 128)  # a row's value over a whole 128-wide tile
+    assert torch.allclose(out["cs"][2], col * 128)  # M = 300: the last M tile overhangs by 84 rows
+    assert torch.equal(out["D"], ACC.bfloat16())  # stores drop the overhang
+
+
 def test_store_d_false_and_default_d_is_the_accumulator():
     @P.epilogue(outputs=("o",))
     def epi(acc):
@@ -197,6 +216,31 @@ def test_call_errors_are_one_clear_line():
 
     with pytest.raises(P.EpilogueError, match="pair"):
         pair_in_element_mode(A, W)
+
+
+def test_what_the_gpu_refuses_is_refused_here_too():
+    # 16-byte TMA rows: N and K multiples of 8
+    @P.epilogue()
+    def plain(acc):
+        return {"D": acc}
+
+    with pytest.raises(P.EpilogueError, match="multiples of 8"):
+        plain(A, W[:196])
+    # acc_pair outputs are stored 16-bit
+    @P.epilogue(outputs=("o",), mode="acc_pair")
+    def act(acc):
+        return {"o": P.swiglu(*P.unpack(acc))}
+
+    with pytest.raises(P.EpilogueError, match="16 bits"):
+        act(A, W, dtypes={"o": torch.float32})
+    # tiles quack's SM90 GEMM does not compile
+    for bad in (dict(tile_n=100), dict(tile_m=128, tile_n=256, pingpong=True), dict(tile_m=192, tile_n=192)):
+        with pytest.raises(ValueError, match="does not compile for sm_90a"):
+            GemmConfig(**bad)
+    # a select's index must be a fresh keyword
+    for idx in ("o", "config", "c"):
+        with pytest.raises(P.EpilogueError, match="fresh keyword"):
+            P.epilogue(outputs=("o",), reductions={"t": P.RowSelect(index=idx)})(lambda acc: {})
 
 
 def test_importing_primitives_does_not_import_quack():

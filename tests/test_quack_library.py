@@ -73,7 +73,18 @@ def test_rope_posfreq_twin_follows_quack_angle_math():
     assert torch.equal(out["D"][:, 256:], ACC[:, 256:])
 
 
+def test_helpers_that_reach_each_other_twin_without_recursing(lib):
+    # dgelu_mod's activation helpers reference one another (a cycle through globals)
+    c = torch.randn(M, N, generator=gen).bfloat16()
+    out = P.from_quack(lib.dgelu_mod)(A, W, c=c)
+    x = c.float()
+    gelu = 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x**3)))
+    assert torch.allclose(out["postact"].float(), gelu, atol=2e-2, rtol=1e-2)
+
+
 def test_unsupported_library_epilogue_is_one_clear_error(lib):
+    with pytest.raises(P.EpilogueError, match="quantized"):
+        P.from_quack(lib.swiglu_quant_mod)
     with pytest.raises(P.EpilogueError, match="prepass|no torch meaning"):
         P.from_quack(lib.head_rmsnorm_epi)
     with pytest.raises(P.EpilogueError, match="does not exist"):
