@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.run import N_INPUT_SETS, _time
+from bench.run import N_INPUT_SETS, REPS
 
 
 def make_chain_inputs(dims, seed, device="cuda"):
@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     import tasks
     from bench.gpu_env import command_line, fingerprint, install_precompiled
     from eval.kernel import HUMAN_DIR, load_kernel_module
+    from eval.timing import time_cuda_interleaved
 
     install_precompiled()
     k7 = load_kernel_module(HUMAN_DIR / "k7_gemm_partial_swiglu_bwd.py")
@@ -94,13 +95,13 @@ def main(argv=None) -> int:
         ref, got = compiled(sets[0][0]), fused(sets[0][0])
         agree = {name: float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
                  for name, a, b in zip(("dz", "out", "dx", "h", "dw"), got, ref)}
-        row = {
-            "shape": shape.name, "dims": shape.dims(),
-            "fused": _time(fused, sets),
-            "torch_compile": _time(compiled, sets),
-            "gemm_only": _time(lambda s: (s["dout"] @ s["w_down"], s["z"] @ s["w_gu"]), sets),
-            "max_rel_diff_fused_vs_compiled": agree,
-        }
+        timed = time_cuda_interleaved({
+            "fused": (fused, sets),
+            "torch_compile": (compiled, sets),
+            "gemm_only": (lambda s: (s["dout"] @ s["w_down"], s["z"] @ s["w_gu"]), sets),
+        }, reps=REPS)
+        row = {"shape": shape.name, "dims": shape.dims(), **{k: v.model_dump() for k, v in timed.items()},
+               "max_rel_diff_fused_vs_compiled": agree}
         f, tc, g = (row[k]["median_us"] for k in ("fused", "torch_compile", "gemm_only"))
         row.update(speedup_vs_compile=tc / f, bound=tc / g, fused_over_gemm_only=f / g, fraction_of_bound=(tc / f) / (tc / g))
         report["rows"].append(row)

@@ -9,7 +9,8 @@ For each task and paper scale (d = 2048/4096/8192, M = 16384, bf16):
   torch_compile  cuBLAS + torch.compile (Inductor) of the task's unfused torch reference
                  (--compile; compiling costs ~20-60 s per task on the GPU machine)
 Timing: eval/timing.py (CUDA events on the current stream, L2 flushed, warm-up, rotating
-inputs, median of many). Writes JSON (with the environment); bench/report.py renders the tables.
+inputs, median of many), the fused kernel and its baselines interleaved repetition by
+repetition so that clock or temperature drift cannot bias their ratios. Writes JSON (with the environment); bench/report.py renders the tables.
 
     python -m bench.run --out bench/results/h200/run.json [--tasks k0 k8] [--compile]
 """
@@ -28,55 +29,56 @@ REPS = 30
 N_INPUT_SETS = 2
 
 
-def _time(fn, arg_sets):
-    from eval.timing import time_cuda
-
-    return time_cuda(fn, arg_sets, warmup=3, reps=REPS).model_dump()
+def _runs(name, fn, arg_sets, row) -> bool:
+    """Call fn once; a baseline that fails is recorded in the row and left out."""
+    try:
+        fn(*arg_sets[0])
+        torch.cuda.synchronize()
+        return True
+    except Exception as e:
+        row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        return False
 
 
 def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None):
+    """Per config, the fused kernel and every baseline timed interleaved (eval.timing)."""
+    import primitives as P
     from bench.baselines import gemm_only
+    from eval.timing import time_cuda_interleaved
 
     dims = shape.dims()
     sets = [task.make_inputs(dims, seed=100 + i, device="cuda") for i in range(N_INPUT_SETS)]
     consts = {t.name: sets[0][t.name] for t in task.inputs if t.constant}
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
     operands = [task.gemm_operands(s) for s in sets]
+    whole = [(s,) for s in sets]
     row = {"task": task.name, "shape": shape.name, "dims": dims, "gemm_mnk": task.gemm_shape(dims),
            "flops": task.flops(dims), "min_bytes": task.min_bytes(dims), "configs": {}}
-    row["gemm_cublas"] = _time(lambda a, b: torch.matmul(a, b.T), operands)
+    baselines = {"gemm_cublas": (lambda a, b: torch.matmul(a, b.T), operands)}
+    if liger is not None and _runs("liger", liger[0], whole, row):
+        baselines["liger"] = (liger[0], whole)
+        row["liger_note"] = liger[1]
+    if with_compile and compiled_ref is not None:
+        fn = lambda s: compiled_ref(s, dims)  # noqa: E731
+        if _runs("torch_compile", fn, whole, row):
+            baselines["torch_compile"] = (fn, whole)
     for cfg in configs:
-        entry = {}
         own = cfg is None  # the kernel's own choice (its TUNED table): no sweep
         if own:
-            import primitives as P
-
             cfg = P.pick_config(getattr(module, "TUNED", {}), *operands[0])
-        try:
-            entry["fused"] = _time(lambda s: module.run(s, prepared, config=None if own else cfg), [(s,) for s in sets])
-            entry["gemm_quack"] = _time(lambda a, b: gemm_only(a, b, config=cfg), operands)
-        except Exception as e:  # a config an epilogue cannot use: recorded, not fatal
-            entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        fused = lambda s, _c=None if own else cfg: module.run(s, prepared, config=_c)  # noqa: E731
+        quack = lambda a, b, _c=cfg: gemm_only(a, b, config=_c)  # noqa: E731
+        entry = {}
+        if _runs("fused", fused, whole, entry) and _runs("gemm_quack", quack, operands, entry):
+            timed = time_cuda_interleaved({"fused": (fused, whole), "gemm_quack": (quack, operands), **baselines}, reps=REPS)
+            entry.update({k: v.model_dump() for k, v in timed.items()})
         row["configs"][cfg.key()] = entry
         torch.cuda.empty_cache()
     timed = {k: v for k, v in row["configs"].items() if "fused" in v}
     if timed:
         best = min(timed, key=lambda k: timed[k]["fused"]["median_us"])
         row["best_config"] = best
-        row["fused"] = timed[best]["fused"]
-        row["gemm_quack"] = min((v["gemm_quack"] for v in timed.values()), key=lambda t: t["median_us"])
-    if liger is not None:
-        fn, note = liger
-        try:
-            row["liger"] = _time(fn, [(s,) for s in sets])
-            row["liger_note"] = note
-        except Exception as e:
-            row["liger_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-    if with_compile and compiled_ref is not None:
-        try:
-            row["torch_compile"] = _time(lambda s: compiled_ref(s, dims), [(s,) for s in sets])
-        except Exception as e:
-            row["torch_compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        row.update({k: v for k, v in timed[best].items()})
     _ratios(row)
     return row
 

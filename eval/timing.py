@@ -41,6 +41,46 @@ def flush_l2() -> None:
     _flush_buf.zero_()
 
 
+def time_cuda_interleaved(
+    fns: dict[str, tuple[Callable[..., object], Sequence[tuple]]],
+    *,
+    warmup: int = 3,
+    reps: int = 50,
+    flush: bool = True,
+) -> dict[str, Timing]:
+    """Time several functions against each other: each repetition runs every function once,
+    in an order that rotates, so drift in clocks or temperature during the run falls on all
+    of them alike (timing them one after another lets it bias the ratios)."""
+    import torch
+
+    names = list(fns)
+    for name in names:
+        fn, arg_sets = fns[name]
+        for i in range(warmup):
+            fn(*arg_sets[i % len(arg_sets)])
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)] for n in names}
+    for i in range(reps):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            fn, arg_sets = fns[name]
+            if flush:
+                flush_l2()
+            start, end = events[name][i]
+            start.record(stream)
+            fn(*arg_sets[i % len(arg_sets)])
+            end.record(stream)
+    torch.cuda.synchronize()
+    return {n: _summary([s.elapsed_time(e) * 1000.0 for s, e in events[n]]) for n in names}
+
+
+def _summary(samples: list[float]) -> Timing:
+    samples = sorted(samples)
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
+    return Timing(median_us=statistics.median(samples), q1_us=q[0], q3_us=q[2], min_us=samples[0], n=len(samples))
+
+
 def time_cuda(
     fn: Callable[..., object],
     arg_sets: Sequence[tuple],
@@ -67,6 +107,4 @@ def time_cuda(
         fn(*arg_sets[i % len(arg_sets)])
         ends[i].record(stream)
     torch.cuda.synchronize()
-    samples = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
-    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
-    return Timing(median_us=statistics.median(samples), q1_us=q[0], q3_us=q[2], min_us=samples[0], n=len(samples))
+    return _summary([s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)])
