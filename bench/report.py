@@ -53,8 +53,9 @@ def markdown(reports: list[dict]) -> str:
         f"# Expert kernels on the {env['gpu']}",
         "",
         "bf16, M = 16384 tokens. Every number is a ratio of medians measured in the same process "
-        "and run (CUDA events, L2 flushed before each repetition, rotating inputs). GEMM-only = the "
-        "faster of cuBLAS and quack's identity-epilogue GEMM of the same shape and layouts. "
+        "and run (CUDA events, L2 flushed before each repetition, rotating inputs; the fused kernel and "
+        "its baselines interleaved repetition by repetition). GEMM-only = the faster of cuBLAS and "
+        "quack's identity-epilogue GEMM (at the fused kernel's config) of the same shape and layouts. "
         f"Targets: fused / GEMM-only <= {FUSED_TARGET}; speedup over cuBLAS + torch.compile >= "
         f"{BOUND_TARGET} x the bound (torch.compile / GEMM-only), i.e. fraction of bound >= {BOUND_TARGET}.",
         "",
