@@ -121,6 +121,8 @@ class Epilogue:
         <reductions as raw float32 partials>}; `store_d=False` skips writing D."""
         call = self.check_call(a, w, c, values, dtypes, store_d)
         config = config or DEFAULT_CONFIG
+        if self.mode == "acc_pair" and self.outputs and config.tile_n % 32:
+            raise EpilogueError(f"{self.name}(): acc_pair outputs need tile_n a multiple of 32 on SM90, got {config.tile_n}")
         if a.device.type == "cuda":
             from primitives.lowering import launch
 
@@ -186,6 +188,8 @@ class Epilogue:
             dtypes.setdefault(o, a.dtype)
             if self.mode == "acc_pair" and dtypes[o] not in _HALF:
                 raise EpilogueError(f"{where}: acc_pair outputs are stored per pair in 16 bits; {o!r} cannot be {dtypes[o]}")
+            if self.mode == "acc_pair" and (n // 2) % 8:
+                raise EpilogueError(f"{where}: acc_pair output {o!r} is N/2 = {n // 2} wide; it must be a multiple of 8 (16-byte rows)")
         return Call(a=a, w=w, c=c, values=values, dtypes=dtypes, store_d=store_d, m=m, n=n, k=k)
 
 

@@ -192,18 +192,27 @@ def _twin_table() -> dict[int, object]:
         qmath.unpack: unpack,
         qmath.pack: pack,
         qmath.Pair: TorchPair,
-        qmath.pexp: torch.exp,
-        qmath.pexp2: torch.exp2,
-        act.sigmoid: pm.sigmoid,
-        act.silu: pm.silu,
-        act.swiglu: pm.swiglu,
-        act.dswiglu: pm.dswiglu,
-        act.relu: torch.relu,
+        qmath.pexp: _dsl_op(torch.exp),
+        qmath.pexp2: _dsl_op(torch.exp2),
+        act.sigmoid: _dsl_op(pm.sigmoid),
+        act.silu: _dsl_op(pm.silu),
+        act.swiglu: _dsl_op(pm.swiglu),
+        act.dswiglu: _dsl_op(pm.dswiglu),
+        act.relu: _dsl_op(torch.relu),
         cute: _CuteTwin,
         cutlass.const_expr: lambda x: x,
         cutlass.Float32: lambda x: x,
     }
     return {id(k): v for k, v in table.items()}
+
+
+def _dsl_op(fn):
+    """A torch twin callable the way quack calls DSL ops (with loc= / ip= keywords)."""
+
+    def op(*args, loc=None, ip=None, **kwargs):
+        return fn(*args, **kwargs)
+
+    return op
 
 
 _TABLE: dict[int, object] | None = None
@@ -233,6 +242,9 @@ def torch_twin(fn, _done: dict | None = None):
 def _twin_of(obj, done):
     if id(obj) in _TABLE:
         return _TABLE[id(obj)]
+    if isinstance(obj, types.ModuleType) and obj.__name__.startswith("cutlass"):
+        # raw MLIR dialects and the like (e.g. arith.minnumf): no torch meaning
+        return _Twins(obj.__name__.rsplit(".", 1)[-1], object)
     if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("quack."):
         # a DSL op (@dsl_user_op) wraps a plain Python function: twin that one
         return torch_twin(getattr(obj, "__wrapped__", obj), done)

@@ -82,6 +82,14 @@ def test_helpers_that_reach_each_other_twin_without_recursing(lib):
     assert torch.allclose(out["postact"].float(), gelu, atol=2e-2, rtol=1e-2)
 
 
+def test_dsl_ops_twinned_through_their_wrappers(lib):
+    out = P.from_quack(lib.relu_sq_mod)(A, W)
+    ref = torch.relu(ACC) ** 2
+    assert ((out["postact"].float() - ref).abs() <= 1e-2 * ref.abs() + 1e-3).all()
+    with pytest.raises(P.EpilogueError, match="arith.*no torch twin"):
+        P.from_quack(lib.dswiglu_oai_moe_mod)(A, W[:128], c=torch.randn(M, 256).bfloat16(), score=torch.rand(M))
+
+
 def test_unsupported_library_epilogue_is_one_clear_error(lib):
     with pytest.raises(P.EpilogueError, match="quantized"):
         P.from_quack(lib.swiglu_quant_mod)
