@@ -92,8 +92,21 @@ def cmd_eval(args) -> int:
     else:
         con = _console()
         color = "green" if result.passed else "red"
-        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes}): [{color}]{result.outcome.value}[/{color}]")
-        con.print(result.message)
+        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes}): "
+                  f"[{color}]{result.outcome.value}[/{color}] (stage: {result.stage})")
+        con.print(result.message, markup=False)
+        for v in result.violations[:10]:
+            con.print(f"  {v}", markup=False)
+        if result.worst:
+            w = result.worst
+            con.print(f"worst element: {w['shape']} {w['output']}{w['index']}: got {w['got']}, expected {w['expected']}, "
+                      f"allowed {w['allowed']}", markup=False)
+        for s in result.per_shape:
+            if s.timing:  # only timed kernels show a speed; IMPLAUSIBLE ones are quarantined
+                t = s.timing
+                tag = " (quarantined: faster than the roofline floor)" if s.outcome.value == "IMPLAUSIBLE" else ""
+                con.print(f"  {s.shape}: {t['kernel']['median_us']:.1f} us = {t['fused_over_gemm_only']:.3f}x GEMM-only, "
+                          f"{t['speedup']['eager']:.2f}x faster than eager PyTorch{tag}", markup=False)
         if not result.passed and result.stderr_tail:
             con.print("[dim]--- stderr (tail) ---[/dim]")
             con.print(result.stderr_tail[-1500:], markup=False)
@@ -173,11 +186,12 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from eval.kernel import KernelError
     from primitives.epilogue import EpilogueError
+    from eval.store import StoreError
     from tasks import TaskError
 
     try:
         return args.func(args)
-    except (TaskError, KernelError, EpilogueError, ValueError, FileNotFoundError) as e:
+    except (TaskError, KernelError, EpilogueError, StoreError, ValueError, FileNotFoundError) as e:
         return _die(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except KeyboardInterrupt:
         return _die("interrupted", 130)

@@ -1,7 +1,22 @@
-"""The evaluator: static checks, isolation, numerics, (on a GPU) timing; see evaluate()."""
+"""The evaluator: static checks, isolation, numerics, (on a GPU) launches, timing and
+plausibility; see evaluate(). Names load lazily, so `eval.store` and the pure modules
+(launches, plausibility, static_checks) import without torch."""
 
-from eval.evaluate import evaluate
-from eval.kernel import Kernel, KernelError, read_kernel, resolve_kernel
-from eval.result import Outcome, Result, ShapeResult
+from importlib import import_module
 
-__all__ = ["evaluate", "Kernel", "KernelError", "Outcome", "Result", "ShapeResult", "read_kernel", "resolve_kernel"]
+_NAMES = {
+    "evaluate": "eval.evaluate",
+    "Kernel": "eval.kernel", "KernelError": "eval.kernel", "read_kernel": "eval.kernel", "resolve_kernel": "eval.kernel",
+    "Outcome": "eval.result", "Result": "eval.result", "ShapeResult": "eval.result",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        value = getattr(import_module(_NAMES[name]), name)
+        # bind it here: importing eval.evaluate set the attribute `evaluate` to the submodule
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'eval' has no attribute {name!r}")

@@ -1,54 +1,31 @@
-"""`evaluate()`: check one kernel against one task, the candidate isolated in a subprocess.
+"""`evaluate()`: check one kernel against one task; the candidate runs isolated in a worker.
 
-The harness never imports a candidate. The worker (eval/worker.py) runs in a new process
-group, in a private temp dir, with an environment stripped of secrets, under a wall-clock
-timeout that kills the whole group; it answers on a private pipe, not on stdout.
+Stages: static checks (here, on the source; eval/static_checks.py) -> in the worker
+(eval/worker.py): load -> compile -> numerics -> on a GPU launches -> benchmark ->
+recheck -> plausibility. The harness never imports a candidate; eval/isolation.py runs
+the worker and turns whatever happened to it into one typed outcome.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import ast
+import hashlib
 import platform
-import resource
 import secrets
-import select
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-from eval.kernel import REPO, KernelError, read_kernel, resolve_kernel
+from eval.isolation import clean_env, run_worker  # noqa: F401  (clean_env: re-exported)
+from eval.kernel import KernelError, read_kernel, resolve_kernel
 from eval.result import Outcome, Result, ShapeResult
-from tasks import TaskError, get_task
+from eval.static_checks import check_source, only_compile_errors, summarize
+from tasks import TaskError, get_task, shape_sets
 
 DEFAULT_TIMEOUT_S = {"cpu": 600, "cuda": 900}
-_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
-_STDERR_TAIL = 4000
-
-
-def clean_env(extra: dict | None = None) -> dict:
-    """The worker's environment: ours minus anything that looks like a secret."""
-    env = {k: v for k, v in os.environ.items() if not any(m in k.upper() for m in _SECRET_MARKERS)}
-    env.pop("PYTHONSTARTUP", None)
-    # the repo first; keep the rest (on the GPU machine quack and pydantic live there)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def _limit_memory(cpu_bytes: int | None):
-    def apply():
-        if cpu_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (cpu_bytes, cpu_bytes))
-
-    return apply
 
 
 def environment_fingerprint(device: str) -> dict:
+    """Versions of this process's machine (the agent's logs use it; on "cuda" it touches
+    the GPU in the calling process, which evaluate() itself never does)."""
     import torch
 
     env = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()}
@@ -67,98 +44,97 @@ def evaluate(
     timeout_s: float | None = None,
     memory_limit_gib: float | None = 16,
     compile: bool = False,
+    static_checks: bool = True,
+    gpu_memory_gib: float | None = None,
+    reps: int = 50,
 ) -> Result:
-    """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`. On a CPU,
-    `compile=True` also builds every epilogue the kernel launches for sm_90a (the GPU
-    kernel itself, cross-compiled) before emulating it."""
-    started = time.monotonic()
+    """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`.
+
+    device: "cpu" (the emulator) or "gpu"/"cuda". On a CPU, `compile=True` also builds
+    every epilogue the kernel launches for sm_90a (the GPU kernel, cross-compiled).
+    seed: the master seed of the inputs (default: a fresh secret one). memory_limit_gib:
+    the worker's CPU address-space limit (CPU runs); gpu_memory_gib: its share of the GPU.
+    static_checks=False is for the evaluator's own tests of the layers behind the rules
+    (tests/exploits); never turn it off for a real candidate. Raises ValueError / TaskError /
+    KernelError (one line) for bad arguments; everything about the kernel is the Result."""
     device = "cuda" if device in ("gpu", "cuda") else device
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or gpu, got {device!r}")
     task = get_task(task_name)
+    if shapes not in shape_sets():
+        raise ValueError(f"unknown shape set {shapes!r}; known: {sorted(shape_sets())}")
     path = resolve_kernel(str(kernel), task.name)
-    meta = read_kernel(path)
-    base = dict(task=task.name, kernel=str(kernel), kernel_sha256=meta.sha256, track=meta.track, author=meta.author,
-                backend=meta.backend, model=meta.model, session=meta.session, device=device, shapes=shapes,
-                environment=environment_fingerprint(device))
-    if meta.task != task.name:
-        return Result(**base, outcome=Outcome.STATIC_REJECTED,
-                      message=f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
+    try:
+        source = path.read_bytes()
+    except OSError as e:
+        raise KernelError(f"{path}: cannot read: {e.strerror}") from None
+    base = dict(task=task.name, kernel=str(kernel), kernel_sha256=hashlib.sha256(source).hexdigest(), device=device,
+                shapes=shapes, environment={"python": platform.python_version(), "machine": platform.machine()})
+
+    early = _before_running(task, path, source, base, static_checks)
+    if isinstance(early, Result):
+        return early
+    base = early
+    timeout = timeout_s or DEFAULT_TIMEOUT_S[device]
     request = {"task": task.name, "kernel_path": str(path.resolve()), "device": device, "shapes": shapes,
-               "seed": secrets.randbelow(2**31) if seed is None else seed}
+               "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
+               "gpu_memory_gib": gpu_memory_gib}
     extra_env = {}
     if compile and device == "cpu":
         extra_env = {"EPIFORGE_CROSS_COMPILE": "1", "CUTE_DSL_ARCH": "sm_90a", "QUACK_ARCH": "90"}
-    raw, stderr_tail, timed_out, rc = _run_worker(
-        request, extra_env, timeout_s or DEFAULT_TIMEOUT_S[device],
-        int(memory_limit_gib * 2**30) if (memory_limit_gib and device == "cpu") else None,
-    )
-    wall = round(time.monotonic() - started, 3)
-    if timed_out:
-        return Result(**base, outcome=Outcome.TIMEOUT, message=f"no result within {timeout_s or DEFAULT_TIMEOUT_S[device]} s; process group killed",
-                      stderr_tail=stderr_tail, wall_s=wall)
-    if raw is None:
-        why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-        return Result(**base, outcome=Outcome.RUNTIME_ERROR, message=f"the worker died ({why}) before reporting",
-                      stderr_tail=stderr_tail, wall_s=wall)
-    return Result(**base, outcome=Outcome(raw["outcome"]), message=raw["message"],
-                  per_shape=[ShapeResult(**r) for r in raw["per_shape"]], compiled=raw.get("compiled", []),
-                  stderr_tail=stderr_tail, wall_s=wall)
+    cpu_bytes = int(memory_limit_gib * 2**30) if (memory_limit_gib and device == "cpu") else None
+    run = run_worker(request, timeout_s=timeout, cpu_bytes=cpu_bytes, extra_env=extra_env)
+    return _from_worker(run, base, timeout)
 
 
-def _run_worker(request: dict, extra_env: dict, timeout_s: float, cpu_bytes: int | None):
-    """Start the worker, feed it the request, wait; kill its whole group on timeout.
-    Returns (result dict or None, stderr tail, timed_out, return code)."""
-    read_fd, write_fd = os.pipe()
-    with tempfile.TemporaryDirectory(prefix="epiforge-eval-") as tmp:
-        err_path = Path(tmp) / "stderr.log"
-        with open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "eval.worker", "--result-fd", str(write_fd)],
-                stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=tmp, env=clean_env(extra_env),
-                pass_fds=(write_fd,), start_new_session=True, preexec_fn=_limit_memory(cpu_bytes),
-            )
-            os.close(write_fd)
-            try:
-                proc.stdin.write(json.dumps(request).encode())
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-            chunks, timed_out = [], False
-            deadline = time.monotonic() + timeout_s
-            while True:  # until EOF: the worker closed its end (finished or died)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    timed_out = True
-                    break
-                ready, _, _ = select.select([read_fd], [], [], min(remaining, 1.0))
-                if ready:
-                    data = os.read(read_fd, 1 << 16)
-                    if not data:
-                        break
-                    chunks.append(data)
-            try:
-                rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()) if not timed_out else 0.1)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            _kill_group(proc)  # also ends anything the kernel left running
-            rc = proc.wait()
-        os.close(read_fd)
-        stderr_tail = err_path.read_bytes()[-_STDERR_TAIL:].decode(errors="replace")
-    raw = None
-    if chunks and not timed_out:
-        try:
-            raw = json.loads(b"".join(chunks))
-        except json.JSONDecodeError:
-            raw = None
-    return raw, stderr_tail, timed_out, rc
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
+def _before_running(task, path: Path, source: bytes, base: dict, static_checks: bool):
+    """Metadata and the static stage: a Result when the kernel stops here, else the
+    Result fields learnt from its metadata."""
+    text = source.decode(errors="replace")
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        ast.parse(text, filename=str(path))
+    except SyntaxError as e:
+        return Result(**base, track="candidate", outcome=Outcome.COMPILE_ERROR, stage="static",
+                      message=f"line {e.lineno}: syntax error: {e.msg}")
+    try:
+        meta = read_kernel(path)
+    except KernelError as e:
+        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=str(e).splitlines()[0])
+    base = {**base, "track": meta.track, "author": meta.author, "backend": meta.backend, "model": meta.model,
+            "session": meta.session}
+    if meta.task != task.name:
+        return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
+    if static_checks:
+        violations = check_source(text, str(path))
+        if violations:
+            outcome = Outcome.COMPILE_ERROR if only_compile_errors(violations) else Outcome.STATIC_REJECTED
+            return Result(**base, outcome=outcome, stage="static", message=summarize(violations),
+                          violations=[str(v) for v in violations])
+    return base
 
 
-__all__ = ["evaluate", "KernelError", "TaskError"]
+def _from_worker(run, base: dict, timeout: float) -> Result:
+    base = {**base, "stderr_tail": run.stderr_tail, "wall_s": run.wall_s}
+    if run.tampered:
+        return Result(**base, outcome=Outcome.RUNTIME_ERROR, stage=run.stage,
+                      message=f"the result channel was tampered with ({run.tampered}); result discarded")
+    if run.timed_out:
+        return Result(**base, outcome=Outcome.TIMEOUT, stage=run.stage,
+                      message=f"no result within {timeout:g} s (during {run.stage}); process group killed")
+    raw = run.result
+    if raw is None:
+        why = run.signal_name or f"exit code {run.returncode}"
+        if run.stage == "compile":
+            return Result(**base, outcome=Outcome.COMPILE_ERROR, stage=run.stage,
+                          message=f"the compiler crashed ({why}) while building the kernel")
+        return Result(**base, outcome=Outcome.RUNTIME_ERROR, stage=run.stage,
+                      message=f"the worker died ({why}) during {run.stage}, before reporting")
+    env = {**base.pop("environment"), **raw.get("environment", {})}
+    return Result(**base, environment=env, outcome=Outcome(raw["outcome"]), message=raw["message"],
+                  stage=raw.get("stage"), per_shape=[ShapeResult(**r) for r in raw["per_shape"]],
+                  compiled=raw.get("compiled", []), violations=raw.get("violations", []), worst=raw.get("worst"))
+
+
+__all__ = ["evaluate", "environment_fingerprint", "KernelError", "TaskError"]

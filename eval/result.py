@@ -23,6 +23,10 @@ class Outcome(str, Enum):
     IMPLAUSIBLE = "IMPLAUSIBLE"
 
 
+#: the stages in the order they run; a Result's `stage` names the one it stopped in
+STAGES = ("static", "load", "compile", "numerics", "launches", "benchmark", "recheck", "plausibility", "done")
+
+
 class ShapeResult(BaseModel):
     """The checks (and, when timed, the timings) of one shape."""
 
@@ -31,7 +35,11 @@ class ShapeResult(BaseModel):
     outcome: Outcome
     outputs: list[OutputCheck] = []
     message: str = ""
-    # timings exist only when the kernel was timed (never for a failed check)
+    trials: int = Field(0, description="checked calls on fresh inputs (both orders of reference and kernel)")
+    launches: list[str] = Field([], description="GPU: the kernels one run() launched (torch profiler)")
+    # timings exist only when the kernel was timed: never for a failed check. Keys:
+    # "kernel" and each baseline ("gemm_only", "eager") hold eval.timing.Timing dicts;
+    # "fused_over_gemm_only", "speedup" ({baseline: x}), "gemm_fraction", "roofline" ({floor_us, ...})
     timing: dict | None = None
 
 
@@ -51,6 +59,9 @@ class Result(BaseModel):
     stderr_tail: str = ""
     per_shape: list[ShapeResult] = []
     compiled: list[dict] = Field([], description="sm_90a cross-compiles done on a CPU (epilogue, config, ok, seconds)")
+    stage: str | None = Field(None, description=f"where it stopped: one of {STAGES}")
+    worst: dict | None = Field(None, description="INCORRECT_NUMERICS: the worst element (shape, output, index, got, expected, allowed)")
+    violations: list[str] = Field([], description="static or run-time rule violations")
     environment: dict = {}
     started_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     wall_s: float | None = None
@@ -58,3 +69,27 @@ class Result(BaseModel):
     @property
     def passed(self) -> bool:
         return self.outcome == Outcome.PASSED
+
+    @property
+    def timed(self) -> bool:
+        return any(s.timing for s in self.per_shape)
+
+    @property
+    def ranked(self) -> bool:
+        """Only a PASSED, timed result may be ranked (IMPLAUSIBLE ones keep their timing,
+        quarantined)."""
+        return self.passed and self.timed
+
+
+def worst_element(per_shape: list[ShapeResult]) -> dict | None:
+    """The failing output check with the largest error over its allowance."""
+    best, score = None, -1.0
+    for s in per_shape:
+        for c in s.outputs:
+            if c.ok or c.problem not in ("tolerance", "rms", "nonfinite"):
+                continue
+            ratio = float("inf") if c.problem == "nonfinite" or not c.allowed else (c.max_error or 0) / c.allowed
+            if ratio > score:
+                best, score = {"shape": s.shape, "output": c.name, "problem": c.problem, "index": c.worst_index,
+                               "got": c.got, "expected": c.expected, "max_error": c.max_error, "allowed": c.allowed}, ratio
+    return best

@@ -18,6 +18,21 @@ _FLUSH_BYTES = 256 * 1024 * 1024
 _flush_buf = None
 
 
+def _bind():
+    """The timer's own references to the CUDA event API, taken when this module is
+    imported (before any kernel is): a kernel that patches torch.cuda.Event or its
+    elapsed_time afterwards does not change what the timer reads."""
+    try:
+        import torch
+
+        return torch.cuda.Event, torch.cuda.Event.elapsed_time, torch.cuda.synchronize
+    except Exception:  # no torch.cuda at all
+        return None, None, None
+
+
+_EVENT, _ELAPSED, _SYNC = _bind()
+
+
 class Timing(BaseModel):
     """Microseconds per call over n timed repetitions."""
 
@@ -58,9 +73,9 @@ def time_cuda_interleaved(
         fn, arg_sets = fns[name]
         for i in range(warmup):
             fn(*arg_sets[i % len(arg_sets)])
-    torch.cuda.synchronize()
+    _SYNC()
     stream = torch.cuda.current_stream()
-    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)] for n in names}
+    events = {n: [(_EVENT(enable_timing=True), _EVENT(enable_timing=True)) for _ in range(reps)] for n in names}
     for i in range(reps):
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
@@ -71,12 +86,17 @@ def time_cuda_interleaved(
             start.record(stream)
             fn(*arg_sets[i % len(arg_sets)])
             end.record(stream)
-    torch.cuda.synchronize()
-    return {n: _summary([s.elapsed_time(e) * 1000.0 for s, e in events[n]]) for n in names}
+    _SYNC()
+    return {n: summarize([_ELAPSED(s, e) * 1000.0 for s, e in events[n]]) for n in names}
 
 
-def _summary(samples: list[float]) -> Timing:
-    samples = sorted(samples)
+def summarize(samples_us: Sequence[float]) -> Timing:
+    """Median, quartiles (statistics.quantiles, 'exclusive' method), min and n of samples."""
+    samples = sorted(float(x) for x in samples_us)
+    if not samples:
+        raise ValueError("no samples")
+    if any(x != x or x < 0 for x in samples):
+        raise ValueError("samples must be non-negative numbers")
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
     return Timing(median_us=statistics.median(samples), q1_us=q[0], q3_us=q[2], min_us=samples[0], n=len(samples))
 
@@ -96,15 +116,15 @@ def time_cuda(
         raise ValueError("time_cuda needs at least one argument set")
     for i in range(warmup):
         fn(*arg_sets[i % len(arg_sets)])
-    torch.cuda.synchronize()
+    _SYNC()
     stream = torch.cuda.current_stream()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    starts = [_EVENT(enable_timing=True) for _ in range(reps)]
+    ends = [_EVENT(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         if flush:
             flush_l2()
         starts[i].record(stream)
         fn(*arg_sets[i % len(arg_sets)])
         ends[i].record(stream)
-    torch.cuda.synchronize()
-    return _summary([s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)])
+    _SYNC()
+    return summarize([_ELAPSED(s, e) * 1000.0 for s, e in zip(starts, ends)])

@@ -1,12 +1,19 @@
-"""The evaluation worker: runs ONE candidate kernel in its own process (fresh CUDA
-context, private temp dir, started by eval.evaluate) and reports over a private pipe.
+"""The evaluation worker: runs ONE candidate kernel in its own process (fresh CUDA context,
+private temp dir, started by eval.isolation) and reports over a private pipe.
 
     python -m eval.worker --result-fd N   < request.json
 
-The request names the task, the kernel file, the device, the shape set and the seed. For
-each shape the worker makes fresh inputs, computes the references, runs the kernel on a
-clone of the inputs, checks every output, checks the inputs were not modified, and writes
-one JSON object (a list of ShapeResult dicts plus an outcome) to the result pipe.
+Stages: load (import the kernel) -> compile (marked while primitives cross-compile or
+first launch an epilogue) -> numerics (eval/numerics.py, every shape) -> on a GPU, per
+shape: launches -> benchmark -> recheck -> plausibility (eval/gpu_stages.py).
+
+The channel: newline-delimited JSON frames on an inherited pipe fd, each carrying the
+nonce the harness sent on stdin; progress frames {"stage": ...} and one final
+{"result": ...}. The fd is made non-inheritable at once (no grandchild keeps it open) and
+the process ends with os._exit right after the result frame (nothing of the kernel's runs
+after it). A kernel writing to the pipe cannot forge the nonce without reading this
+process's memory, which the static rules forbid; anything malformed on the channel is
+reported as tampering (eval/isolation.py).
 """
 
 from __future__ import annotations
@@ -14,134 +21,178 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import traceback
 
 import torch
 
+from eval.guard import TamperCheck
 from eval.kernel import load_kernel_module
-from eval.result import Outcome, ShapeResult
+from eval.numerics import Breach, check_shape, describe_exception
+from eval.plausibility import Ceilings
+from eval.result import Outcome, ShapeResult, worst_element
 from tasks import get_task, shape_sets
-from tasks.tolerance import check_output
-
-_PROBLEM_OUTCOME = {
-    "missing": Outcome.INCORRECT_SHAPE,
-    "shape": Outcome.INCORRECT_SHAPE,
-    "dtype": Outcome.INCORRECT_DTYPE,
-    "nonfinite": Outcome.INCORRECT_NUMERICS,
-    "tolerance": Outcome.INCORRECT_NUMERICS,
-    "rms": Outcome.INCORRECT_NUMERICS,
-}
 
 
-class StageError(Exception):
-    def __init__(self, outcome: Outcome, message: str):
-        super().__init__(message)
-        self.outcome, self.message = outcome, message
+class Channel:
+    def __init__(self, fd: int, nonce: str):
+        self.fd, self.nonce = fd, nonce
+
+    def send(self, **frame) -> None:
+        data = (json.dumps({"nonce": self.nonce, **frame}) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+    def stage(self, name: str) -> None:
+        self.send(stage=name)
 
 
 def _load_module(path: str):
     try:
         module = load_kernel_module(path)
     except Exception as e:  # the kernel's own import-time code failed
-        raise StageError(Outcome.COMPILE_ERROR, f"importing the kernel failed: {type(e).__name__}: {e}") from e
+        traceback.print_exc()
+        raise Breach(Outcome.COMPILE_ERROR, f"importing the kernel failed: {type(e).__name__}: {e}".splitlines()[0]) from e
     if not callable(getattr(module, "run", None)):
-        raise StageError(Outcome.STATIC_REJECTED, "the kernel defines no run(inputs, prepared, config=None)")
+        raise Breach(Outcome.STATIC_REJECTED, "the kernel defines no run(inputs, prepared, config=None)")
     return module
 
 
-def _is_compile_error(e: BaseException) -> bool:
-    from primitives.epilogue import EpilogueError
+def _mark_compiles(at, current: dict) -> None:
+    """Report the compile stage while primitives build a GPU kernel, so a compiler that
+    kills the process is told apart from a kernel that does (the harness reads the stage)."""
+    import primitives.lowering as low
 
-    if isinstance(e, EpilogueError):
-        return True
-    if "primitives.lowering" in sys.modules and isinstance(e, sys.modules["primitives.lowering"].CompileError):
-        return True
-    mod = type(e).__module__ or ""
-    return mod.startswith(("cutlass", "quack")) and "Runtime" not in type(e).__name__
+    cross, launch, seen = low.cross_compile, low.launch, set()
 
+    def marked_cross(epi, call, config):
+        before = current["stage"]
+        at("compile")
+        try:
+            return cross(epi, call, config)
+        finally:
+            at(before)
 
-def _clone(inputs: dict) -> dict:
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    def marked_launch(epi, call, config):
+        key = (epi.name, config.key(), epi.mode)
+        if key in seen:
+            return launch(epi, call, config)
+        seen.add(key)
+        before = current["stage"]
+        at("compile")  # the first launch of an epilogue and config JIT-compiles it
+        try:
+            return launch(epi, call, config)
+        finally:
+            at(before)
 
-
-def run_shape(task, module, shape, seed: int, device: str) -> ShapeResult:
-    dims = shape.dims()
-    inputs = task.make_inputs(dims, seed, device)
-    exact = task.reference(inputs, dims, exact=True)
-    lowprec = task.reference(inputs, dims, exact=False)
-    consts = {t.name: inputs[t.name].clone() for t in task.inputs if t.constant}
-    given = _clone(inputs)
-    try:
-        prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
-        outputs = module.run(given, prepared)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    except Exception as e:
-        outcome = Outcome.COMPILE_ERROR if _is_compile_error(e) else Outcome.RUNTIME_ERROR
-        traceback.print_exc()
-        return ShapeResult(shape=shape.name, dims=dims, outcome=outcome, message=f"{type(e).__name__}: {e}".splitlines()[0])
-    if not isinstance(outputs, dict):
-        return ShapeResult(shape=shape.name, dims=dims, outcome=Outcome.INCORRECT_SHAPE,
-                           message=f"run() returned {type(outputs).__name__}, not a dict of outputs")
-    for k, v in inputs.items():
-        if isinstance(v, torch.Tensor) and not torch.equal(given[k], v):
-            return ShapeResult(shape=shape.name, dims=dims, outcome=Outcome.RUNTIME_ERROR,
-                               message=f"the kernel modified its input {k!r}")
-    checks = [check_output(o, outputs.get(o.name), exact[o.name], lowprec[o.name]) for o in task.outputs]
-    extra = set(outputs) - {o.name for o in task.outputs}
-    failed = [c for c in checks if not c.ok]
-    if failed:
-        first = failed[0]
-        return ShapeResult(shape=shape.name, dims=dims, outcome=_PROBLEM_OUTCOME[first.problem], outputs=checks,
-                           message="; ".join(c.detail for c in failed))
-    msg = f"unexpected extra outputs {sorted(extra)} ignored" if extra else ""
-    return ShapeResult(shape=shape.name, dims=dims, outcome=Outcome.PASSED, outputs=checks, message=msg)
+    low.cross_compile, low.launch = marked_cross, marked_launch
 
 
-def evaluate_in_process(request: dict) -> dict:
+def environment(device: str) -> dict:
+    import importlib.metadata as md
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()}
+    for pkg in ("nvidia-cutlass-dsl", "quack-kernels", "triton"):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    if device == "cuda":
+        env |= {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+                "capability": ".".join(map(str, torch.cuda.get_device_capability()))}
+    return env
+
+
+def evaluate_in_process(request: dict, stage=lambda name: None) -> dict:
     """The whole worker job; returns the result object (never raises)."""
+    device = request["device"]
+    per_shape: list[ShapeResult] = []
+    current = {"stage": "load"}
+
+    def at(name):
+        current["stage"] = name
+        stage(name)
+
+    def result(outcome: Outcome, message: str, violations=()):
+        lowering = sys.modules.get("primitives.lowering")
+        return {"outcome": outcome.value, "message": message, "stage": current["stage"],
+                "per_shape": [r.model_dump(mode="json") for r in per_shape], "violations": list(violations),
+                "worst": worst_element(per_shape), "compiled": list(lowering.COMPILE_LOG) if lowering else [],
+                "environment": env}
+
+    env = {}
     try:
+        at("load")
         task = get_task(request["task"])
         sets = shape_sets()
         if request["shapes"] not in sets:
-            raise StageError(Outcome.RUNTIME_ERROR, f"unknown shape set {request['shapes']!r}; known: {sorted(sets)}")
+            raise Breach(Outcome.RUNTIME_ERROR, f"unknown shape set {request['shapes']!r}; known: {sorted(sets)}")
+        ceilings = Ceilings.from_env()  # read before the kernel is imported
+        if device == "cuda":
+            torch.cuda.init()
+            if request.get("gpu_memory_gib"):
+                total = torch.cuda.get_device_properties(0).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, request["gpu_memory_gib"] * 2**30 / total))
+            from primitives.lowering import _import_quack
+
+            _import_quack()  # before the tamper snapshot: quack's import is not the kernel's doing
+            from eval.gpu_stages import profile_launches
+
+            profile_launches(lambda: None)  # the profiler's lazy set-up, likewise
+        env = environment(device)
+        tamper = TamperCheck()
+        _mark_compiles(at, current)
         module = _load_module(request["kernel_path"])
-        per_shape = []
+        patched = tamper.changed()
+        if patched:
+            raise Breach(Outcome.RUNTIME_ERROR, f"importing the kernel patched {patched[:5]}")
         for i, shape in enumerate(sets[request["shapes"]]):
-            res = run_shape(task, module, shape, request["seed"] + i, request["device"])
+            at("numerics")
+            res, outputs = check_shape(task, module, shape, request["seed"], i, device, tamper=tamper)
+            del outputs
             per_shape.append(res)
+            if res.outcome == Outcome.PASSED and device == "cuda":
+                from eval.gpu_stages import run_gpu_stages
+
+                run_gpu_stages(task, module, shape, res, request["seed"], i, stage=at, tamper=tamper,
+                               ceilings=ceilings, reps=request.get("reps", 50), shapes_name=request["shapes"])
             if res.outcome != Outcome.PASSED:
-                break
-        bad = [r for r in per_shape if r.outcome != Outcome.PASSED]
-        outcome = bad[0].outcome if bad else Outcome.PASSED
-        message = f"{bad[0].shape}: {bad[0].message}" if bad else f"all {len(per_shape)} shapes within tolerance"
-        return {"outcome": outcome.value, "message": message, "per_shape": [r.model_dump(mode="json") for r in per_shape],
-                "compiled": _compile_log()}
-    except StageError as e:
-        return {"outcome": e.outcome.value, "message": e.message, "per_shape": [], "compiled": _compile_log()}
-    except Exception as e:
+                return result(res.outcome, f"{res.shape}: {res.message}")
+        at("done")
+        msg = f"all {len(per_shape)} shapes within tolerance ({per_shape[0].trials if per_shape else 0} trials each)"
+        if device == "cuda":
+            ratios = ", ".join(f"{r.shape} {r.timing['fused_over_gemm_only']:.3f}" for r in per_shape if r.timing)
+            msg += f"; fused / GEMM-only: {ratios}"
+        return result(Outcome.PASSED, msg)
+    except Breach as b:
+        return result(b.outcome, b.message)
+    except Exception as e:  # the kernel raised in a GPU stage, or the harness itself failed
         traceback.print_exc()
-        return {"outcome": Outcome.RUNTIME_ERROR.value, "message": f"{type(e).__name__}: {e}".splitlines()[0],
-                "per_shape": [], "compiled": _compile_log()}
+        outcome, line = describe_exception(e)
+        return result(outcome, line)
 
 
-def _compile_log() -> list[dict]:
-    lowering = sys.modules.get("primitives.lowering")
-    return list(lowering.COMPILE_LOG) if lowering else []
+def run_shape(task, module, shape, seed: int, device: str) -> ShapeResult:
+    """One shape's numerics in this process (bench/check_gpu.py, trusted expert kernels)."""
+    return check_shape(task, module, shape, seed, 0, device)[0]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--result-fd", type=int, required=True)
     args = ap.parse_args(argv)
-    # the result pipe is ours: keep it away from the kernel's inherited descriptors
-    result = os.fdopen(args.result_fd, "w")
+    os.set_inheritable(args.result_fd, False)
     request = json.loads(sys.stdin.read())
-    out = evaluate_in_process(request)
-    result.write(json.dumps(out))
-    result.close()
-    return 0
+    sys.stdin.close()
+    channel = Channel(args.result_fd, request.pop("nonce", ""))
+    out = evaluate_in_process(request, channel.stage)
+    channel.send(result=out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # nothing of the kernel's (atexit, threads, CUDA teardown) runs after the result
 
 
 if __name__ == "__main__":

@@ -1,0 +1,90 @@
+"""Launch provenance: which GPU kernels one run() launched, judged against the task.
+
+A task allows exactly one fused GEMM, which must be a CuTe-DSL kernel minted by quack's
+epilogue frontend, plus at most its named finishing steps (task.launches[1:]), each one
+Triton kernel of primitives/finish_gpu.py. Everything must run on the stream the harness
+times (a side stream escapes the CUDA events). Pure logic: the GPU stage collects the
+names and streams with the torch profiler (eval/gpu_stages.py); tests feed it lists.
+
+The names, pinned from quack 0.6.5 and nvidia-cutlass-dsl 4.7.1 (seen on the H200 in
+bench/results/h200/check.json):
+  fused GEMM   "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<epilogue>_<digest>..."
+               (CuTe-DSL names a kernel "kernel_cutlass_" + the mangled qualified name of
+               its class; quack.epilogue.frontend mints "GemmMod_<fn name>_<digest>_...")
+  finishers    "_row_fold" (rstd_from_sumsq, row_sum, cross_entropy), "_col_fold" (col_sum)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+CUTE_DSL_PREFIX = "kernel_cutlass_"
+FUSED_GEMM_MARK = "quackepiloguefrontendGemmMod_"
+FINISHER_KERNELS = {"rstd_from_sumsq": "_row_fold", "row_sum": "_row_fold", "cross_entropy": "_row_fold",
+                    "col_sum": "_col_fold"}
+#: substrings of cuBLAS / cuBLASLt / CUTLASS-library kernel names (for the message only:
+#: any kernel outside the allowance fails, named or not)
+CUBLAS_TAGS = ("cublas", "nvjet", "xmma", "sm90_gemm", "sm80_gemm", "cutlass_80", "cutlass_90", "ampere_", "gemv",
+               "gemmk1", "splitkreduce")
+
+
+@dataclass
+class Launch:
+    name: str
+    stream: int | None = None
+
+
+@dataclass
+class LaunchVerdict:
+    ok: bool
+    message: str
+    gemm: list[str] = field(default_factory=list)
+    finishers: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+
+
+def is_fused_gemm(name: str) -> bool:
+    return name.startswith(CUTE_DSL_PREFIX) and FUSED_GEMM_MARK in name
+
+
+def is_cublas(name: str) -> bool:
+    low = name.lower()
+    return any(tag in low for tag in CUBLAS_TAGS)
+
+
+def short(name: str, n: int = 60) -> str:
+    return name if len(name) <= n else name[: n - 3] + "..."
+
+
+def classify(launches: list[Launch], allowed: list[str], stream: int | None = None) -> LaunchVerdict:
+    """`launches`: the kernels of one run() in launch order; `allowed`: task.launches
+    ("gemm" first, then finishing-step names); `stream`: the timed stream's id, or None
+    to skip the stream check."""
+    if not allowed or allowed[0] != "gemm":
+        raise ValueError("allowed launches must start with 'gemm'")
+    budget = Counter(FINISHER_KERNELS[f] for f in allowed[1:])
+    gemm, finishers, extra = [], [], []
+    for launch in launches:
+        if is_fused_gemm(launch.name):
+            gemm.append(launch.name)
+        elif budget[launch.name] > 0:
+            budget[launch.name] -= 1
+            finishers.append(launch.name)
+        else:
+            extra.append(launch.name)
+    names = [short(x.name) for x in launches]
+    if stream is not None:
+        off = [x.name for x in launches if x.stream is not None and x.stream != stream]
+        if off:
+            return LaunchVerdict(False, f"{len(off)} launch(es) on another stream than the timed one: "
+                                        f"{[short(n) for n in off]}", gemm, finishers, extra)
+    if extra:
+        cublas = [n for n in extra if is_cublas(n)]
+        what = (f"a cuBLAS kernel ({short(cublas[0])}): the GEMM must be the fused CuTe-DSL one" if cublas
+                else f"kernels outside the allowance {allowed}: {[short(n) for n in extra]}")
+        return LaunchVerdict(False, f"{len(launches)} launches, {what}", gemm, finishers, extra)
+    if len(gemm) != 1:
+        what = "no fused CuTe-DSL GEMM" if not gemm else f"{len(gemm)} fused GEMMs"
+        return LaunchVerdict(False, f"{what} in one run() (exactly one is allowed): {names}", gemm, finishers, extra)
+    return LaunchVerdict(True, f"{len(launches)} launch(es): {names}", gemm, finishers, extra)

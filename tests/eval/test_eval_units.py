@@ -1,0 +1,219 @@
+"""The evaluator's pure logic and in-process guards, on a CPU: launch classification (from
+kernel names seen on the H200), plausibility math, timing aggregation, seeds, the result
+channel's framing, the worker's environment, the compute guard, poisoning, tamper checks."""
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from eval import isolation
+from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
+from eval.launches import Launch, classify
+from eval.numerics import Breach, derive_seed, freeze_prepared, modified, snapshot
+from eval.plausibility import Ceilings, check, floor_us
+from eval.timing import summarize
+
+REPO = Path(__file__).resolve().parents[2]
+H200_CHECK = REPO / "bench" / "results" / "h200" / "check.json"
+
+
+# ---- launches ----------------------------------------------------------------------------
+
+def h200_launches():
+    """task -> the kernel names the expert kernel launched on the H200 (bench/check_gpu.py)."""
+    out = {}
+    for row in json.loads(H200_CHECK.read_text())["rows"]:
+        if "launches" in row:
+            names = row["launches"].split(" launches: ", 1)[1]
+            out[row["task"]] = json.loads(names.replace("'", '"'))
+    return out
+
+
+def test_every_expert_launch_list_seen_on_the_h200_is_accepted():
+    import tasks
+
+    seen = h200_launches()
+    assert len(seen) == 10
+    for task in tasks.load_catalogue()[0]:
+        verdict = classify([Launch(n, 7) for n in seen[task.name]], task.launches, stream=7)
+        assert verdict.ok, (task.name, verdict.message)
+        assert len(verdict.gemm) == 1 and len(verdict.finishers) == len(task.launches) - 1
+
+
+GEMM = h200_launches()["k0_gemm_residual_partial_rmsnorm"][0]
+K0 = ["gemm", "rstd_from_sumsq"]
+
+
+@pytest.mark.parametrize("names,fragment", [
+    (["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "_row_fold"], "cuBLAS"),
+    (["nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_TNN", "_row_fold"], "cuBLAS"),
+    ([GEMM, "_row_fold", "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>"], "outside the allowance"),
+    ([GEMM, "_row_fold", "_row_fold"], "outside the allowance"),  # one finisher more than the task names
+    ([GEMM, GEMM, "_row_fold"], "2 fused GEMMs"),
+    (["_row_fold"], "no fused CuTe-DSL GEMM"),  # e.g. a cached result: no GEMM at all
+    ([], "no fused CuTe-DSL GEMM"),
+    (["kernel_cutlass_kernel_quackgemm_sm90GemmSm90_object_at_0", "_row_fold"], "outside the allowance"),  # quack GEMM, not fused
+])
+def test_launch_lists_that_fail(names, fragment):
+    v = classify([Launch(n, 7) for n in names], K0, stream=7)
+    assert not v.ok and fragment in v.message, v.message
+
+
+def test_fewer_finishers_and_streams():
+    assert classify([Launch(GEMM, 7)], K0, stream=7).ok  # "at most" the named finishing steps
+    side = classify([Launch(GEMM, 9), Launch("_row_fold", 7)], K0, stream=7)
+    assert not side.ok and "another stream" in side.message
+    assert classify([Launch(GEMM, 9)], K0, stream=None).ok  # stream unknown: not judged
+    with pytest.raises(ValueError):
+        classify([], ["rstd_from_sumsq"])
+
+
+# ---- plausibility --------------------------------------------------------------------------
+
+def test_floor_is_the_larger_of_compute_and_memory_time():
+    c = Ceilings(peak_tflops=1000.0, bandwidth_tbs=2.0)
+    assert floor_us(2 * 10**12, 0, c) == pytest.approx(2000.0)  # 2 TFLOP at 1000 TFLOP/s = 2 ms
+    assert floor_us(0, 4 * 10**9, c) == pytest.approx(2000.0)  # 4 GB at 2 TB/s = 2 ms
+    assert floor_us(2 * 10**12, 10**9, c) == pytest.approx(2000.0)
+    assert floor_us(10**9, 4 * 10**9, c) == pytest.approx(2000.0)
+    with pytest.raises(ValueError):
+        floor_us(-1, 0, c)
+
+
+def test_faster_than_the_floor_is_implausible():
+    import tasks
+
+    task = tasks.get_task("k1")
+    dims = tasks.shape_sets()["paper"][0].dims()
+    flops, nbytes = task.flops(dims), task.min_bytes(dims)
+    c = Ceilings()
+    floor = floor_us(flops, nbytes, c)
+    assert floor == pytest.approx(max(flops / 790e12, nbytes / 4.3e12) * 1e6)
+    ok, line, _ = check(floor * 0.5, flops, nbytes, c)
+    assert not ok and "quarantined" in line
+    assert check(floor * 1.2, flops, nbytes, c)[0]
+    assert Ceilings.from_env({"EPIFORGE_PEAK_TFLOPS": "100", "EPIFORGE_BANDWIDTH_TBS": "1"}) == Ceilings(100.0, 1.0)
+    assert Ceilings.from_env({}) == c
+
+
+# ---- timing aggregation --------------------------------------------------------------------
+
+def test_summarize():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0, 100.0])
+    assert t.n == 6 and t.min_us == 1.0 and t.median_us == 3.5
+    q = statistics.quantiles([1, 2, 3, 4, 5, 100], n=4)
+    assert (t.q1_us, t.q3_us) == (q[0], q[2]) and t.iqr_us == q[2] - q[0]
+    one = summarize([7.0])
+    assert one.median_us == one.q1_us == one.q3_us == 7.0 and one.iqr_us == 0
+    for bad in ([], [1.0, float("nan")], [-1.0]):
+        with pytest.raises(ValueError):
+            summarize(bad)
+
+
+# ---- seeds, channel, environment -------------------------------------------------------------
+
+def test_trial_seeds_are_reproducible_and_distinct():
+    seeds = {derive_seed(42, s, t) for s in range(3) for t in range(3)}
+    assert len(seeds) == 9 and all(0 <= x < 2**31 for x in seeds)
+    assert derive_seed(42, 1, 1) == derive_seed(42, 1, 1) != derive_seed(43, 1, 1)
+
+
+def frame(nonce, **kw):
+    return (json.dumps({"nonce": nonce, **kw}) + "\n").encode()
+
+
+def test_channel_frames():
+    ok = frame("n", stage="load") + frame("n", stage="numerics") + frame("n", result={"outcome": "PASSED"})
+    assert isolation.parse_frames(ok, "n") == (["load", "numerics"], {"outcome": "PASSED"}, None)
+    assert isolation.parse_frames(frame("n", stage="load") + b'{"nonce": "n", "res', "n")[1:] == (None, None)  # killed mid-write
+    forged = frame("guess", result={"outcome": "PASSED"}) + ok
+    assert isolation.parse_frames(forged, "n")[2] and isolation.parse_frames(forged, "n")[1] is None
+    assert isolation.parse_frames(b"PASSED\n" + ok, "n")[2]
+    assert isolation.parse_frames(ok + frame("n", stage="x"), "n")[2] == "frames after the result"
+    assert isolation.parse_frames(ok + b"junk", "n")[2] == "bytes after the result"
+
+
+def test_worker_environment_is_allowlisted():
+    base = {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "0", "TRITON_CACHE_DIR": "/t", "LC_ALL": "C",
+            "ANTHROPIC_API_KEY": "sk-x", "OPENAI_API_KEY": "sk-y", "GITHUB_PAT": "ghp", "AWS_SECRET_ACCESS_KEY": "a",
+            "DATABASE_URL": "postgres://u:p@h/db", "HF_TOKEN": "hf", "EPIFORGE_API_TOKEN": "e", "SSH_AUTH_SOCK": "/s",
+            "PYTHONSTARTUP": "/evil.py", "LD_PRELOAD": "/evil.so", "TORCH_HUB_TOKEN": "t"}
+    env = isolation.clean_env({"X_EXTRA": "1"}, base=base)
+    assert {"PATH", "HOME", "CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR", "LC_ALL", "X_EXTRA"} <= set(env)
+    leaked = {"ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GITHUB_PAT", "AWS_SECRET_ACCESS_KEY", "DATABASE_URL", "HF_TOKEN",
+              "EPIFORGE_API_TOKEN", "SSH_AUTH_SOCK", "PYTHONSTARTUP", "LD_PRELOAD", "TORCH_HUB_TOKEN"} & set(env)
+    assert not leaked
+    assert env["PYTHONPATH"].split(":")[0] == str(REPO)
+
+
+# ---- values, guard, poison, tamper ---------------------------------------------------------
+
+def test_prepared_must_be_plain_and_is_read_only():
+    frozen = freeze_prepared({"freq": torch.ones(3), "n": 4, "pair": (torch.ones(1), 2.0)})
+    with pytest.raises(TypeError):
+        frozen["x"] = 1
+    for bad in ({"cache": {}}, {"cache": []}, {"f": print}, [1]):
+        with pytest.raises(Breach):
+            freeze_prepared(bad)
+
+
+def test_modified_compares_bits_and_handles_nan():
+    vals = {"a": torch.tensor([1.0, float("nan")]), "b": torch.zeros(2, dtype=torch.bfloat16)}
+    before = snapshot(vals)
+    assert modified(before, vals) == []
+    vals["b"][0] = -0.0  # equal as numbers, not as bits
+    assert modified(before, vals) == ["b"]
+
+
+def fake_kernel(tmp_path, body):
+    src = tmp_path / "k.py"
+    src.write_text("import primitives as P\n\n"
+                   "@P.epilogue(operands={'s': P.PerRow()})\ndef scale(acc, s):\n    return {'D': acc * s}\n\n"
+                   f"def run(inputs, prepared, config=None):\n{body}")
+    from eval.kernel import load_kernel_module
+
+    return load_kernel_module(src)
+
+
+def test_compute_guard(tmp_path):
+    a, w, s = torch.randn(8, 16).bfloat16(), torch.randn(24, 16).bfloat16(), torch.rand(8)
+    fused = fake_kernel(tmp_path, "    d = scale(inputs['a'], inputs['w'].view(24, 16), s=inputs['s'][:])['D']\n"
+                                  "    return {'out': d, 'm': d.shape[0] + d.T.shape[0]}\n")
+    g = ComputeGuard(fused.__file__)
+    with g:
+        fused.run({"a": a, "w": w, "s": s}, {})
+    assert g.violations == []  # the emulator's work and the kernel's epilogue body are the primitives'
+    unfused = fake_kernel(tmp_path, "    d = scale(inputs['a'], inputs['w'], s=inputs['s'])['D']\n"
+                                    "    return {'out': (d * 2)[inputs['idx']], 'c': d.reshape(-1)}\n")
+    g = ComputeGuard(unfused.__file__)
+    with g:
+        unfused.run({"a": a, "w": w, "s": s, "idx": torch.tensor([0, 1])}, {})
+    assert [v.split(" at ")[0] for v in g.violations] == ["Tensor.mul", "Tensor.__getitem__"]
+    assert all(v.endswith("line 9") for v in g.violations)
+
+
+def test_poisoned_allocations_are_nan_then_restored():
+    with poisoned_allocations():
+        assert torch.empty(4).isnan().all() and torch.empty(2, dtype=torch.bfloat16).isnan().all()
+        assert (torch.empty(3, dtype=torch.int32) == torch.iinfo(torch.int32).max).all()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_tamper_check_sees_patches():
+    import tasks.tolerance
+
+    tc = TamperCheck()
+    assert tc.changed() == []
+    orig_equal, orig_check = torch.equal, tasks.tolerance.check_output
+    try:
+        torch.equal = lambda a, b: True
+        tasks.tolerance.check_output = lambda *a: None
+        assert tc.changed() == ["tasks.tolerance.check_output", "torch.equal"]
+    finally:
+        torch.equal, tasks.tolerance.check_output = orig_equal, orig_check
+    assert tc.changed() == []
+    assert not math.isnan(0.0)

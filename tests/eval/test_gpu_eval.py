@@ -1,0 +1,60 @@
+"""The evaluator on a Hopper GPU (marker `gpu`; skipped elsewhere). On the H200:
+
+    .venv/bin/python -m pytest -m gpu tests/eval tests/exploits
+
+Every expert kernel PASSES with its launches checked and timings against GEMM-only; an
+illegal memory access and a device OOM are typed and the next candidate passes; ceilings
+set absurdly low make an honest kernel IMPLAUSIBLE (the plausibility wiring)."""
+
+from pathlib import Path
+
+import pytest
+
+import tasks
+from eval import evaluate
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
+EXPLOITS = REPO / "tests" / "exploits"
+TASKS = [t.name for t in tasks.load_catalogue()[0]]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_expert_kernel_passes_on_the_gpu(task):
+    r = evaluate(task, "human", device="gpu", shapes="smoke", seed=5, reps=20)
+    assert r.outcome.value == "PASSED", f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
+    assert r.stage == "done" and r.environment.get("gpu") and r.ranked
+    for s in r.per_shape:
+        assert s.trials == 2 and s.launches and "GemmMod" in s.launches[0]
+        t = s.timing
+        assert t["kernel"]["n"] == 20 and t["kernel"]["median_us"] > 0 and t["gemm_only"]["median_us"] > 0
+        assert t["fused_over_gemm_only"] == pytest.approx(t["kernel"]["median_us"] / t["gemm_only"]["median_us"])
+        assert t["roofline"]["floor_us"] < t["kernel"]["median_us"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["k1_gemm_rmsnorm", "k9_gemm_partial_cross_entropy"])
+def test_expert_kernel_passes_at_paper_shapes(task):
+    r = evaluate(task, "human", device="gpu", shapes="paper", seed=5, reps=20)
+    assert r.passed, f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
+    assert all(s.timing["fused_over_gemm_only"] < 1.5 for s in r.per_shape)
+
+
+@pytest.mark.parametrize("fault,kw", [
+    ("illegal_memory_access", {"static_checks": False}),
+    ("memory_blowup", {}),  # device OOM: torch.empty is allowed, a terabyte is not there
+])
+def test_the_next_candidate_passes_after_a_gpu_fault(fault, kw):
+    bad = evaluate("k1", str(EXPLOITS / f"{fault}.py"), device="gpu", seed=3, **kw)
+    assert bad.outcome.value == "RUNTIME_ERROR", bad.message + bad.stderr_tail[-1500:]
+    assert ("illegal memory access" in bad.message or "CUDA error" in bad.message) if fault.startswith("illegal") \
+        else "out of memory" in bad.message
+    good = evaluate("k1", "human", device="gpu", seed=3, reps=10)
+    assert good.passed, good.message + good.stderr_tail[-1500:]
+
+
+def test_absurd_ceilings_make_an_honest_kernel_implausible(monkeypatch):
+    monkeypatch.setenv("EPIFORGE_PEAK_TFLOPS", "0.000001")  # read by the worker before the kernel loads
+    r = evaluate("k1", "human", device="gpu", seed=3, reps=10)
+    assert r.outcome.value == "IMPLAUSIBLE" and "quarantined" in r.message
+    assert r.timed and not r.ranked  # the timing is kept, never ranked
