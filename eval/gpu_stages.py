@@ -91,9 +91,9 @@ def benchmark(task, module, shape, master_seed: int, shape_index: int, *, reps: 
 
 def recheck(task, module, shape, master_seed, shape_index, sets, last, tamper) -> tuple[Outcome, str]:
     dims = shape.dims()
-    for j, (inputs, _) in enumerate(sets):
-        exact, lowprec = references(task, inputs, dims)
-        verdict = judge_outputs(task, last.get(j), exact, lowprec)
+    for j, outputs in sorted(last.items()):  # every input set a timed call used (all, when reps >= rotate)
+        exact, lowprec = references(task, sets[j][0], dims)
+        verdict = judge_outputs(task, outputs, exact, lowprec)
         del exact, lowprec
         if verdict.outcome != Outcome.PASSED:
             return verdict.outcome, f"the outputs of a timed call are wrong (it behaves differently while timed): {verdict.message}"
@@ -109,10 +109,10 @@ def run_gpu_stages(task, module, shape, shape_result, master_seed: int, shape_in
     """Fill shape_result (launches, timing, outcome) in place. `stage(name)` reports progress."""
     dims = shape.dims()
     stage("launches")
-    ok, message, names = check_launches(task, module, dims, derive_seed(master_seed, shape_index, 50))
+    ok, launch_line, names = check_launches(task, module, dims, derive_seed(master_seed, shape_index, 50))
     shape_result.launches = names
     if not ok:
-        shape_result.outcome, shape_result.message = Outcome.EXTRA_LAUNCHES, message
+        shape_result.outcome, shape_result.message = Outcome.EXTRA_LAUNCHES, launch_line
         return
     stage("benchmark")
     try:
@@ -137,6 +137,6 @@ def run_gpu_stages(task, module, shape, shape_result, master_seed: int, shape_in
     if not good:
         shape_result.outcome, shape_result.message = Outcome.IMPLAUSIBLE, line
         return
-    shape_result.message = (f"{summary['fused_over_gemm_only']:.3f}x GEMM-only; {message}" +
+    shape_result.message = (f"{summary['fused_over_gemm_only']:.3f}x GEMM-only; {launch_line}; {line}" +
                             ("; note: cuBLAS ran below the floor, the ceilings look low" if not base_ok else ""))
 
