@@ -5,11 +5,12 @@ the bytes it must move at least (task.min_bytes: each input read once, each outp
 written once). No honest kernel beats it; a kernel that does is skipping work, caching,
 or fooling the timer.
 
-The ceilings are measured, not datasheet numbers. Sources (override with the environment
-variables, read by the worker before it imports a kernel):
-  PEAK_BF16_TFLOPS = 790   dense bf16 GEMM on this workplace's H200 (the device notes'
-                           measured figure; cuBLAS reaches ~700-760 on the paper shapes)
-  COPY_BANDWIDTH_TBS = 4.3 device-to-device copy on the same H200, measured
+The ceilings must be upper bounds, so they are the datasheet maxima, not typical measured
+rates: with 790 TFLOP/s (a measured torch matmul rate) as the ceiling, the honest expert
+k1 ran at 820 TFLOP/s on the H200 (412 GFLOP in 503 us) and was quarantined. Sources
+(override with the environment variables, read by the worker before it imports a kernel):
+  PEAK_BF16_TFLOPS = 989.4   H100/H200 SXM dense bf16 tensor-core peak (NVIDIA datasheet)
+  COPY_BANDWIDTH_TBS = 4.8   H200 HBM3e bandwidth (NVIDIA datasheet; copies measure ~4.3)
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-PEAK_BF16_TFLOPS = 790.0
-COPY_BANDWIDTH_TBS = 4.3
+PEAK_BF16_TFLOPS = 989.4
+COPY_BANDWIDTH_TBS = 4.8
 ENV_PEAK = "EPIFORGE_PEAK_TFLOPS"
 ENV_BANDWIDTH = "EPIFORGE_BANDWIDTH_TBS"
 
