@@ -92,6 +92,8 @@ def describe(result, *, what: str, seed: int, workspace: Path | None = None) -> 
                 lines.append(f"  {shape.shape} {check.name}: FAILED {check.problem}: {scrub(check.detail, *roots)}")
         if shape.outcome.value != "PASSED" and not shape.outputs and shape.message and shape.message not in result.message:
             lines.append(f"  {shape.shape}: {scrub(shape.message, *roots)}")
+        if shape.launches:  # GPU launch provenance: the kernels one run() launched
+            lines.append(f"  {shape.shape} launches: {', '.join(n[:80] for n in shape.launches)}")
         if shape.timing:
             lines.append(f"  {shape.shape} timing: {_timing_line(shape.timing)}")
     if result.compiled:
@@ -104,9 +106,6 @@ def describe(result, *, what: str, seed: int, workspace: Path | None = None) -> 
             seen.add(key)
             status = "ok" if c.get("ok") else f"FAILED: {scrub(str(c.get('error', '')), *roots)}"
             lines.append(f"  {c.get('epilogue')} [{c.get('config')}]{' mode=' + c['mode'] if c.get('mode') else ''}: {status} ({c.get('seconds', 0)} s)")
-    launches = getattr(result, "launches", None)
-    if launches:
-        lines.append(f"launches: {launches}")
     if not result.passed and result.stderr_tail:
         tail = scrub(result.stderr_tail, *roots).strip()[-_STDERR_CHARS:]
         lines.append("stderr (tail):\n" + tail)

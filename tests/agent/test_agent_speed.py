@@ -24,5 +24,11 @@ def test_speed_ratio_from_the_evaluators_timing():
     kernel, gemm, baselines = shape_times(shapes[0].timing)
     assert (kernel, gemm) == (110.0, 100.0) and baselines == {"eager": 150.0}
     assert abs(speed_ratio(r) - 1.10) < 1e-9  # the worst shape
+    from agent.feedback import describe
+
+    shapes[0].launches = ["kernel_cutlass_kernel_quackepiloguefrontendGemmMod_row_scale", "_row_fold"]
+    text = describe(r, what="check", seed=1)
+    assert "1B launches: kernel_cutlass_kernel_quackepiloguefrontendGemmMod_row_scale, _row_fold" in text
+    assert "1B timing:" in text
     untimed = r.model_copy(update={"per_shape": [ShapeResult(shape="s", dims={}, outcome=Outcome.PASSED)]})
     assert speed_ratio(untimed) is None
