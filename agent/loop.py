@@ -40,7 +40,7 @@ _MAX_IDLE = 2  # consecutive turns without a tool call before the session counts
 
 def environment() -> dict:
     """What the log records about this machine: versions, never paths or names."""
-    from eval.evaluate import environment_fingerprint
+    from eval.evaluation import environment_fingerprint
 
     env = environment_fingerprint("cuda") | {"system": platform.system()}
     try:

@@ -5,7 +5,7 @@ plausibility; see evaluate(). Names load lazily, so `eval.store` and the pure mo
 from importlib import import_module
 
 _NAMES = {
-    "evaluate": "eval.evaluate",
+    "evaluate": "eval.evaluation",
     "Kernel": "eval.kernel", "KernelError": "eval.kernel", "read_kernel": "eval.kernel", "resolve_kernel": "eval.kernel",
     "Outcome": "eval.result", "Result": "eval.result", "ShapeResult": "eval.result",
 }
@@ -16,7 +16,7 @@ __all__ = sorted(_NAMES)
 def __getattr__(name):
     if name in _NAMES:
         value = getattr(import_module(_NAMES[name]), name)
-        # bind it here: importing eval.evaluate set the attribute `evaluate` to the submodule
+        # bind it here, once resolved
         globals()[name] = value
         return value
     raise AttributeError(f"module 'eval' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eval import evaluate
-from eval.evaluate import _from_worker
+from eval.evaluation import _from_worker
 from eval.isolation import WorkerRun
 
 REPO = Path(__file__).resolve().parents[2]
