@@ -48,7 +48,6 @@ def markdown(reports: list[dict]) -> str:
     reports = [r for r in reports if r not in chains]
     envs = [r["environment"] for r in reports]
     env = envs[0]
-    reps = {r.get("reps") for r in reports}
     lines = [
         f"# Expert kernels on the {env['gpu']}",
         "",

@@ -78,7 +78,7 @@ ALLOWED_PRIMITIVES = frozenset({
 })
 PRIMITIVE_SUBMODULES = {
     "finish": frozenset({"rstd_from_sumsq", "row_sum", "col_sum", "cross_entropy"}),
-    "prepare": frozenset({"rope_freq_table"}),
+    "prepare": frozenset({"rope_freq_table", "qkv_rope_freq_table"}),
     "config": frozenset({"GemmConfig", "DEFAULT_CONFIG", "pick_config"}),
 }
 TORCH_DTYPES = frozenset({

@@ -18,9 +18,8 @@ qkv_rope = P.from_quack("quack.epilogue.rotary:rope_posfreq_epi")
 
 
 def prepare(consts):
-    d = consts["w_qkv"].shape[1]
-    head_dim = 2 * consts["inv_freq"].shape[0]
-    return {"freq": P.prepare.rope_freq_table(consts["inv_freq"], head_dim, rotary_cols=2 * d, passthrough_cols=d)}
+    # w_qkv is (3d, d): q and k rotate, v passes through
+    return {"freq": P.prepare.qkv_rope_freq_table(consts["inv_freq"], d=consts["w_qkv"].shape[1])}
 
 
 def run(inputs, prepared, config=None):

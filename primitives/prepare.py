@@ -26,3 +26,9 @@ def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, pas
     head = torch.stack((hi, lo), dim=-1).reshape(-1)
     table = head.repeat(rotary_cols // head_dim)
     return torch.cat((table, table.new_zeros(passthrough_cols))).contiguous()
+
+
+def qkv_rope_freq_table(inv_freq: torch.Tensor, d: int) -> torch.Tensor:
+    """rope_freq_table for a fused QKV projection laid out [q | k | v], d columns each:
+    q and k rotate, v passes through."""
+    return rope_freq_table(inv_freq, 2 * inv_freq.shape[0], rotary_cols=2 * d, passthrough_cols=d)

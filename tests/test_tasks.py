@@ -22,7 +22,7 @@ def test_shape_sets_follow_the_paper():
     sets = tasks.shape_sets()
     assert [s.d for s in sets["paper"]] == [2048, 4096, 8192]
     for s in sets["paper"] + sets["smoke"]:
-        assert s.F == -(-8 * s.d // 3 // 256) * 256 or s.F == math.ceil(8 * s.d / 3 / 256) * 256
+        assert s.F == math.ceil(8 * s.d / 3 / 256) * 256  # F = round_up(8d/3, 256)
     assert all(s.M == 16384 and s.V == 32768 for s in sets["paper"])
 
 

@@ -1,5 +1,3 @@
-import torch
-
 from tasks import common
 
 EPS = 1e-6
