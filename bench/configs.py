@@ -28,4 +28,10 @@ CANDIDATES = [
     GemmConfig(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2, pingpong=False),
     GemmConfig(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, pingpong=False),
     GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, max_swizzle_size=1),
+    # a third round, for the epilogue-heavy short-K shapes (k7, k0 at d = 2048): narrower
+    # pingpong tiles keep the accumulator and the epilogue's operands in registers
+    GemmConfig(tile_m=128, tile_n=96, cluster_m=2, cluster_n=1, pingpong=True),
+    GemmConfig(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, pingpong=True),
+    GemmConfig(tile_m=64, tile_n=256, cluster_m=2, cluster_n=1, pingpong=True),
+    GemmConfig(tile_m=192, tile_n=128, cluster_m=2, cluster_n=1, pingpong=True),
 ]

@@ -18,21 +18,39 @@ os.environ["EPIFORGE_CROSS_COMPILE"] = "1"
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from bench.configs import CACHE_DIR, CANDIDATES  # noqa: E402
+
+
+def _drop_stale(cache: Path) -> None:
+    """Objects compiled from older sources live in other fingerprint folders; the GPU side
+    installs every carried object, so a stale one must not travel."""
+    from quack.cache.jit import _compute_source_fingerprint
+
+    current = _compute_source_fingerprint()
+    for folder in cache.iterdir():
+        if folder.is_dir() and folder.name != current:
+            shutil.rmtree(folder)
+            print(f"removed stale objects {folder.name[:12]}", flush=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
     ap.add_argument("--configs", nargs="*", type=int, default=None, help="indexes into bench.configs.CANDIDATES")
+    ap.add_argument("--parts", nargs="*", default=["kernels", "library", "gemm"],
+                    help="what to compile: the expert kernels, quack's library alternatives (bench.quack_library), "
+                         "the GEMM-only baseline")
     args = ap.parse_args(argv)
     os.environ["QUACK_CACHE_DIR"] = str(CACHE_DIR)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
 
     import tasks
     from bench.baselines import gemm_only
+    from bench.quack_library import alternatives
     from eval.kernel import HUMAN_DIR, load_kernel_module
     from primitives import lowering
 
@@ -40,34 +58,44 @@ def main(argv=None) -> int:
     configs = [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
     dims = tasks.shape_sets()["smoke"][0].dims()
     failures = 0
+    library = alternatives()
     for task in catalogue:
         module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
         inputs = task.make_inputs(dims, seed=0)
         consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
         prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
-        m, n, k = task.gemm_shape(dims)
-        for cfg in configs:
-            t0 = time.monotonic()
-            try:
-                module.run(dict(inputs), prepared, config=cfg)
-                ok = "ok"
-            except Exception as e:  # report and go on: one config may not fit an epilogue
-                failures += 1
-                ok = f"FAILED {type(e).__name__}: {str(e).splitlines()[-1][:300] if str(e) else ''}"
-            print(f"{task.id} {cfg.key()}: {ok} ({time.monotonic() - t0:.1f} s)", flush=True)
-        # the GEMM-only baseline with the task's operand layouts
+        runs = []
+        if "kernels" in args.parts:
+            runs.append((task.id, lambda cfg: module.run(dict(inputs), prepared, config=cfg)))
+        if "library" in args.parts and task.name in library:
+            runs.append((f"{task.id} quack library", lambda cfg, _f=library[task.name][0]: _f(dict(inputs), cfg)))
+        for what, run in runs:
+            for cfg in configs:
+                t0 = time.monotonic()
+                try:
+                    run(cfg)
+                    ok = "ok"
+                except Exception as e:  # report and go on: one config may not fit an epilogue
+                    failures += 1
+                    ok = f"FAILED {type(e).__name__}: {str(e).splitlines()[-1][:300] if str(e) else ''}"
+                print(f"{what} {cfg.key()}: {ok} ({time.monotonic() - t0:.1f} s)", flush=True)
+    if "gemm" in args.parts:
+        # the GEMM-only baseline with every task's operand layouts
         import torch
 
-        a = torch.zeros(m, k, dtype=torch.bfloat16)
-        w = torch.zeros(n, k, dtype=torch.bfloat16)
-        w_t = torch.zeros(k, n, dtype=torch.bfloat16).T  # the dgrad tasks pass a transposed view
-        for cfg in configs:
-            for ww in (w, w_t):
-                try:
-                    gemm_only(a, ww, config=cfg)
-                except Exception as e:
-                    failures += 1
-                    print(f"gemm_only {cfg.key()}: FAILED {type(e).__name__}", flush=True)
+        shapes = {(t.gemm_shape(dims)) for t in catalogue}
+        for m, n, k in sorted(shapes)[:1]:  # compiled kernels do not depend on M, N, K
+            a = torch.zeros(m, k, dtype=torch.bfloat16)
+            w = torch.zeros(n, k, dtype=torch.bfloat16)
+            w_t = torch.zeros(k, n, dtype=torch.bfloat16).T  # the dgrad tasks pass a transposed view
+            for cfg in configs:
+                for ww in (w, w_t):
+                    try:
+                        gemm_only(a, ww, config=cfg)
+                    except Exception as e:
+                        failures += 1
+                        print(f"gemm_only {cfg.key()}: FAILED {type(e).__name__}", flush=True)
+    _drop_stale(CACHE_DIR)
     (CACHE_DIR / "compile_log.json").write_text(json.dumps(lowering.COMPILE_LOG, indent=1))
     print(f"{len(lowering.COMPILE_LOG)} compiles, {failures} failures; cache in {CACHE_DIR}")
     return 1 if failures else 0

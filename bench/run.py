@@ -40,8 +40,14 @@ def _runs(name, fn, arg_sets, row) -> bool:
         return False
 
 
-def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None):
-    """Per config, the fused kernel and every baseline timed interleaved (eval.timing)."""
+def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None, library=None, library_config=None):
+    """Every config of the fused kernel, the identity-epilogue quack GEMM at each config,
+    and every baseline, timed in ONE interleaved run (eval.timing), so that the configs are
+    compared with each other as fairly as with the baselines.
+
+    library: quack's own library epilogue for a task whose expert kernel is ours
+    ((fn(inputs, config), note, tuned table)), timed at every swept config too, or at
+    library_config, or (--tuned) at its own tuned config."""
     import primitives as P
     from bench.baselines import gemm_only
     from eval.timing import time_cuda_interleaved
@@ -54,33 +60,63 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     whole = [(s,) for s in sets]
     row = {"task": task.name, "shape": shape.name, "dims": dims, "gemm_mnk": task.gemm_shape(dims),
            "flops": task.flops(dims), "min_bytes": task.min_bytes(dims), "configs": {}}
-    baselines = {"gemm_cublas": (lambda a, b: torch.matmul(a, b.T), operands)}
-    if liger is not None and _runs("liger", liger[0], whole, row):
-        baselines["liger"] = (liger[0], whole)
+    fns = {"gemm_cublas": (lambda a, b: torch.matmul(a, b.T), operands)}
+    liger_fn = liger and (lambda s, _f=liger[0]: _f(s, dims))  # noqa: E731
+    if liger is not None and _runs("liger", liger_fn, whole, row):
+        fns["liger"] = (liger_fn, whole)
         row["liger_note"] = liger[1]
     if with_compile and compiled_ref is not None:
         fn = lambda s: compiled_ref(s, dims)  # noqa: E731
         if _runs("torch_compile", fn, whole, row):
-            baselines["torch_compile"] = (fn, whole)
+            fns["torch_compile"] = (fn, whole)
+    sweep = {}  # timed name -> (config key, what)
     for cfg in configs:
         own = cfg is None  # the kernel's own choice (its TUNED table): no sweep
         if own:
             cfg = P.pick_config(getattr(module, "TUNED", {}), *operands[0])
-        fused = lambda s, _c=None if own else cfg: module.run(s, prepared, config=_c)  # noqa: E731
-        quack = lambda a, b, _c=cfg: gemm_only(a, b, config=_c)  # noqa: E731
-        entry = {}
-        if _runs("fused", fused, whole, entry) and _runs("gemm_quack", quack, operands, entry):
-            timed = time_cuda_interleaved({"fused": (fused, whole), "gemm_quack": (quack, operands), **baselines}, reps=REPS)
-            entry.update({k: v.model_dump() for k, v in timed.items()})
-        row["configs"][cfg.key()] = entry
-        torch.cuda.empty_cache()
-    timed = {k: v for k, v in row["configs"].items() if "fused" in v}
-    if timed:
-        best = min(timed, key=lambda k: timed[k]["fused"]["median_us"])
-        row["best_config"] = best
-        row.update({k: v for k, v in timed[best].items()})
+        key = cfg.key()
+        entry = row["configs"].setdefault(key, {})
+        candidates = {
+            "fused": (lambda s, _c=None if own else cfg: module.run(s, prepared, config=_c), whole),  # noqa: E731
+            "gemm_quack": (lambda a, b, _c=cfg: gemm_only(a, b, config=_c), operands),  # noqa: E731
+        }
+        if library is not None:
+            lib_cfg = library_config or (P.pick_config(library[2], *operands[0]) if own else cfg)
+            candidates["quack_library"] = (lambda s, _c=lib_cfg: library[0](s, _c), whole)  # noqa: E731
+            entry["quack_library_config"] = lib_cfg.key()
+        for what, (fn, args) in candidates.items():
+            if _runs(what, fn, args, entry):
+                fns[f"{what}@{key}"] = (fn, args)
+                sweep[f"{what}@{key}"] = (key, what)
+    timed = time_cuda_interleaved(fns, reps=REPS)
+    for name, t in timed.items():
+        if name in sweep:
+            key, what = sweep[name]
+            row["configs"][key][what] = t.model_dump()
+        else:
+            row[name] = t.model_dump()
+    row.update(_best(row["configs"], "fused"))
+    if library is not None:
+        row["quack_library_note"] = library[1]
+        best_lib = _best(row["configs"], "quack_library")
+        if best_lib:
+            row["quack_library"] = best_lib["quack_library"]
+            row["quack_library_config"] = row["configs"][best_lib["best_config"]]["quack_library_config"]
+    torch.cuda.empty_cache()
     _ratios(row)
     return row
+
+
+def _best(configs: dict, what: str) -> dict:
+    """The config where `what` ran fastest: its key, its timing and its quack GEMM's."""
+    timed = {k: v for k, v in configs.items() if what in v}
+    if not timed:
+        return {}
+    best = min(timed, key=lambda k: timed[k][what]["median_us"])
+    out = {"best_config": best, what: timed[best][what]}
+    if what == "fused" and "gemm_quack" in timed[best]:
+        out["gemm_quack"] = timed[best]["gemm_quack"]
+    return out
 
 
 def _ratios(row):
@@ -91,6 +127,8 @@ def _ratios(row):
     gemm_only = min(row["gemm_cublas"]["median_us"], row["gemm_quack"]["median_us"])
     row["gemm_only_us"] = gemm_only
     row["fused_over_gemm_only"] = fused / gemm_only
+    if "quack_library" in row:
+        row["speedup_vs_quack_library"] = row["quack_library"]["median_us"] / fused
     if "liger" in row:
         row["speedup_vs_liger"] = row["liger"]["median_us"] / fused
         row["liger_over_gemm_only"] = row["liger"]["median_us"] / gemm_only
@@ -121,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tuned", action="store_true", help="time each kernel at its own tuned config only (no sweep)")
     ap.add_argument("--compile", action="store_true", help="also time cuBLAS + torch.compile of the unfused code")
     ap.add_argument("--liger", action="store_true", help="also time Liger-Kernel composites where Liger has the op")
+    ap.add_argument("--library", action="store_true", help="also time quack's library epilogue where the expert kernel is ours")
+    ap.add_argument("--configs-from", default=None, help="a sweep's JSON: time each row at the best configs it found")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -135,8 +175,17 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"environment": fingerprint(command_line("bench.run", argv)), "reps": REPS, "rows": []}
     from bench.liger import composites
+    from bench.quack_library import alternatives
 
     liger = composites() if args.liger else {}
+    library = alternatives() if args.library else {}
+    swept = {}
+    if args.configs_from:
+        from primitives.config import GemmConfig
+
+        for r in json.loads(Path(args.configs_from).read_text())["rows"]:
+            lib = r.get("quack_library_config")
+            swept[r["task"], r["shape"]] = ([GemmConfig.parse(r["best_config"])], lib and GemmConfig.parse(lib))
     for task in tasks.load_catalogue()[0]:
         if args.tasks and task.id not in args.tasks:
             continue
@@ -148,7 +197,9 @@ def main(argv=None) -> int:
             if args.scales and shape.name not in args.scales:
                 continue
             t0 = time.monotonic()
-            row = bench_task(task, module, shape, configs, args.compile, compiled_ref, liger.get(task.name))
+            cfgs, lib_cfg = swept.get((task.name, shape.name), (configs, None))
+            row = bench_task(task, module, shape, cfgs, args.compile, compiled_ref, liger.get(task.name),
+                             library.get(task.name), lib_cfg)
             report["rows"].append(row)
             msg = f"{row.get('fused_over_gemm_only', float('nan')):.3f} of GEMM-only"
             if "speedup_vs_compile" in row:

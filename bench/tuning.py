@@ -1,45 +1,80 @@
 """The best measured config of each expert kernel per GEMM shape, from bench/run.py result
 files, as the TUNED table a kernel file carries (so a rerun does not retune: the kernel
-picks its config itself with primitives.pick_config).
+picks its config itself with primitives.pick_config); likewise for the quack library
+alternatives (bench/quack_library.py). Only sweeps timed in one interleaved run compare
+configs fairly: pass those.
 
-    python -m bench.tuning bench/results/h200/run-*.json bench/results/h200/tune*.json
+    python -m bench.tuning bench/results/h200/sweep.json [--write]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 
-def best_configs(files: list[str]) -> dict[str, dict[str, tuple[str, float]]]:
-    """{task: {"MxNxK": (config key, fused / GEMM-only)}}, the lowest ratio over all files
+
+def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, tuple[str, float]]]:
+    """{task: {"MxNxK": (config key, time / GEMM-only)}}, the lowest ratio over all files
     (each ratio measured within one run)."""
     best: dict[str, dict[str, tuple[str, float]]] = {}
     for f in files:
         for row in json.loads(Path(f).read_text())["rows"]:
             quack = [v["gemm_quack"]["median_us"] for v in row["configs"].values() if "gemm_quack" in v]
-            if not quack:
+            if not quack or "gemm_cublas" not in row:
                 continue
             gemm_only = min(row["gemm_cublas"]["median_us"], *quack)
             shape = "x".join(str(x) for x in row["gemm_mnk"])
             for cfg, v in row["configs"].items():
-                if "fused" in v:
-                    ratio = v["fused"]["median_us"] / gemm_only
+                if what in v:
+                    ratio = v[what]["median_us"] / gemm_only
                     cur = best.setdefault(row["task"], {}).get(shape)
                     if cur is None or ratio < cur[1]:
                         best[row["task"]][shape] = (cfg, ratio)
     return best
 
 
+def table(shapes: dict[str, tuple[str, float]], indent: str = "") -> str:
+    lines = ["{"]
+    for shape, (cfg, ratio) in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
+        lines.append(f'{indent}    "{shape}": "{cfg}",  # {ratio:.3f} of GEMM-only')
+    return "\n".join(lines) + f"\n{indent}}}"
+
+
+def write_kernel_table(path: Path, shapes) -> None:
+    src = path.read_text()
+    new, n = re.subn(r"^TUNED = \{.*?^\}", lambda _: "TUNED = " + table(shapes), src, count=1, flags=re.S | re.M)
+    if n != 1:
+        raise SystemExit(f"{path}: no TUNED table to replace")
+    path.write_text(new)
+
+
+def write_library_table(path: Path, task: str, shapes) -> None:
+    src = path.read_text()
+    pattern = rf'^    "{task}": \{{.*?^    \}}|^    "{task}": \{{\}}'
+    new, n = re.subn(pattern, lambda _: f'    "{task}": ' + table(shapes, "    "), src, count=1, flags=re.S | re.M)
+    if n != 1:
+        raise SystemExit(f"{path}: no TUNED entry for {task}")
+    path.write_text(new)
+
+
 def main(argv=None) -> int:
-    files = sys.argv[1:] if argv is None else argv
-    for task, shapes in sorted(best_configs(files).items()):
-        print(f"# {task}")
-        print("TUNED = {")
-        for shape, (cfg, ratio) in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
-            print(f'    "{shape}": "{cfg}",  # {ratio:.3f} of GEMM-only')
-        print("}")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--write", action="store_true", help="rewrite the TUNED tables in human_kernels/ and bench/quack_library.py")
+    args = ap.parse_args(argv)
+    for task, shapes in sorted(best_configs(args.files).items()):
+        print(f"# {task}\nTUNED = {table(shapes)}")
+        if args.write:
+            write_kernel_table(REPO / "human_kernels" / f"{task}.py", shapes)
+    for task, shapes in sorted(best_configs(args.files, "quack_library").items()):
+        print(f"# quack library for {task}\n{table(shapes)}")
+        if args.write:
+            write_library_table(REPO / "bench" / "quack_library.py", task, shapes)
     return 0
 
 

@@ -3,7 +3,12 @@
 CUDA events recorded on the stream the work runs on (the current stream), the L2 cache
 flushed before every repetition (outside the timed region), warm-up runs first (compiles,
 autotuning, allocator growth), inputs rotated across repetitions so no run reads what the
-previous one left in cache, and the median of many repetitions with its spread.
+previous one left in cache, and the median of many repetitions with its spread. Before
+each repetition the GPU is also given a short spin (outside the timed region) so that the
+host has queued the timed work before the GPU reaches it: the events then time the GPU's
+work, not the host's launch overhead (Python wrappers of ~10-100 us would otherwise leave
+the GPU idle inside the timed region for short kernels, and unevenly so between a fused
+kernel and cuBLAS).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pydantic import BaseModel
 # the H200's L2 is 60 MB (H100: 50 MB); writing 4x that evicts it
 _FLUSH_BYTES = 256 * 1024 * 1024
 _flush_buf = None
+# ~100 us at the H200's 1.98 GHz boost clock
+_LEAD_CYCLES = 200_000
 
 
 def _bind():
@@ -56,6 +63,15 @@ def flush_l2() -> None:
     _flush_buf.zero_()
 
 
+def _prepare_rep(flush: bool) -> None:
+    """Before a timed repetition: evict L2, then queue a spin so the host runs ahead."""
+    import torch
+
+    if flush:
+        flush_l2()
+    torch.cuda._sleep(_LEAD_CYCLES)
+
+
 def time_cuda_interleaved(
     fns: dict[str, tuple[Callable[..., object], Sequence[tuple]]],
     *,
@@ -80,8 +96,7 @@ def time_cuda_interleaved(
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
             fn, arg_sets = fns[name]
-            if flush:
-                flush_l2()
+            _prepare_rep(flush)
             start, end = events[name][i]
             start.record(stream)
             fn(*arg_sets[i % len(arg_sets)])
@@ -121,8 +136,7 @@ def time_cuda(
     starts = [_EVENT(enable_timing=True) for _ in range(reps)]
     ends = [_EVENT(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
-        if flush:
-            flush_l2()
+        _prepare_rep(flush)
         starts[i].record(stream)
         fn(*arg_sets[i % len(arg_sets)])
         ends[i].record(stream)

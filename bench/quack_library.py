@@ -1,0 +1,81 @@
+"""quack's own library epilogues (written by CODA's authors) for the tasks whose expert
+kernel is ours (k2, k5, k6), timed beside it: the target is to be at least as fast as the
+library where it has the op. k0, k3, k4, k7, k8, k9's expert kernels ARE library epilogues.
+
+Each entry: (fn(inputs, config) -> outputs, note, TUNED). The note says how the library's
+work differs from the task's where it does; TUNED holds the library epilogue's own best
+configs (bench.tuning fills it from a sweep), so it is not timed at a config tuned for ours.
+k1 has no entry: no library epilogue applies a row scale alone (norm_act_mod with a colvec
+stores its output twice, as D and as the activation output)."""
+
+from __future__ import annotations
+
+import torch
+
+import primitives as P
+
+_made: dict = {}
+
+
+def _once(key, make):
+    """A per-input-set constant (a zero bias, a folded colvec) made on the first call, so
+    that timed repetitions do not time its making."""
+    k = tuple(id(x) if isinstance(x, torch.Tensor) else x for x in key)
+    if k not in _made:
+        _made[k] = (make(), key)  # the key's tensors stay alive with it: ids stay unique
+    return _made[k][0]
+
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning)
+TUNED = {
+    "k2_gemm_rmsnorm_swiglu": {},
+    "k5_gemm_rmsnorm_partial_cross_entropy": {},
+    "k6_gemm_residual_partial_rmsnorm_bwd": {},
+}
+
+norm_swiglu = P.from_quack("quack.epilogue.library:norm_swiglu_mod", operands={"rstd": P.PerRow(), "bias": P.PerCol()})
+rstd_lse = P.from_quack("quack.epilogue.library:rstd_lse_epi")
+rms_bwd_apply = P.from_quack("quack.epilogue.library:rms_bwd_apply_epi", operands={"y": P.Tile()})
+
+
+def k2(inputs, config):
+    """norm_swiglu_mod: v = acc * rstd + bias (a zero bias here); D = (gate, up), postact."""
+    w = inputs["w_gu"]
+    bias = _once(("bias", w), lambda: w.new_zeros(w.shape[0], dtype=torch.float32))
+    out = norm_swiglu(inputs["h"], w, rstd=inputs["rstd"], bias=bias, config=config)
+    return {"z": out["D"], "out": out["postact"]}
+
+
+def k5(inputs, config):
+    """rstd_lse_epi: logits = acc * rstd stored, online LSE partials; the target logit is
+    gathered from the stored logits and the loss finished from both."""
+    out = rstd_lse(inputs["h"], inputs["w_lm"], rstd=inputs["rstd"], config=config)
+    target_logit = out["D"].gather(1, inputs["targets"][:, None]).squeeze(1).float()
+    loss, lse = P.finish.cross_entropy(out["lse"], target_logit)
+    return {"loss": loss, "lse": lse}
+
+
+def k6(inputs, config):
+    """rms_bwd_apply_epi: D = acc * w + C + y * corr, dw partials sum_m acc * y. It is the
+    deferred-rstd form of the RMSNorm backward (rstd is not applied to acc), so its dx is not
+    the task's; it reads and writes the same tensors except the recomputed h, which it does
+    not store (less work than the task)."""
+    w_gu = inputs["w_gu"]
+    d = w_gu.shape[1]
+    rstd, zdz = inputs["rstd"], inputs["zdz"]
+    corr = _once(("corr", rstd, zdz), lambda: -(rstd * rstd) * zdz / d)
+    out = rms_bwd_apply(inputs["dz"], w_gu.T, c=inputs["dx_in"], y=inputs["x"], w=inputs["norm_weight"], corr=corr, config=config)
+    return {"dx": out["D"], "dw": P.finish.col_sum(out["dw"])}
+
+
+NOTES = {
+    "k2_gemm_rmsnorm_swiglu": (k2, "quack norm_swiglu_mod (zero bias): the task's outputs exactly"),
+    "k5_gemm_rmsnorm_partial_cross_entropy": (
+        k5, "quack rstd_lse_epi: stores the logits (M x V), target logit gathered from them"),
+    "k6_gemm_residual_partial_rmsnorm_bwd": (
+        k6, "quack rms_bwd_apply_epi: deferred-rstd convention, does not store h (less work)"),
+}
+
+
+def alternatives() -> dict:
+    """{task name: (fn(inputs, config), note, TUNED)}."""
+    return {name: (fn, note, TUNED[name]) for name, (fn, note) in NOTES.items()}

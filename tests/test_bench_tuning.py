@@ -1,0 +1,62 @@
+"""bench.tuning turns a sweep's timings into the TUNED tables the kernels carry."""
+
+import json
+import shutil
+from pathlib import Path
+
+import primitives as P
+from bench import tuning
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _t(us):
+    return {"median_us": us, "q1_us": us, "q3_us": us, "min_us": us, "n": 30}
+
+
+def _sweep(tmp_path):
+    rows = [{
+        "task": "k8_gemm_swiglu", "shape": "1B", "gemm_mnk": [16384, 11264, 2048], "gemm_cublas": _t(100.0),
+        "configs": {
+            "128x192_c2x1_pp": {"fused": _t(110.0), "gemm_quack": _t(98.0)},
+            "128x128_c1x2_pp": {"fused": _t(104.0), "gemm_quack": _t(101.0)},
+            "256x192_c1x2": {"fused_error": "RuntimeError: does not fit"},
+        },
+    }, {
+        "task": "k2_gemm_rmsnorm_swiglu", "shape": "1B", "gemm_mnk": [16384, 11264, 2048], "gemm_cublas": _t(100.0),
+        "configs": {
+            "128x192_c2x1_pp": {"fused": _t(101.0), "gemm_quack": _t(99.0), "quack_library": _t(120.0)},
+            "128x96_c2x1_pp": {"fused": _t(130.0), "gemm_quack": _t(99.0), "quack_library": _t(105.0)},
+        },
+    }]
+    f = tmp_path / "sweep.json"
+    f.write_text(json.dumps({"rows": rows}))
+    return str(f)
+
+
+def test_best_config_is_the_lowest_ratio_to_the_fastest_gemm(tmp_path):
+    best = tuning.best_configs([_sweep(tmp_path)])
+    cfg, ratio = best["k8_gemm_swiglu"]["16384x11264x2048"]
+    assert cfg == "128x128_c1x2_pp" and abs(ratio - 104.0 / 98.0) < 1e-12
+    lib = tuning.best_configs([_sweep(tmp_path)], "quack_library")
+    assert lib == {"k2_gemm_rmsnorm_swiglu": {"16384x11264x2048": ("128x96_c2x1_pp", 105.0 / 99.0)}}
+
+
+def test_written_tables_are_what_pick_config_reads(tmp_path):
+    kernel = tmp_path / "k8.py"
+    shutil.copy(REPO / "human_kernels" / "k8_gemm_swiglu.py", kernel)
+    library = tmp_path / "quack_library.py"
+    shutil.copy(REPO / "bench" / "quack_library.py", library)
+    sweep = _sweep(tmp_path)
+    tuning.write_kernel_table(kernel, tuning.best_configs([sweep])["k8_gemm_swiglu"])
+    tuning.write_library_table(library, "k2_gemm_rmsnorm_swiglu",
+                               tuning.best_configs([sweep], "quack_library")["k2_gemm_rmsnorm_swiglu"])
+    ns, lib_ns = {}, {}
+    exec(compile(kernel.read_text(), str(kernel), "exec"), ns)  # noqa: S102 - our own file
+    exec(compile(library.read_text(), str(library), "exec"), lib_ns)  # noqa: S102
+    import torch
+
+    a, w = torch.empty(16384, 2048, device="meta"), torch.empty(11264, 2048, device="meta")
+    assert P.pick_config(ns["TUNED"], a, w).key() == "128x128_c1x2_pp"
+    assert P.pick_config(lib_ns["TUNED"]["k2_gemm_rmsnorm_swiglu"], a, w).key() == "128x96_c2x1_pp"
+    assert lib_ns["TUNED"]["k6_gemm_residual_partial_rmsnorm_bwd"] == {}  # the other entries untouched
