@@ -42,11 +42,12 @@ def make_chain_inputs(dims, seed, device="cuda"):
     }
 
 
-def fused_chain(k7, k6):
+def fused_chain(k7, k6, config7=None, config6=None):
+    """None: each kernel picks its own tuned config."""
     def run(s):
-        a = k7.run({"dout": s["dout"], "w_down": s["w_down"], "z": s["z"]}, {})
+        a = k7.run({"dout": s["dout"], "w_down": s["w_down"], "z": s["z"]}, {}, config=config7)
         b = k6.run({"dz": a["dz"], "w_gu": s["w_gu"], "x": s["x"], "rstd": s["rstd"], "norm_weight": s["norm_weight"],
-                    "dx_in": s["dx_in"], "zdz": a["zdz"]}, {})
+                    "dx_in": s["dx_in"], "zdz": a["zdz"]}, {}, config=config6)
         return a["dz"], a["out"], b["dx"], b["h"], b["dw"]
 
     return run
@@ -74,6 +75,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--scales", nargs="*", default=None)
+    ap.add_argument("--configs-from", nargs="*", default=None,
+                    help="sweeps' JSON (bench.run; later files override): k7 and k6 at their best configs, and "
+                         "quack's identity-epilogue GEMMs at theirs as part of GEMM-only")
     args = ap.parse_args(argv)
 
     import tasks
@@ -84,25 +88,43 @@ def main(argv=None) -> int:
     install_precompiled()
     k7 = load_kernel_module(HUMAN_DIR / "k7_gemm_partial_swiglu_bwd.py")
     k6 = load_kernel_module(HUMAN_DIR / "k6_gemm_residual_partial_rmsnorm_bwd.py")
-    fused = fused_chain(k7, k6)
+    from bench.baselines import gemm_only
+    from bench.run import _best
+    from primitives.config import GemmConfig
+
+    swept, sol = {}, {}
+    for f in args.configs_from or []:
+        for r in json.loads(Path(f).read_text())["rows"]:
+            if "best_config" in r:
+                swept[r["task"][:2], r["shape"]] = GemmConfig.parse(r["best_config"])
+                best_gemm = r.get("gemm_quack_best_config") or _best(r["configs"], "gemm_quack").get("best_config")
+                sol[r["task"][:2], r["shape"]] = GemmConfig.parse(best_gemm)
     compiled = torch.compile(unfused_chain, dynamic=True)
     report = {"environment": fingerprint(command_line("bench.chain", argv)), "rows": []}
     for shape in tasks.shape_sets()["paper"]:
         if args.scales and shape.name not in args.scales:
             continue
         t0 = time.monotonic()
+        fused = fused_chain(k7, k6, swept.get(("k7", shape.name)), swept.get(("k6", shape.name)))
         sets = [(make_chain_inputs(shape.dims(), 200 + i),) for i in range(N_INPUT_SETS)]
         ref, got = compiled(sets[0][0]), fused(sets[0][0])
         agree = {name: float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
                  for name, a, b in zip(("dz", "out", "dx", "h", "dw"), got, ref)}
-        timed = time_cuda_interleaved({
+        fns = {
             "fused": (fused, sets),
             "torch_compile": (compiled, sets),
             "gemm_only": (lambda s: (s["dout"] @ s["w_down"], s["z"] @ s["w_gu"]), sets),
-        }, reps=REPS)
-        row = {"shape": shape.name, "dims": shape.dims(), **{k: v.model_dump() for k, v in timed.items()},
+        }
+        c7, c6 = sol.get(("k7", shape.name)), sol.get(("k6", shape.name))
+        if c7 and c6:  # quack's identity-epilogue GEMMs at their own best configs, same operand layouts
+            fns["gemm_only_quack"] = (lambda s, _a=c7, _b=c6: (gemm_only(s["dout"], s["w_down"].T, config=_a),
+                                                              gemm_only(s["z"], s["w_gu"].T, config=_b)), sets)
+        timed = time_cuda_interleaved(fns, reps=REPS)
+        row = {"shape": shape.name, "dims": shape.dims(), "configs": {k[0]: c.key() for k, c in swept.items() if k[1] == shape.name},
+               **{k: v.model_dump() for k, v in timed.items()},
                "max_rel_diff_fused_vs_compiled": agree}
-        f, tc, g = (row[k]["median_us"] for k in ("fused", "torch_compile", "gemm_only"))
+        f, tc = row["fused"]["median_us"], row["torch_compile"]["median_us"]
+        g = min(row[k]["median_us"] for k in ("gemm_only", "gemm_only_quack") if k in row)
         row.update(speedup_vs_compile=tc / f, bound=tc / g, fused_over_gemm_only=f / g, fraction_of_bound=(tc / f) / (tc / g))
         report["rows"].append(row)
         print(f"chain {shape.name}: {tc / f:.2f}x vs torch.compile (bound {tc / g:.2f}x), fused {f / g:.3f} of GEMM-only; "

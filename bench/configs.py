@@ -34,4 +34,17 @@ CANDIDATES = [
     GemmConfig(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, pingpong=True),
     GemmConfig(tile_m=64, tile_n=256, cluster_m=2, cluster_n=1, pingpong=True),
     GemmConfig(tile_m=192, tile_n=128, cluster_m=2, cluster_n=1, pingpong=True),
+    # a fourth round, for epilogues that load C or tiles (k0, k6, k7: WITH_C_LOADS): one C
+    # stage leaves shared memory for another mainloop A/B stage (cooperative 256-wide tiles
+    # get 3 instead of 2; see primitive_docs/gemm_config.md)
+    GemmConfig(tile_m=256, tile_n=192, cluster_m=1, cluster_n=2, pingpong=False, epi_c_stages=1),
+    GemmConfig(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2, pingpong=False, epi_c_stages=1),
+    GemmConfig(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, pingpong=False, epi_c_stages=1),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True, epi_c_stages=1),
+    GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, epi_c_stages=1),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True, epi_c_stages=2),
 ]
+
+#: the candidates with epi_c_stages set change only kernels whose epilogue loads C or tiles
+C_STAGE_CANDIDATES = [i for i, c in enumerate(CANDIDATES) if c.epi_c_stages is not None]
+WITH_C_LOADS = ("k0", "k6", "k7")

@@ -34,7 +34,8 @@ def chain_markdown(report: dict) -> str:
         "k7 (down-proj dgrad + SwiGLU backward + ZdZ partials) -> row_sum -> k6 (gate/up dgrad + "
         "RMSNorm backward from ZdZ) -> col_sum, against torch.compile of the unfused backward (cuBLAS "
         "GEMMs + Inductor, RMSNorm correction computed the usual way after the second GEMM) and against "
-        "the two dgrad GEMMs alone (cuBLAS). `bench/chain.py`.",
+        "the two dgrad GEMMs alone (the faster of cuBLAS and quack's identity-epilogue GEMMs at their best swept "
+        "configs). `bench/chain.py`.",
         "",
         "| scale | speedup vs torch.compile | bound (compile / GEMM-only) | fraction of bound | fused / GEMM-only |",
         "|---|---|---|---|---|",
@@ -58,8 +59,9 @@ def markdown(reports: list[dict]) -> str:
         "bf16, M = 16384 tokens. Every number is a ratio of medians measured in the same process "
         "and run (CUDA events, L2 flushed before each repetition, rotating inputs; the fused kernel and "
         "its baselines interleaved repetition by repetition, a short GPU spin before each so that host "
-        "launch overhead stays outside the timed region). GEMM-only = the faster of cuBLAS and "
-        "quack's identity-epilogue GEMM (at the fused kernel's config) of the same shape and layouts. "
+        "launch overhead stays outside the timed region). GEMM-only (the speed of light) = the "
+        "fastest of cuBLAS and quack's identity-epilogue GEMM, the latter at the fused kernel's config and at its own "
+        "best config from the sweep (bench/results/h200/sweep*.json), for the same shape and operand layouts. "
         f"Targets: fused / GEMM-only <= {FUSED_TARGET}; speedup over cuBLAS + torch.compile >= "
         f"{BOUND_TARGET} x the bound (torch.compile / GEMM-only), i.e. fraction of bound >= {BOUND_TARGET}; "
         "at least as fast as quack's library epilogue (k0, k3, k4, k7, k8, k9 are library epilogues; k2, k5, "

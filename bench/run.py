@@ -40,14 +40,16 @@ def _runs(name, fn, arg_sets, row) -> bool:
         return False
 
 
-def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None, library=None, library_config=None):
+def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None, library=None, library_config=None,
+               sol_config=None):
     """Every config of the fused kernel, the identity-epilogue quack GEMM at each config,
     and every baseline, timed in ONE interleaved run (eval.timing), so that the configs are
     compared with each other as fairly as with the baselines.
 
     library: quack's own library epilogue for a task whose expert kernel is ours
     ((fn(inputs, config), note, tuned table)), timed at every swept config too, or at
-    library_config, or (--tuned) at its own tuned config."""
+    library_config, or (--tuned) at its own tuned config. sol_config: the config where the
+    identity-epilogue GEMM ran fastest in a sweep; it is timed too, as part of GEMM-only."""
     import primitives as P
     from bench.baselines import gemm_only
     from eval.timing import time_cuda_interleaved
@@ -69,6 +71,9 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         fn = lambda s: compiled_ref(s, dims)  # noqa: E731
         if _runs("torch_compile", fn, whole, row):
             fns["torch_compile"] = (fn, whole)
+    if sol_config is not None:
+        fns["gemm_quack_best"] = (lambda a, b: gemm_only(a, b, config=sol_config), operands)
+        row["gemm_quack_best_config"] = sol_config.key()
     sweep = {}  # timed name -> (config key, what)
     for cfg in configs:
         own = cfg is None  # the kernel's own choice (its TUNED table): no sweep
@@ -96,6 +101,10 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         else:
             row[name] = t.model_dump()
     row.update(_best(row["configs"], "fused"))
+    if sol_config is None and len(row["configs"]) > 1:  # a sweep: the fastest GEMM over all its configs
+        best_gemm = _best(row["configs"], "gemm_quack")
+        if best_gemm:
+            row["gemm_quack_best"], row["gemm_quack_best_config"] = best_gemm["gemm_quack"], best_gemm["best_config"]
     if library is not None:
         row["quack_library_note"] = library[1]
         best_lib = _best(row["configs"], "quack_library")
@@ -124,7 +133,9 @@ def _ratios(row):
     if "fused" not in row:
         return
     fused = row["fused"]["median_us"]
-    gemm_only = min(row["gemm_cublas"]["median_us"], row["gemm_quack"]["median_us"])
+    # the speed of light: the fastest GEMM without an epilogue, over cuBLAS and quack at the
+    # fused kernel's config and (from a sweep) at quack's own best config
+    gemm_only = min(row[k]["median_us"] for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in row)
     row["gemm_only_us"] = gemm_only
     row["fused_over_gemm_only"] = fused / gemm_only
     if "quack_library" in row:
@@ -160,7 +171,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true", help="also time cuBLAS + torch.compile of the unfused code")
     ap.add_argument("--liger", action="store_true", help="also time Liger-Kernel composites where Liger has the op")
     ap.add_argument("--library", action="store_true", help="also time quack's library epilogue where the expert kernel is ours")
-    ap.add_argument("--configs-from", default=None, help="a sweep's JSON: time each row at the best configs it found")
+    ap.add_argument("--configs-from", nargs="*", default=None,
+                    help="sweeps' JSON (a later file's row overrides an earlier one's): time each row at the best "
+                         "configs it found, and the identity-epilogue GEMM at its own best config")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -183,9 +196,11 @@ def main(argv=None) -> int:
     if args.configs_from:
         from primitives.config import GemmConfig
 
-        for r in json.loads(Path(args.configs_from).read_text())["rows"]:
-            lib = r.get("quack_library_config")
-            swept[r["task"], r["shape"]] = ([GemmConfig.parse(r["best_config"])], lib and GemmConfig.parse(lib))
+        for f in args.configs_from:
+            for r in json.loads(Path(f).read_text())["rows"]:
+                lib, sol = r.get("quack_library_config"), r.get("gemm_quack_best_config") or _best(r["configs"], "gemm_quack").get("best_config")
+                swept[r["task"], r["shape"]] = ([GemmConfig.parse(r["best_config"])], lib and GemmConfig.parse(lib),
+                                                sol and GemmConfig.parse(sol))
     for task in tasks.load_catalogue()[0]:
         if args.tasks and task.id not in args.tasks:
             continue
@@ -197,9 +212,9 @@ def main(argv=None) -> int:
             if args.scales and shape.name not in args.scales:
                 continue
             t0 = time.monotonic()
-            cfgs, lib_cfg = swept.get((task.name, shape.name), (configs, None))
+            cfgs, lib_cfg, sol_cfg = swept.get((task.name, shape.name), (configs, None, None))
             row = bench_task(task, module, shape, cfgs, args.compile, compiled_ref, liger.get(task.name),
-                             library.get(task.name), lib_cfg)
+                             library.get(task.name), lib_cfg, sol_cfg)
             report["rows"].append(row)
             msg = f"{row.get('fused_over_gemm_only', float('nan')):.3f} of GEMM-only"
             if "speedup_vs_compile" in row:

@@ -20,6 +20,10 @@ class GemmConfig(BaseModel):
     cluster_n: int = Field(1, ge=1, le=2)
     pingpong: bool = Field(True, description="two consumer warpgroups alternate tiles")
     max_swizzle_size: int = Field(8, ge=1)
+    epi_c_stages: int | None = Field(
+        None, ge=1, le=4,
+        description="shared-memory stages for the epilogue's C and tile loads (None: quack's 4); fewer leave "
+                    "room for another mainloop A/B stage, which long-K tiles with a heavy epilogue need")
 
     @model_validator(mode="after")
     def _sm90_tile_rules(self):
@@ -40,20 +44,21 @@ class GemmConfig(BaseModel):
 
     def key(self) -> str:
         """A short stable name, e.g. for caches and reports: 128x192_c2x1_pp (+ _sw1 when
-        the tile swizzle is not quack's default 8)."""
+        the tile swizzle is not quack's default 8, + _cs1 when epi_c_stages is set)."""
         pp = "_pp" if self.pingpong else ""
         sw = f"_sw{self.max_swizzle_size}" if self.max_swizzle_size != 8 else ""
-        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}"
+        cs = f"_cs{self.epi_c_stages}" if self.epi_c_stages is not None else ""
+        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}{cs}"
 
     @classmethod
     def parse(cls, key: str) -> "GemmConfig":
         """The inverse of key()."""
-        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?", key)
+        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d))?", key)
         if not m:
             raise ValueError(f"not a config key: {key!r} (expected e.g. 128x192_c2x1_pp)")
-        tm, tn, cm, cn, pp, sw = m.groups()
+        tm, tn, cm, cn, pp, sw, cs = m.groups()
         return cls(tile_m=int(tm), tile_n=int(tn), cluster_m=int(cm), cluster_n=int(cn), pingpong=bool(pp),
-                   max_swizzle_size=int(sw) if sw else 8)
+                   max_swizzle_size=int(sw) if sw else 8, epi_c_stages=int(cs) if cs else None)
 
 
 DEFAULT_CONFIG = GemmConfig()

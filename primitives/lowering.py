@@ -25,6 +25,11 @@ _REPO_SOURCES = [Path(__file__).resolve().parent]
 _QUACK_MODE = {"element": None, "acc_pair": "acc_pair", "packed_pair": "packed_cd_b16x2"}
 _COMBINE = {"sum": "add", "max": "max", "absmax": "max_abs"}
 _quack_ready = False
+#: the attribute a config's epi_c_stages travels in (quack's post_init_attrs: set on the
+#: GEMM object before tracing, and part of both the in-memory and the on-disk compile key)
+_C_STAGES_ATTR = "epiforge_epi_c_stage_base"
+#: the stage counts of the kernels this process traced: "class tile [pp] [csN]" -> (A/B, D, C)
+STAGES: dict[str, tuple[int, int, int]] = {}
 
 
 def _import_quack():
@@ -37,10 +42,44 @@ def _import_quack():
         for src in _REPO_SOURCES:
             if src not in qcache.EXTRA_SOURCE_DIRS:
                 qcache.EXTRA_SOURCE_DIRS.append(src)
+        _hook_stage_split()
         _quack_ready = True
     from quack.epilogue import frontend, ops
 
     return frontend, ops
+
+
+def _hook_stage_split():
+    """quack sizes the epilogue's C stages from a class attribute (GemmSm90.epi_c_stage_base,
+    4) and gives the mainloop what shared memory is left. A config's epi_c_stages overrides
+    it for one trace: on the kernel's own (minted, per-epilogue) class, restored after."""
+    from quack.gemm_sm90 import GemmSm90
+
+    original = GemmSm90._setup_attributes
+    if getattr(original, "_epiforge", False):
+        return
+
+    def _setup_attributes(self, *args, **kwargs):
+        base = getattr(self, _C_STAGES_ATTR, None)
+        cls = type(self)
+        if base is None:
+            original(self, *args, **kwargs)
+        else:
+            had, before = "epi_c_stage_base" in cls.__dict__, cls.__dict__.get("epi_c_stage_base")
+            cls.epi_c_stage_base = base
+            try:
+                original(self, *args, **kwargs)
+            finally:
+                if had:
+                    cls.epi_c_stage_base = before
+                else:
+                    del cls.epi_c_stage_base
+        tile = "x".join(str(x) for x in self.cta_tile_shape_mnk[:2])
+        name = f"{cls.__name__} {tile}{' pp' if self.pingpong else ''}{f' cs{base}' if base else ''}"
+        STAGES[name] = (self.ab_stage, self.epi_stage, self.epi_c_stage)
+
+    _setup_attributes._epiforge = True
+    GemmSm90._setup_attributes = _setup_attributes
 
 
 def quack_mod(epi: Epilogue):
@@ -115,6 +154,7 @@ def _gemm(epi: Epilogue, call: Call, config: GemmConfig, launch: bool, device):
         pingpong=config.pingpong,
         persistent=True,
         max_swizzle_size=config.max_swizzle_size,
+        post_init_attrs=((_C_STAGES_ATTR, config.epi_c_stages),) if config.epi_c_stages is not None else (),
         _launch=launch,
     )
     return result
