@@ -78,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs-from", nargs="*", default=None,
                     help="sweeps' JSON (bench.run; later files override): k7 and k6 at their best configs, and "
                          "quack's identity-epilogue GEMMs at theirs as part of GEMM-only")
+    ap.add_argument("--sol-from", nargs="*", default=None,
+                    help="sweeps' JSON: k7 and k6 at their own tuned configs, quack's identity GEMMs at the swept best")
     args = ap.parse_args(argv)
 
     import tasks
@@ -93,10 +95,11 @@ def main(argv=None) -> int:
     from primitives.config import GemmConfig
 
     swept, sol = {}, {}
-    for f in args.configs_from or []:
+    for f in (args.configs_from or []) + (args.sol_from or []):
         for r in json.loads(Path(f).read_text())["rows"]:
             if "best_config" in r:
-                swept[r["task"][:2], r["shape"]] = GemmConfig.parse(r["best_config"])
+                if args.configs_from:
+                    swept[r["task"][:2], r["shape"]] = GemmConfig.parse(r["best_config"])
                 best_gemm = r.get("gemm_quack_best_config") or _best(r["configs"], "gemm_quack").get("best_config")
                 sol[r["task"][:2], r["shape"]] = GemmConfig.parse(best_gemm)
     compiled = torch.compile(unfused_chain, dynamic=True)

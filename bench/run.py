@@ -174,6 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs-from", nargs="*", default=None,
                     help="sweeps' JSON (a later file's row overrides an earlier one's): time each row at the best "
                          "configs it found, and the identity-epilogue GEMM at its own best config")
+    ap.add_argument("--sol-from", nargs="*", default=None,
+                    help="sweeps' JSON: with --tuned, time the identity-epilogue GEMM at its best swept config too")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -193,10 +195,10 @@ def main(argv=None) -> int:
     liger = composites() if args.liger else {}
     library = alternatives() if args.library else {}
     swept = {}
-    if args.configs_from:
+    if args.configs_from or args.sol_from:
         from primitives.config import GemmConfig
 
-        for f in args.configs_from:
+        for f in (args.configs_from or args.sol_from):
             for r in json.loads(Path(f).read_text())["rows"]:
                 lib, sol = r.get("quack_library_config"), r.get("gemm_quack_best_config") or _best(r["configs"], "gemm_quack").get("best_config")
                 swept[r["task"], r["shape"]] = ([GemmConfig.parse(r["best_config"])], lib and GemmConfig.parse(lib),
@@ -213,6 +215,8 @@ def main(argv=None) -> int:
                 continue
             t0 = time.monotonic()
             cfgs, lib_cfg, sol_cfg = swept.get((task.name, shape.name), (configs, None, None))
+            if args.sol_from:  # only the speed-of-light config from the sweeps
+                cfgs, lib_cfg = configs, None
             row = bench_task(task, module, shape, cfgs, args.compile, compiled_ref, liger.get(task.name),
                              library.get(task.name), lib_cfg, sol_cfg)
             report["rows"].append(row)

@@ -19,22 +19,26 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, tuple[str, float]]]:
-    """{task: {"MxNxK": (config key, time / GEMM-only)}}, the lowest ratio over all files
-    (each ratio measured within one run)."""
-    best: dict[str, dict[str, tuple[str, float]]] = {}
+    """{task: {"MxNxK": (config key, time / GEMM-only)}}: per task and shape the lowest
+    ratio within one sweep (one interleaved run); a later file's row for the same task and
+    shape replaces an earlier one's (ratios from different runs are not compared)."""
+    rows = {}
     for f in files:
         for row in json.loads(Path(f).read_text())["rows"]:
-            quack = [v["gemm_quack"]["median_us"] for v in row["configs"].values() if "gemm_quack" in v]
-            if not quack or "gemm_cublas" not in row:
-                continue
-            gemm_only = min(row["gemm_cublas"]["median_us"], *quack)
-            shape = "x".join(str(x) for x in row["gemm_mnk"])
-            for cfg, v in row["configs"].items():
-                if what in v:
-                    ratio = v[what]["median_us"] / gemm_only
-                    cur = best.setdefault(row["task"], {}).get(shape)
-                    if cur is None or ratio < cur[1]:
-                        best[row["task"]][shape] = (cfg, ratio)
+            rows[row["task"], row["shape"]] = row
+    best: dict[str, dict[str, tuple[str, float]]] = {}
+    for row in rows.values():
+        quack = [v["gemm_quack"]["median_us"] for v in row["configs"].values() if "gemm_quack" in v]
+        if not quack or "gemm_cublas" not in row:
+            continue
+        gemm_only = min(row["gemm_cublas"]["median_us"], *quack)
+        shape = "x".join(str(x) for x in row["gemm_mnk"])
+        for cfg, v in row["configs"].items():
+            if what in v:
+                ratio = v[what]["median_us"] / gemm_only
+                cur = best.setdefault(row["task"], {}).get(shape)
+                if cur is None or ratio < cur[1]:
+                    best[row["task"]][shape] = (cfg, ratio)
     return best
 
 
