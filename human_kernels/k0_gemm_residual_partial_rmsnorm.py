@@ -6,11 +6,11 @@ import primitives as P
 TASK = "k0_gemm_residual_partial_rmsnorm"
 AUTHOR = "quack library (CODA's authors)"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
-    "16384x2048x2048": "128x128_c1x2_pp",  # 1.101 of GEMM-only
-    "16384x4096x4096": "128x192_c2x1_pp",  # 1.076 of GEMM-only
-    "16384x8192x8192": "128x192_c2x1_pp",  # 0.998 of GEMM-only
+    "16384x2048x2048": "128x128_c1x2_pp",  # 1.109 of GEMM-only
+    "16384x4096x4096": "192x128_c1x2_pp",  # 1.054 of GEMM-only
+    "16384x8192x8192": "192x128_c1x2_pp",  # 1.012 of GEMM-only
 }
 
 residual_rms_partial = P.from_quack("quack.epilogue.library:rms_partial_epi")

@@ -5,11 +5,11 @@ import primitives as P
 TASK = "k1_gemm_rmsnorm"
 AUTHOR = "epiforge maintainers"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
-    "16384x6144x2048": "128x192_c1x2_pp",  # 0.988 of GEMM-only
-    "16384x12288x4096": "128x128_c1x2_pp",  # 1.043 of GEMM-only
-    "16384x24576x8192": "256x192_c1x2",  # 0.974 of GEMM-only
+    "16384x6144x2048": "128x128_c1x2_pp",  # 1.001 of GEMM-only
+    "16384x12288x4096": "128x160_c2x1_pp",  # 1.001 of GEMM-only
+    "16384x24576x8192": "128x160_c1x2_pp",  # 1.010 of GEMM-only
 }
 
 

@@ -6,11 +6,11 @@ import primitives as P
 TASK = "k5_gemm_rmsnorm_partial_cross_entropy"
 AUTHOR = "epiforge maintainers"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
-    "16384x32768x2048": "128x256_c2x1",  # 1.033 of GEMM-only
-    "16384x32768x4096": "128x192_c2x1_pp",  # 0.992 of GEMM-only
-    "16384x32768x8192": "128x256_c2x1",  # 1.025 of GEMM-only
+    "16384x32768x2048": "128x128_c1x2_pp",  # 1.013 of GEMM-only
+    "16384x32768x4096": "128x128_c1x2_pp",  # 1.004 of GEMM-only
+    "16384x32768x8192": "128x160_c1x2_pp",  # 0.979 of GEMM-only
 }
 
 

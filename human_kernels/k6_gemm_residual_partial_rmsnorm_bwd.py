@@ -7,11 +7,11 @@ import primitives as P
 TASK = "k6_gemm_residual_partial_rmsnorm_bwd"
 AUTHOR = "epiforge maintainers"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
-    "16384x2048x11264": "128x192_c2x1_pp",  # 1.108 of GEMM-only
-    "16384x4096x22016": "192x128_c1x2_pp",  # 1.038 of GEMM-only
-    "16384x8192x44032": "128x192_c2x1_pp",  # 1.005 of GEMM-only
+    "16384x2048x11264": "192x128_c1x2_pp",  # 1.044 of GEMM-only
+    "16384x4096x22016": "128x160_c1x2_pp",  # 1.052 of GEMM-only
+    "16384x8192x44032": "128x256_c1x2_cs1",  # 1.117 of GEMM-only
 }
 
 

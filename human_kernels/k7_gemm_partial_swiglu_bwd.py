@@ -7,11 +7,11 @@ import primitives as P
 TASK = "k7_gemm_partial_swiglu_bwd"
 AUTHOR = "quack library (CODA's authors)"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/*.json)
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
-    "16384x5632x2048": "128x128_c2x1_pp",  # 1.287 of GEMM-only
-    "16384x11008x4096": "128x128_c1x2_pp",  # 1.155 of GEMM-only
-    "16384x22016x8192": "128x128_c2x1_pp",  # 1.076 of GEMM-only
+    "16384x5632x2048": "128x128_c1x2_pp_cs2",  # 1.272 of GEMM-only
+    "16384x11008x4096": "128x128_c1x2_pp_cs2",  # 1.102 of GEMM-only
+    "16384x22016x8192": "128x160_c1x2_pp",  # 1.094 of GEMM-only
 }
 
 swiglu_bwd_zdz = P.from_quack("quack.epilogue.library:dswiglu_dpreact_mod")

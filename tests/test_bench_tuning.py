@@ -60,3 +60,17 @@ def test_written_tables_are_what_pick_config_reads(tmp_path):
     assert P.pick_config(ns["TUNED"], a, w).key() == "128x128_c1x2_pp"
     assert P.pick_config(lib_ns["TUNED"]["k2_gemm_rmsnorm_swiglu"], a, w).key() == "128x96_c2x1_pp"
     assert lib_ns["TUNED"]["k6_gemm_residual_partial_rmsnorm_bwd"] == {}  # the other entries untouched
+
+
+def test_speed_of_light_is_the_fastest_plain_gemm_measured():
+    from bench.run import _ratios
+
+    row = {"fused": _t(110.0), "gemm_cublas": _t(120.0), "gemm_quack": _t(105.0), "gemm_quack_best": _t(100.0),
+           "torch_compile": _t(150.0), "quack_library": _t(121.0)}
+    _ratios(row)
+    assert row["gemm_only_us"] == 100.0 and abs(row["fused_over_gemm_only"] - 1.1) < 1e-12
+    assert abs(row["fraction_of_bound"] - (150 / 110) / (150 / 100)) < 1e-12
+    assert abs(row["speedup_vs_quack_library"] - 1.1) < 1e-12
+    del row["gemm_quack_best"]
+    _ratios(row)
+    assert row["gemm_only_us"] == 105.0
