@@ -27,9 +27,7 @@ def h200_launches():
     """task -> the kernel names the expert kernel launched on the H200 (bench/check_gpu.py)."""
     out = {}
     for row in json.loads(H200_CHECK.read_text())["rows"]:
-        if "launches" in row:
-            names = row["launches"].split(" launches: ", 1)[1]
-            out[row["task"]] = json.loads(names.replace("'", '"'))
+        out.setdefault(row["task"], row["launch_names"])
     return out
 
 
@@ -219,3 +217,10 @@ def test_tamper_check_sees_patches():
         torch.equal, tasks.tolerance.check_output = orig_equal, orig_check
     assert tc.changed() == []
     assert not math.isnan(0.0)
+
+
+def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
+    report = json.loads(H200_CHECK.read_text())
+    rows = report["rows"]
+    assert report["all_passed"] and len(rows) == 10 * 5  # ten tasks x (2 smoke + 3 paper shapes)
+    assert all(r["outcome"] == "PASSED" and r["launches_ok"] and r["launch_names"] for r in rows)
