@@ -1,18 +1,26 @@
 """Time every expert kernel beside its baselines, in one process and one run.
 
 For each task and paper scale (d = 2048/4096/8192, M = 16384, bf16):
-  fused          the expert kernel's run(): the fused GEMM plus its finishing steps,
-                 at each candidate tile config (bench/configs.py; the best is kept), or
-                 with --tuned at the config the kernel picks itself from its TUNED table
-  gemm_cublas    torch.matmul of the same GEMM shape and operand layouts (cuBLAS)
-  gemm_quack     quack's mainloop with an identity epilogue at the same config
-  torch_compile  cuBLAS + torch.compile (Inductor) of the task's unfused torch reference
-                 (--compile; compiling costs ~20-60 s per task on the GPU machine)
-Timing: eval/timing.py (CUDA events on the current stream, L2 flushed, warm-up, rotating
-inputs, median of many), the fused kernel and its baselines interleaved repetition by
-repetition so that clock or temperature drift cannot bias their ratios. Writes JSON (with the environment); bench/report.py renders the tables.
+  fused           the expert kernel's run(): the fused GEMM plus its finishing steps, at
+                  every candidate tile config (bench/configs.py), or with --tuned at the
+                  config the kernel picks itself from its TUNED table
+  gemm_quack      quack's mainloop with an identity epilogue, at each of those configs
+  gemm_quack_best the same at its own best config from a sweep (--sol-from / --configs-from)
+  gemm_cublas     torch.matmul of the same GEMM shape and operand layouts (cuBLAS)
+  torch_compile   cuBLAS + torch.compile (Inductor) of the task's unfused torch reference
+                  (--compile; compiling costs ~20-60 s per task on the GPU machine)
+  liger           cuBLAS + Liger-Kernel's Triton kernels (--liger, bench/liger.py)
+  quack_library   quack's own library epilogue where the expert kernel is ours (--library,
+                  bench/quack_library.py)
+GEMM-only, the speed of light, is the fastest of gemm_cublas, gemm_quack and gemm_quack_best.
+Timing: eval/timing.py (CUDA events on the current stream, L2 flushed, a GPU spin so host
+overhead stays out, warm-up, rotating inputs, median of many); everything of one row, every
+config included, in ONE interleaved run, so that clock, temperature or power-cap drift cannot
+bias the ratios or the choice of config. Writes JSON (with the environment); bench/report.py
+renders the tables, bench/tuning.py turns a sweep into TUNED tables.
 
-    python -m bench.run --out bench/results/h200/run.json [--tasks k0 k8] [--compile]
+    python -m bench.run --library --out sweep.json                       # sweep every config
+    python -m bench.run --tuned --sol-from sweep.json --compile --liger --library --out final.json
 """
 
 from __future__ import annotations
