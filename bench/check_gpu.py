@@ -71,7 +71,6 @@ def main(argv=None) -> int:
                 row["launches_ok"], row["launches"] = classify(names, task.launches)
                 row["launch_names"] = names
                 ok_all &= row["launches_ok"]
-                del inputs, prepared
                 ok_all &= res.outcome.value == "PASSED"
                 rows.append(row)
                 worst = max((c.max_error / c.allowed for c in res.outputs if c.allowed), default=float("nan"))

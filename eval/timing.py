@@ -80,11 +80,17 @@ def time_cuda_interleaved(
     flush: bool = True,
 ) -> dict[str, Timing]:
     """Time several functions against each other: each repetition runs every function once,
-    in an order that rotates, so drift in clocks or temperature during the run falls on all
-    of them alike (timing them one after another lets it bias the ratios)."""
+    in a fresh random order (seeded: reproducible), so drift in clocks, temperature or power
+    during the run falls on all of them alike (timing them one after another lets it bias
+    the ratios), and no function always follows the same neighbour (at the power cap a
+    kernel inherits the clock its predecessor left: with a merely rotating order the same
+    plain GEMM, timed twice in one run, differed by up to 20% on the H200)."""
+    import random
+
     import torch
 
     names = list(fns)
+    order = random.Random(len(names) * 7919 + reps)
     for name in names:
         fn, arg_sets = fns[name]
         for i in range(warmup):
@@ -93,8 +99,7 @@ def time_cuda_interleaved(
     stream = torch.cuda.current_stream()
     events = {n: [(_EVENT(enable_timing=True), _EVENT(enable_timing=True)) for _ in range(reps)] for n in names}
     for i in range(reps):
-        for j in range(len(names)):
-            name = names[(i + j) % len(names)]
+        for name in order.sample(names, len(names)):
             fn, arg_sets = fns[name]
             _prepare_rep(flush)
             start, end = events[name][i]
