@@ -21,7 +21,7 @@ from pydantic import BaseModel
 # the H200's L2 is 60 MB (H100: 50 MB); writing 4x that evicts it
 _FLUSH_BYTES = 256 * 1024 * 1024
 _flush_buf = None
-# ~100 us at the H200's 1.98 GHz boost clock
+# ~100 us at the H200's 1.98 GHz boost clock, ~140 us at the ~1.45 GHz it holds at its power cap
 _LEAD_CYCLES = 200_000
 
 
