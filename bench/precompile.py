@@ -41,16 +41,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
     ap.add_argument("--configs", nargs="*", type=int, default=None, help="indexes into bench.configs.CANDIDATES")
-    ap.add_argument("--parts", nargs="*", default=["kernels", "library", "gemm"],
-                    help="what to compile: the expert kernels, quack's library alternatives (bench.quack_library), "
-                         "the GEMM-only baseline")
+    ap.add_argument("--parts", nargs="*", default=["kernels", "library", "diagnostics", "gemm"],
+                    help="what to compile: the expert kernels, quack's library alternatives and the diagnostics "
+                         "(bench.quack_library), the GEMM-only baseline")
     args = ap.parse_args(argv)
     os.environ["QUACK_CACHE_DIR"] = str(CACHE_DIR)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
 
     import tasks
     from bench.baselines import gemm_only
-    from bench.quack_library import alternatives
+    from bench.quack_library import DIAGNOSTICS, alternatives
     from eval.kernel import HUMAN_DIR, load_kernel_module
     from primitives import lowering
 
@@ -69,6 +69,9 @@ def main(argv=None) -> int:
             runs.append((task.id, lambda cfg: module.run(dict(inputs), prepared, config=cfg)))
         if "library" in args.parts and task.name in library:
             runs.append((f"{task.id} quack library", lambda cfg, _f=library[task.name][0]: _f(dict(inputs), cfg)))
+        if "diagnostics" in args.parts:
+            for dname, (dfn, _) in DIAGNOSTICS.get(task.name, {}).items():
+                runs.append((f"{task.id} {dname}", lambda cfg, _f=dfn: _f(dict(inputs), cfg)))
         for what, run in runs:
             for cfg in configs:
                 t0 = time.monotonic()

@@ -82,3 +82,45 @@ NOTES = {
 def alternatives() -> dict:
     """{task name: (fn(inputs, config), note, TUNED)}."""
     return {name: (fn, note, TUNED[name]) for name, (fn, note) in NOTES.items()}
+
+
+# ---- diagnostics: the same kernel minus one piece of its work ---------------------------
+# Not alternatives (they do less than the task): timed beside the expert kernel at ITS
+# config, they say what that piece costs. k7 and k0 fold a per-row reduction besides
+# loading C; dropping it separates the reduction's cost from the C loads' latency.
+
+_diag_cache: dict = {}
+
+
+def _k0_without_sumsq():
+    """quack's norm_act_mod with C and a rowvec, no activation: D = (acc + C) * w and the aux
+    output (acc + C) * w: k0's loads and two stores without the sum-of-squares reduction
+    (the aux holds y * w where k0 stores y: same bytes, one multiply more)."""
+    if "k0" not in _diag_cache:
+        from quack.epilogue.library import norm_act_mod
+
+        _diag_cache["k0"] = P.from_quack(norm_act_mod(None, gated=False, has_c=True, has_rowvec=True, has_colvec=False))
+    return _diag_cache["k0"]
+
+
+dswiglu_no_zdz = P.from_quack("quack.epilogue.library:dswiglu_mod")
+
+
+def k7_without_zdz(inputs, config):
+    out = dswiglu_no_zdz(inputs["dout"], inputs["w_down"].T, c=inputs["z"], config=config)
+    return {"dz": out["D"], "out": out["postact"]}
+
+
+def k0_without_sumsq(inputs, config):
+    out = _k0_without_sumsq()(inputs["a"], inputs["w_o"], c=inputs["residual"], mRowVecBroadcast=inputs["norm_weight"],
+                              config=config)
+    return {"h": out["D"], "x_times_w": out["mAuxOut"]}
+
+
+DIAGNOSTICS = {
+    "k7_gemm_partial_swiglu_bwd": {
+        "without_zdz": (k7_without_zdz, "quack dswiglu_mod: k7's C, D and postact without the ZdZ row reduction")},
+    "k0_gemm_residual_partial_rmsnorm": {
+        "without_sumsq": (k0_without_sumsq, "quack norm_act_mod(C, rowvec): k0's C and two stores without the "
+                                            "sum-of-squares row reduction")},
+}

@@ -124,6 +124,11 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
         lines.append(f"- Liger for {task}: {note}.")
     for task, err in sorted(errors.items()):
         lines.append(f"- Liger for {task} did not run: {err}")
+    for rep in reports:
+        for r in rep["rows"]:
+            for name, d in r.get("diagnostics", {}).items():
+                lines.append(f"- Diagnostic, {r['task']} {r['shape']}: {name} ({d['note']}) at {d['config']}: "
+                             f"{d['over_gemm_only']:.3f} of GEMM-only, the kernel {r['fused_over_gemm_only']:.3f}.")
     lib_notes = {r["task"]: r["quack_library_note"] for rep in reports for r in rep["rows"] if "quack_library_note" in r}
     for task, note in sorted(lib_notes.items()):
         lines.append(f"- quack library for {task}: {note}.")

@@ -49,7 +49,7 @@ def _runs(name, fn, arg_sets, row) -> bool:
 
 
 def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None, library=None, library_config=None,
-               sol_configs=()):
+               sol_configs=(), diagnostics=None):
     """Every config of the fused kernel, the identity-epilogue quack GEMM at each config,
     and every baseline, timed in ONE interleaved run (eval.timing), so that the configs are
     compared with each other as fairly as with the baselines.
@@ -58,7 +58,9 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     ((fn(inputs, config), note, tuned table)), timed at every swept config too, or at
     library_config, or (--tuned) at its own tuned config. sol_configs: the configs where the
     identity-epilogue GEMM ran fastest in a sweep; they are timed too, as part of GEMM-only
-    (several: the sweep's own ranking of close configs is noisy)."""
+    (several: the sweep's own ranking of close configs is noisy). diagnostics: {name: (fn,
+    note)}, the kernel minus one piece of its work (bench/quack_library.py DIAGNOSTICS),
+    timed at every config the fused kernel runs at."""
     import primitives as P
     from bench.baselines import gemm_only
     from eval.timing import time_cuda_interleaved
@@ -97,6 +99,8 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
             lib_cfg = library_config or (P.pick_config(library[2], *operands[0]) if own else cfg)
             candidates["quack_library"] = (lambda s, _c=lib_cfg: library[0](s, _c), whole)  # noqa: E731
             entry["quack_library_config"] = lib_cfg.key()
+        for dname, (dfn, _) in (diagnostics or {}).items():
+            candidates[f"diag_{dname}"] = (lambda s, _f=dfn, _c=cfg: _f(s, _c), whole)  # noqa: B023
         for what, (fn, args) in candidates.items():
             if _runs(what, fn, args, entry):
                 fns[f"{what}@{key}"] = (fn, args)
@@ -119,6 +123,10 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         best_gemm = _best(row["configs"], "gemm_quack")
         if best_gemm:
             row["gemm_quack_best"], row["gemm_quack_best_config"] = best_gemm["gemm_quack"], best_gemm["best_config"]
+    for dname, (_, note) in (diagnostics or {}).items():
+        at = row["configs"].get(row.get("best_config"), {}).get(f"diag_{dname}")
+        if at:
+            row.setdefault("diagnostics", {})[dname] = {"note": note, "config": row["best_config"], **at}
     if library is not None:
         row["quack_library_note"] = library[1]
         best_lib = _best(row["configs"], "quack_library")
@@ -162,6 +170,8 @@ def _ratios(row):
     gemm_only = min(row[k]["median_us"] for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in row)
     row["gemm_only_us"] = gemm_only
     row["fused_over_gemm_only"] = fused / gemm_only
+    for d in row.get("diagnostics", {}).values():
+        d["over_gemm_only"] = d["median_us"] / gemm_only
     if "quack_library" in row:
         row["speedup_vs_quack_library"] = row["quack_library"]["median_us"] / fused
     if "liger" in row:
@@ -195,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true", help="also time cuBLAS + torch.compile of the unfused code")
     ap.add_argument("--liger", action="store_true", help="also time Liger-Kernel composites where Liger has the op")
     ap.add_argument("--library", action="store_true", help="also time quack's library epilogue where the expert kernel is ours")
+    ap.add_argument("--diagnostics", action="store_true",
+                    help="also time the kernel minus one piece of its work where bench/quack_library.py has one")
     ap.add_argument("--configs-from", nargs="*", default=None,
                     help="sweeps' JSON (a later file's row overrides an earlier one's): time each row at the best "
                          "configs it found, and the identity-epilogue GEMM at its own best config")
@@ -214,7 +226,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"environment": fingerprint(command_line("bench.run", argv)), "reps": REPS, "rows": []}
     from bench.liger import composites
-    from bench.quack_library import alternatives
+    from bench.quack_library import DIAGNOSTICS, alternatives
 
     liger = composites() if args.liger else {}
     library = alternatives() if args.library else {}
@@ -246,7 +258,8 @@ def main(argv=None) -> int:
             if args.sol_from:  # only the speed-of-light config from the sweeps
                 cfgs, lib_cfg = configs, None
             row = bench_task(task, module, shape, cfgs, args.compile, compiled_ref, liger.get(task.name),
-                             library.get(task.name), lib_cfg, sol_cfgs)
+                             library.get(task.name), lib_cfg, sol_cfgs,
+                             DIAGNOSTICS.get(task.name) if args.diagnostics else None)
             report["rows"].append(row)
             msg = f"{row.get('fused_over_gemm_only', float('nan')):.3f} of GEMM-only"
             if "speedup_vs_compile" in row:

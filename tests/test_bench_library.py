@@ -45,3 +45,28 @@ def test_rms_bwd_apply_alternative_is_the_deferred_backward():
 def test_alternatives_cover_our_own_kernels_except_k1():
     ours = {t.name for t in tasks.load_catalogue()[0] if t.id in ("k1", "k2", "k5", "k6")}
     assert set(alternatives()) == ours - {"k1_gemm_rmsnorm"}
+
+
+def test_diagnostics_do_the_task_minus_its_reduction():
+    """k7 without ZdZ gives k7's dz and out; k0 without the sum of squares gives k0's h (and
+    y * w where k0 stores y): on the CPU, through the torch twins of quack's own functions."""
+    from bench.quack_library import DIAGNOSTICS
+
+    for name, expect in (("k7_gemm_partial_swiglu_bwd", {"dz": "dz", "out": "out"}),
+                         ("k0_gemm_residual_partial_rmsnorm", {"h": "h"})):
+        task, dims, inputs = _inputs(name)
+        exact, lowprec = references(task, inputs, dims)
+        ((fn, note),) = DIAGNOSTICS[name].values()
+        got = fn(dict(inputs), None)
+        checks = {o.name: o for o in task.outputs}
+        from tasks.tolerance import check_output
+
+        for out_name, ref_name in expect.items():
+            c = check_output(checks[ref_name], got[out_name], exact[ref_name], lowprec[ref_name])
+            assert c.ok, (name, out_name, c.detail)
+        assert "without" in note
+    task, dims, inputs = _inputs("k0_gemm_residual_partial_rmsnorm")
+    got = DIAGNOSTICS[task.name]["without_sumsq"][0](dict(inputs), None)
+    exact, _ = references(task, inputs, dims)
+    y_w = exact["x"].double() * inputs["norm_weight"].double()
+    assert (got["x_times_w"].double() - y_w).abs().max() <= 2e-2 * y_w.abs().max()

@@ -77,3 +77,18 @@ def test_speed_of_light_is_the_fastest_plain_gemm_measured():
     del row["gemm_quack_best"]
     _ratios(row)
     assert row["gemm_only_us"] == 105.0
+
+
+def test_diagnostics_are_reported_against_the_same_speed_of_light():
+    from bench.report import markdown
+    from bench.run import _ratios
+
+    row = {"task": "k7_gemm_partial_swiglu_bwd", "shape": "1B", "best_config": "128x128_c1x2_pp",
+           "fused": _t(130.0), "gemm_cublas": _t(110.0), "gemm_quack": _t(100.0),
+           "diagnostics": {"without_zdz": {"note": "no ZdZ", "config": "128x128_c1x2_pp", **_t(115.0)}}}
+    _ratios(row)
+    assert abs(row["diagnostics"]["without_zdz"]["over_gemm_only"] - 1.15) < 1e-12
+    env = {k: "x" for k in ("gpu", "command", "date", "torch", "cuda", "nvidia-cutlass-dsl", "quack-kernels",
+                            "triton", "driver", "python")}
+    text = markdown([{"environment": env, "rows": [row]}])
+    assert "without_zdz (no ZdZ) at 128x128_c1x2_pp: 1.150 of GEMM-only, the kernel 1.300" in text
