@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from bench.configs import CACHE_DIR
 
@@ -41,6 +42,22 @@ def command_line(module: str, argv: list[str] | None) -> str:
     return " ".join(["python -m", module, *((a.replace(out, "$OUT") if out else a) for a in args)])
 
 
+def source_commit(where: Path | None = None) -> str | None:
+    """The git commit the run's sources came from (+ "-dirty" with uncommitted changes); on a
+    machine that received the working tree without .git, $EPIFORGE_COMMIT if the caller set it."""
+    where = where or Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20, check=False,
+                             cwd=where)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, timeout=20, check=False, cwd=where).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("EPIFORGE_COMMIT")
+
+
 def fingerprint(command: str) -> dict:
     import importlib.metadata as md
 
@@ -69,4 +86,5 @@ def fingerprint(command: str) -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
+        "commit": source_commit(),
     }

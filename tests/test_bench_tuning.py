@@ -92,3 +92,14 @@ def test_diagnostics_are_reported_against_the_same_speed_of_light():
                             "triton", "driver", "python")}
     text = markdown([{"environment": env, "rows": [row]}])
     assert "without_zdz (no ZdZ) at 128x128_c1x2_pp: 1.150 of GEMM-only, the kernel 1.300" in text
+
+
+def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
+    import re
+
+    from bench import gpu_env
+
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", gpu_env.source_commit())
+    # a machine that received the working tree without .git: the caller's stamp
+    monkeypatch.setenv("EPIFORGE_COMMIT", "abc123")
+    assert gpu_env.source_commit(tmp_path) == "abc123"
