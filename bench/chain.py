@@ -128,12 +128,10 @@ def main(argv=None) -> int:
         for c in sol.get(("k6", shape.name), []):
             fns[f"k6_gemm@{c.key()}"] = (lambda s, _c=c: gemm_only(s["z"], s["w_gu"].T, config=_c), sets)
         timed = time_cuda_interleaved(fns, reps=REPS)
-        dims = shape.dims()
-        own = {"k7": swept.get(("k7", shape.name)) or P.pick_config(k7.TUNED, torch.empty(dims["M"], dims["d"], device="meta"),
-                                                                      torch.empty(dims["F"], dims["d"], device="meta")),
-               "k6": swept.get(("k6", shape.name)) or P.pick_config(k6.TUNED, torch.empty(dims["M"], 2 * dims["F"], device="meta"),
-                                                                      torch.empty(dims["d"], 2 * dims["F"], device="meta"))}
-        row = {"shape": shape.name, "dims": dims, "configs": {k: c.key() for k, c in own.items()},
+        s0 = sets[0][0]  # the configs the two kernels ran at: the sweep's, or their own picks
+        own = {"k7": swept.get(("k7", shape.name)) or P.pick_config(k7.TUNED, s0["dout"], s0["w_down"].T),
+               "k6": swept.get(("k6", shape.name)) or P.pick_config(k6.TUNED, s0["z"], s0["w_gu"].T)}
+        row = {"shape": shape.name, "dims": shape.dims(), "configs": {k: c.key() for k, c in own.items()},
                **{k: v.model_dump() for k, v in timed.items()},
                "max_rel_diff_fused_vs_compiled": agree}
         f, tc = row["fused"]["median_us"], row["torch_compile"]["median_us"]

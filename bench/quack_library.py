@@ -89,18 +89,17 @@ def alternatives() -> dict:
 # config, they say what that piece costs. k7 and k0 fold a per-row reduction besides
 # loading C; dropping it separates the reduction's cost from the C loads' latency.
 
-_diag_cache: dict = {}
-
-
 def _k0_without_sumsq():
     """quack's norm_act_mod with C and a rowvec, no activation: D = (acc + C) * w and the aux
     output (acc + C) * w: k0's loads and two stores without the sum-of-squares reduction
-    (the aux holds y * w where k0 stores y: same bytes, one multiply more)."""
-    if "k0" not in _diag_cache:
+    (the aux holds y * w where k0 stores y: same bytes, one multiply more). Built on first
+    use: it imports quack."""
+    def make():
         from quack.epilogue.library import norm_act_mod
 
-        _diag_cache["k0"] = P.from_quack(norm_act_mod(None, gated=False, has_c=True, has_rowvec=True, has_colvec=False))
-    return _diag_cache["k0"]
+        return P.from_quack(norm_act_mod(None, gated=False, has_c=True, has_rowvec=True, has_colvec=False))
+
+    return once(("k0_without_sumsq",), make)
 
 
 dswiglu_no_zdz = P.from_quack("quack.epilogue.library:dswiglu_mod")

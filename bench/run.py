@@ -92,15 +92,15 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         key = cfg.key()
         entry = row["configs"].setdefault(key, {})
         candidates = {
-            "fused": (lambda s, _c=None if own else cfg: module.run(s, prepared, config=_c), whole),  # noqa: E731
-            "gemm_quack": (lambda a, b, _c=cfg: gemm_only(a, b, config=_c), operands),  # noqa: E731
+            "fused": (lambda s, _c=None if own else cfg: module.run(s, prepared, config=_c), whole),
+            "gemm_quack": (lambda a, b, _c=cfg: gemm_only(a, b, config=_c), operands),
         }
         if library is not None:
             lib_cfg = library_config or (P.pick_config(library[2], *operands[0]) if own else cfg)
-            candidates["quack_library"] = (lambda s, _c=lib_cfg: library[0](s, _c), whole)  # noqa: E731
+            candidates["quack_library"] = (lambda s, _c=lib_cfg: library[0](s, _c), whole)
             entry["quack_library_config"] = lib_cfg.key()
         for dname, (dfn, _) in (diagnostics or {}).items():
-            candidates[f"diag_{dname}"] = (lambda s, _f=dfn, _c=cfg: _f(s, _c), whole)  # noqa: B023
+            candidates[f"diag_{dname}"] = (lambda s, _f=dfn, _c=cfg: _f(s, _c), whole)
         for what, (fn, args) in candidates.items():
             if _runs(what, fn, args, entry):
                 fns[f"{what}@{key}"] = (fn, args)
