@@ -116,7 +116,26 @@ def k0_without_sumsq(inputs, config):
     return {"h": out["D"], "x_times_w": out["mAuxOut"]}
 
 
+@P.epilogue(
+    operands={"x": P.Tile(), "rstd": P.PerRow(), "w": P.PerCol(), "zdz": P.PerRow(), "inv_d": P.Scalar()},
+    reductions={"dw": P.ColReduce(product=True)},
+)
+def _k6_rmsnorm_bwd_without_h(acc, c, x, rstd, w, zdz, inv_d):
+    xhat = x * rstd
+    return {"D": c + rstd * (acc * w - xhat * (zdz * inv_d)), "dw": (acc, xhat)}
+
+
+def k6_without_h(inputs, config):
+    w_gu = inputs["w_gu"]
+    out = _k6_rmsnorm_bwd_without_h(
+        inputs["dz"], w_gu.T, c=inputs["dx_in"], x=inputs["x"], rstd=inputs["rstd"], w=inputs["norm_weight"],
+        zdz=inputs["zdz"], inv_d=1.0 / w_gu.shape[1], config=config)
+    return {"dx": out["D"], "dw": P.finish.col_sum(out["dw"])}
+
+
 DIAGNOSTICS = {
+    "k6_gemm_residual_partial_rmsnorm_bwd": {
+        "without_h": (k6_without_h, "k6's epilogue without storing h (what quack's rms_bwd_apply_epi also skips)")},
     "k7_gemm_partial_swiglu_bwd": {
         "without_zdz": (k7_without_zdz, "quack dswiglu_mod: k7's C, D and postact without the ZdZ row reduction")},
     "k0_gemm_residual_partial_rmsnorm": {

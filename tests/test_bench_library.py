@@ -49,11 +49,12 @@ def test_alternatives_cover_our_own_kernels_except_k1():
 
 def test_diagnostics_do_the_task_minus_its_reduction():
     """k7 without ZdZ gives k7's dz and out; k0 without the sum of squares gives k0's h (and
-    y * w where k0 stores y): on the CPU, through the torch twins of quack's own functions."""
+    y * w where k0 stores y); k6 without h gives k6's dx and dw: on the CPU, through the torch twins of quack's own functions."""
     from bench.quack_library import DIAGNOSTICS
 
     for name, expect in (("k7_gemm_partial_swiglu_bwd", {"dz": "dz", "out": "out"}),
-                         ("k0_gemm_residual_partial_rmsnorm", {"h": "h"})):
+                         ("k0_gemm_residual_partial_rmsnorm", {"h": "h"}),
+                         ("k6_gemm_residual_partial_rmsnorm_bwd", {"dx": "dx", "dw": "dw"})):
         task, dims, inputs = _inputs(name)
         exact, lowprec = references(task, inputs, dims)
         ((fn, note),) = DIAGNOSTICS[name].values()
