@@ -43,6 +43,16 @@ CANDIDATES = [
     GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True, epi_c_stages=1),
     GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, epi_c_stages=1),
     GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True, epi_c_stages=2),
+    # a fifth round, the other way: quack issues a tile's C loads only when its epilogue
+    # starts and keeps at most 4-5 in flight, so a short-K tile's epilogue waits on DRAM
+    # latency with ~32 KB outstanding per SM; as many C stages as the tile has epilogue
+    # sub-tiles (8 on 128x128) put the whole tile's C in flight at once
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True, epi_c_stages=8),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True, epi_c_stages=6),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, pingpong=True, epi_c_stages=8),
+    GemmConfig(tile_m=192, tile_n=128, cluster_m=1, cluster_n=2, pingpong=True, epi_c_stages=8),
+    GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, epi_c_stages=8),
+    GemmConfig(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, pingpong=True, epi_c_stages=8),
 ]
 
 #: the candidates with epi_c_stages set change only kernels whose epilogue loads C or tiles

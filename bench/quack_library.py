@@ -19,19 +19,19 @@ from bench.memo import once
 # measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
     "k2_gemm_rmsnorm_swiglu": {
-        "16384x11264x2048": "128x160_c2x1_pp",  # 0.995 of GEMM-only
-        "16384x22016x4096": "128x128_c1x2_pp",  # 0.999 of GEMM-only
-        "16384x44032x8192": "128x192_c2x1_pp",  # 0.999 of GEMM-only
+        "16384x11264x2048": "128x128_c2x1_pp",  # 1.005 of GEMM-only
+        "16384x22016x4096": "128x128_c2x1_pp",  # 1.002 of GEMM-only
+        "16384x44032x8192": "128x192_c2x1_pp_sw1",  # 1.006 of GEMM-only
     },
     "k5_gemm_rmsnorm_partial_cross_entropy": {
-        "16384x32768x2048": "128x160_c1x2_pp",  # 1.023 of GEMM-only
-        "16384x32768x4096": "128x160_c1x2_pp",  # 1.007 of GEMM-only
-        "16384x32768x8192": "128x192_c2x1_pp",  # 1.028 of GEMM-only
+        "16384x32768x2048": "192x128_c1x2_pp",  # 1.015 of GEMM-only
+        "16384x32768x4096": "128x192_c2x1_pp",  # 1.000 of GEMM-only
+        "16384x32768x8192": "192x128_c2x1_pp",  # 1.001 of GEMM-only
     },
     "k6_gemm_residual_partial_rmsnorm_bwd": {
-        "16384x2048x11264": "128x128_c1x2_pp",  # 1.027 of GEMM-only
-        "16384x4096x22016": "128x128_c1x2_pp",  # 1.056 of GEMM-only
-        "16384x8192x44032": "256x128_c1x2_cs1",  # 1.116 of GEMM-only
+        "16384x2048x11264": "128x128_c1x2_pp_cs2",  # 1.043 of GEMM-only
+        "16384x4096x22016": "192x128_c1x2_pp",  # 1.019 of GEMM-only
+        "16384x8192x44032": "256x128_c1x2_cs1",  # 1.032 of GEMM-only
     },
 }
 

@@ -9,9 +9,9 @@ AUTHOR = "quack library (CODA's authors)"
 
 # measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
-    "16384x6144x2048": "128x160_c2x1_pp",  # 1.005 of GEMM-only
-    "16384x12288x4096": "128x160_c2x1_pp",  # 1.003 of GEMM-only
-    "16384x24576x8192": "128x160_c1x2_pp",  # 1.008 of GEMM-only
+    "16384x6144x2048": "128x192_c1x2_pp",  # 1.005 of GEMM-only
+    "16384x12288x4096": "128x128_c1x2_pp",  # 1.005 of GEMM-only
+    "16384x24576x8192": "128x128_c1x2_pp",  # 0.998 of GEMM-only
 }
 
 qkv_rope = P.from_quack("quack.epilogue.rotary:rope_posfreq_epi")

@@ -8,9 +8,9 @@ AUTHOR = "epiforge maintainers"
 
 # measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
 TUNED = {
-    "16384x32768x2048": "128x128_c1x2_pp",  # 1.013 of GEMM-only
-    "16384x32768x4096": "128x128_c1x2_pp",  # 1.004 of GEMM-only
-    "16384x32768x8192": "128x160_c1x2_pp",  # 0.979 of GEMM-only
+    "16384x32768x2048": "192x128_c1x2_pp",  # 0.997 of GEMM-only
+    "16384x32768x4096": "128x192_c2x1_pp",  # 1.005 of GEMM-only
+    "16384x32768x8192": "128x208_c2x1_pp",  # 0.993 of GEMM-only
 }
 
 

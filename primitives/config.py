@@ -21,9 +21,11 @@ class GemmConfig(BaseModel):
     pingpong: bool = Field(True, description="two consumer warpgroups alternate tiles")
     max_swizzle_size: int = Field(8, ge=1)
     epi_c_stages: int | None = Field(
-        None, ge=1, le=4,
-        description="shared-memory stages for the epilogue's C and tile loads (None: quack's 4); fewer leave "
-                    "room for another mainloop A/B stage, which long-K tiles with a heavy epilogue need")
+        None, ge=1, le=16,
+        description="shared-memory stages for the epilogue's C and tile loads (None: quack's 4, at most the "
+                    "epilogue's sub-tiles per tile); fewer leave room for another mainloop A/B stage, which "
+                    "long-K tiles with a heavy epilogue need; more (up to all of a tile's sub-tiles) put a whole "
+                    "tile's C loads in flight at once, which short-K tiles with a C-heavy epilogue need")
 
     @model_validator(mode="after")
     def _sm90_tile_rules(self):
@@ -53,7 +55,7 @@ class GemmConfig(BaseModel):
     @classmethod
     def parse(cls, key: str) -> "GemmConfig":
         """The inverse of key()."""
-        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d))?", key)
+        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d+))?", key)
         if not m:
             raise ValueError(f"not a config key: {key!r} (expected e.g. 128x192_c2x1_pp)")
         tm, tn, cm, cn, pp, sw, cs = m.groups()
