@@ -29,9 +29,9 @@ TUNED = {
         "16384x32768x8192": "192x128_c2x1_pp",  # 1.001 of GEMM-only
     },
     "k6_gemm_residual_partial_rmsnorm_bwd": {
-        "16384x2048x11264": "128x128_c1x2_pp_cs2",  # 1.043 of GEMM-only
-        "16384x4096x22016": "192x128_c1x2_pp",  # 1.019 of GEMM-only
-        "16384x8192x44032": "256x128_c1x2_cs1",  # 1.032 of GEMM-only
+        "16384x2048x11264": "128x128_c1x2_pp_cs1",  # 1.021 of GEMM-only
+        "16384x4096x22016": "128x128_c1x2_pp_cs1",  # 1.031 of GEMM-only
+        "16384x8192x44032": "128x128_c1x2_pp_cs8",  # 0.997 of GEMM-only
     },
 }
 
