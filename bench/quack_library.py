@@ -16,7 +16,7 @@ import primitives as P
 from bench.memo import once
 
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
 TUNED = {
     "k2_gemm_rmsnorm_swiglu": {
         "16384x11264x2048": "128x128_c2x1_pp",  # 1.005 of GEMM-only

@@ -49,21 +49,35 @@ def table(shapes: dict[str, tuple[str, float]], indent: str = "") -> str:
     return "\n".join(lines) + f"\n{indent}}}"
 
 
-def write_kernel_table(path: Path, shapes) -> None:
+def provenance(files: list[str]) -> str:
+    """The comment above a written TUNED table: which sweeps it came from."""
+    names = " ".join(Path(f).as_posix() for f in files)
+    return f"# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning {names} --write)"
+
+
+def _stamp(src: str, files: list[str] | None) -> str:
+    """Rewrite the provenance comment right above `TUNED = {` (when files are given)."""
+    if not files:
+        return src
+    return re.sub(r"^# measured best tile configs.*$(?=\nTUNED = \{)", lambda _: provenance(files), src,
+                  count=1, flags=re.M)
+
+
+def write_kernel_table(path: Path, shapes, files: list[str] | None = None) -> None:
     src = path.read_text()
     new, n = re.subn(r"^TUNED = \{.*?^\}", lambda _: "TUNED = " + table(shapes), src, count=1, flags=re.S | re.M)
     if n != 1:
         raise SystemExit(f"{path}: no TUNED table to replace")
-    path.write_text(new)
+    path.write_text(_stamp(new, files))
 
 
-def write_library_table(path: Path, task: str, shapes) -> None:
+def write_library_table(path: Path, task: str, shapes, files: list[str] | None = None) -> None:
     src = path.read_text()
     pattern = rf'^    "{task}": \{{.*?^    \}}|^    "{task}": \{{\}}'
     new, n = re.subn(pattern, lambda _: f'    "{task}": ' + table(shapes, "    "), src, count=1, flags=re.S | re.M)
     if n != 1:
         raise SystemExit(f"{path}: no TUNED entry for {task}")
-    path.write_text(new)
+    path.write_text(_stamp(new, files))
 
 
 def main(argv=None) -> int:
@@ -74,11 +88,11 @@ def main(argv=None) -> int:
     for task, shapes in sorted(best_configs(args.files).items()):
         print(f"# {task}\nTUNED = {table(shapes)}")
         if args.write:
-            write_kernel_table(REPO / "human_kernels" / f"{task}.py", shapes)
+            write_kernel_table(REPO / "human_kernels" / f"{task}.py", shapes, args.files)
     for task, shapes in sorted(best_configs(args.files, "quack_library").items()):
         print(f"# quack library for {task}\n{table(shapes)}")
         if args.write:
-            write_library_table(REPO / "bench" / "quack_library.py", task, shapes)
+            write_library_table(REPO / "bench" / "quack_library.py", task, shapes, args.files)
     return 0
 
 

@@ -48,9 +48,12 @@ def test_written_tables_are_what_pick_config_reads(tmp_path):
     library = tmp_path / "quack_library.py"
     shutil.copy(REPO / "bench" / "quack_library.py", library)
     sweep = _sweep(tmp_path)
-    tuning.write_kernel_table(kernel, tuning.best_configs([sweep])["k8_gemm_swiglu"])
+    tuning.write_kernel_table(kernel, tuning.best_configs([sweep])["k8_gemm_swiglu"], ["runs/a.json", "runs/b.json"])
     tuning.write_library_table(library, "k2_gemm_rmsnorm_swiglu",
-                               tuning.best_configs([sweep], "quack_library")["k2_gemm_rmsnorm_swiglu"])
+                               tuning.best_configs([sweep], "quack_library")["k2_gemm_rmsnorm_swiglu"], ["runs/c.json"])
+    # each table says which sweeps it came from, right above it
+    assert tuning.provenance(["runs/a.json", "runs/b.json"]) + "\nTUNED = {" in kernel.read_text()
+    assert tuning.provenance(["runs/c.json"]) + "\nTUNED = {" in library.read_text()
     ns, lib_ns = {}, {}
     exec(compile(kernel.read_text(), str(kernel), "exec"), ns)  # noqa: S102 - our own file
     exec(compile(library.read_text(), str(library), "exec"), lib_ns)  # noqa: S102
