@@ -2,7 +2,6 @@
 every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed)."""
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
