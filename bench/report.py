@@ -74,7 +74,7 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
         "",
         "bf16, M = 16384 tokens. Every number is a ratio of medians measured in the same process "
         "and run (CUDA events, L2 flushed before each repetition, rotating inputs; the fused kernel and "
-        "its baselines interleaved repetition by repetition, a short GPU spin before each so that host "
+        "its baselines interleaved repetition by repetition in a fresh random order each time, a short GPU spin before each so that host "
         "launch overhead stays outside the timed region). GEMM-only (the speed of light) = the "
         "fastest of cuBLAS and quack's identity-epilogue GEMM, the latter at the fused kernel's config and at its own "
         "best config from the sweep (bench/results/h200/sweep*.json), for the same shape and operand layouts. "
