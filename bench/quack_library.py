@@ -133,12 +133,54 @@ def k6_without_h(inputs, config):
     return {"dx": out["D"], "dw": P.finish.col_sum(out["dw"])}
 
 
+# The traffic split: which of k7's / k0's DRAM streams costs the time. Synthetic (their
+# values mean nothing), but each moves exactly the named bytes beside the kernel's own GEMM.
+
+@P.epilogue(outputs=("a", "b"))
+def _three_stores(acc):
+    return {"D": acc, "a": acc * 2.0, "b": acc * 3.0}
+
+
+@P.epilogue(outputs=("a",))
+def _two_stores(acc):
+    return {"D": acc, "a": acc * 2.0}
+
+
+@P.epilogue(mode="packed_pair")
+def _swiglu_bwd_without_postact(acc, c):
+    gate, up = P.unpack(c)
+    sig = P.sigmoid(gate)
+    silu = gate * sig
+    return {"D": P.pack(acc * up * (sig + silu * (1.0 - sig)), acc * silu)}
+
+
+def k7_stores_only(inputs, config):
+    """k7's store bytes (D = two (M, F) halves + postact (M, F): three (M, F) bf16 tensors), no C."""
+    out = _three_stores(inputs["dout"], inputs["w_down"].T, config=config)
+    return {"D": out["D"], "a": out["a"], "b": out["b"]}
+
+
+def k7_without_postact(inputs, config):
+    """k7's C load and D store (its dz exactly), no postact store and no reduction."""
+    out = _swiglu_bwd_without_postact(inputs["dout"], inputs["w_down"].T, c=inputs["z"], config=config)
+    return {"dz": out["D"]}
+
+
+def k0_stores_only(inputs, config):
+    """k0's store bytes (h and resid_out: two (M, d) bf16 tensors), no C."""
+    out = _two_stores(inputs["a"], inputs["w_o"], config=config)
+    return {"D": out["D"], "a": out["a"]}
+
+
 DIAGNOSTICS = {
     "k6_gemm_residual_partial_rmsnorm_bwd": {
         "without_h": (k6_without_h, "k6's epilogue without storing h (what quack's rms_bwd_apply_epi also skips)")},
     "k7_gemm_partial_swiglu_bwd": {
-        "without_zdz": (k7_without_zdz, "quack dswiglu_mod: k7's C, D and postact without the ZdZ row reduction")},
+        "without_zdz": (k7_without_zdz, "quack dswiglu_mod: k7's C, D and postact without the ZdZ row reduction"),
+        "stores_only": (k7_stores_only, "k7's store bytes (three M x F bf16 tensors) without loading C"),
+        "without_postact": (k7_without_postact, "k7's C load and D store without the postact store and the ZdZ reduction")},
     "k0_gemm_residual_partial_rmsnorm": {
         "without_sumsq": (k0_without_sumsq, "quack norm_act_mod(C, rowvec): k0's C and two stores without the "
-                                            "sum-of-squares row reduction")},
+                                            "sum-of-squares row reduction"),
+        "stores_only": (k0_stores_only, "k0's store bytes (two M x d bf16 tensors) without loading C")},
 }

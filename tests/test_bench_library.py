@@ -52,12 +52,13 @@ def test_diagnostics_do_the_task_minus_its_reduction():
     y * w where k0 stores y); k6 without h gives k6's dx and dw: on the CPU, through the torch twins of quack's own functions."""
     from bench.quack_library import DIAGNOSTICS
 
-    for name, expect in (("k7_gemm_partial_swiglu_bwd", {"dz": "dz", "out": "out"}),
-                         ("k0_gemm_residual_partial_rmsnorm", {"h": "h"}),
-                         ("k6_gemm_residual_partial_rmsnorm_bwd", {"dx": "dx", "dw": "dw"})):
+    for name, diag, expect in (("k7_gemm_partial_swiglu_bwd", "without_zdz", {"dz": "dz", "out": "out"}),
+                               ("k7_gemm_partial_swiglu_bwd", "without_postact", {"dz": "dz"}),
+                               ("k0_gemm_residual_partial_rmsnorm", "without_sumsq", {"h": "h"}),
+                               ("k6_gemm_residual_partial_rmsnorm_bwd", "without_h", {"dx": "dx", "dw": "dw"})):
         task, dims, inputs = _inputs(name)
         exact, lowprec = references(task, inputs, dims)
-        ((fn, note),) = DIAGNOSTICS[name].values()
+        fn, note = DIAGNOSTICS[name][diag]
         got = fn(dict(inputs), None)
         checks = {o.name: o for o in task.outputs}
         from tasks.tolerance import check_output
@@ -71,3 +72,23 @@ def test_diagnostics_do_the_task_minus_its_reduction():
     exact, _ = references(task, inputs, dims)
     y_w = exact["x"].double() * inputs["norm_weight"].double()
     assert (got["x_times_w"].double() - y_w).abs().max() <= 2e-2 * y_w.abs().max()
+
+
+def test_stores_only_diagnostics_store_the_kernels_bytes_without_c():
+    """k7's stores are three (M, F) bf16 tensors (dz is (M, 2F)), k0's two (M, d): the
+    synthetic stand-ins write exactly that many bytes, each a multiple of the GEMM."""
+    from bench.quack_library import DIAGNOSTICS
+
+    for name, got_names, ref in (("k7_gemm_partial_swiglu_bwd", ("D", "a", "b"), ("dz", "out")),
+                                 ("k0_gemm_residual_partial_rmsnorm", ("D", "a"), ("h", "x"))):
+        task, dims, inputs = _inputs(name)
+        exact, _ = references(task, inputs, dims)
+        got = DIAGNOSTICS[name]["stores_only"][0](dict(inputs), None)
+        assert set(got) == set(got_names)
+        stored = sum(t.numel() * t.element_size() for t in got.values())
+        assert stored == sum(exact[r].numel() * 2 for r in ref), name  # the kernel stores bf16
+        a, w = (inputs["dout"], inputs["w_down"].T) if name.startswith("k7") else (inputs["a"], inputs["w_o"])
+        gemm = a.double() @ w.double().T
+        for i, t in enumerate(got.values()):
+            assert t.dtype == torch.bfloat16
+            assert (t.double() - (i + 1) * gemm).abs().max() <= 1e-2 * (i + 1) * gemm.abs().max()
