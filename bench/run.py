@@ -20,6 +20,7 @@ bias the ratios or the choice of config. Writes JSON (with the environment); ben
 renders the tables, bench/tuning.py turns a sweep into TUNED tables.
 
     python -m bench.run --library --out sweep.json                       # sweep every config
+    python -m bench.run --configs-from sweep.json --top 3 --compile --liger --out confirm.json  # re-rank
     python -m bench.run --tuned --sol-from sweep.json --compile --liger --library --out final.json
 """
 
@@ -150,6 +151,12 @@ def _best(configs: dict, what: str) -> dict:
     return out
 
 
+def fastest_fused(row: dict, n: int = 3) -> list[str]:
+    """The sweep row's n fastest configs of the fused kernel, fastest first."""
+    timed = {k: v["fused"]["median_us"] for k, v in row["configs"].items() if "fused" in v}
+    return sorted(timed, key=timed.get)[:n]
+
+
 def fastest_gemms(row: dict, n: int = 3) -> list[str]:
     """The sweep row's n fastest configs of the identity-epilogue GEMM (distinct kernels:
     epi_c_stages does not change a GEMM that loads no C)."""
@@ -210,10 +217,15 @@ def main(argv=None) -> int:
     ap.add_argument("--configs-from", nargs="*", default=None,
                     help="sweeps' JSON (a later file's row overrides an earlier one's): time each row at the best "
                          "configs it found, and the identity-epilogue GEMM at its own best config")
+    ap.add_argument("--top", type=int, default=1,
+                    help="with --configs-from: time each row at its sweep's N fastest configs (a confirmation run "
+                         "for bench.tuning, in the company of the final's baselines)")
     ap.add_argument("--sol-from", nargs="*", default=None,
                     help="sweeps' JSON: with --tuned, time the identity-epilogue GEMM at its best swept config too")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.top < 1 or (args.top > 1 and not args.configs_from):
+        ap.error("--top N (N >= 1) applies to --configs-from")
 
     import tasks
     from bench.configs import CANDIDATES
@@ -241,7 +253,8 @@ def main(argv=None) -> int:
                 if "best_config" not in r:  # no config of this row ran in that sweep
                     continue
                 lib = r.get("quack_library_config")
-                swept[r["task"], r["shape"]] = ([GemmConfig.parse(r["best_config"])], lib and GemmConfig.parse(lib),
+                swept[r["task"], r["shape"]] = ([GemmConfig.parse(k) for k in fastest_fused(r, args.top)],
+                                                lib and GemmConfig.parse(lib),
                                                 [GemmConfig.parse(k) for k in fastest_gemms(r)])
     for task in tasks.load_catalogue()[0]:
         if args.tasks and task.id not in args.tasks:

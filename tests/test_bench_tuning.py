@@ -106,3 +106,17 @@ def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
     # a machine that received the working tree without .git: the caller's stamp
     monkeypatch.setenv("EPIFORGE_COMMIT", "abc123")
     assert gpu_env.source_commit(tmp_path) == "abc123"
+
+
+def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):
+    """--configs-from --top N re-times a row at its sweep's N fastest fused configs (those
+    that ran), fastest first; --top without --configs-from is refused before any GPU work."""
+    import pytest
+
+    from bench import run
+
+    rows = json.loads(Path(_sweep(tmp_path)).read_text())["rows"]
+    assert run.fastest_fused(rows[0], 3) == ["128x128_c1x2_pp", "128x192_c2x1_pp"]
+    assert run.fastest_fused(rows[1], 1) == ["128x192_c2x1_pp"]
+    with pytest.raises(SystemExit):
+        run.main(["--top", "3", "--out", str(tmp_path / "x.json")])
