@@ -86,6 +86,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     for sol in sol_configs:
         fns[f"gemm_quack_best@{sol.key()}"] = (lambda a, b, _c=sol: gemm_only(a, b, config=_c), operands)
     sweep = {}  # timed name -> (config key, what)
+    library_timed = set()
     for cfg in configs:
         own = cfg is None  # the kernel's own choice (its TUNED table): no sweep
         if own:
@@ -98,8 +99,10 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         }
         if library is not None:
             lib_cfg = library_config or (P.pick_config(library[2], *operands[0]) if own else cfg)
-            candidates["quack_library"] = (lambda s, _c=lib_cfg: library[0](s, _c), whole)
-            entry["quack_library_config"] = lib_cfg.key()
+            if lib_cfg.key() not in library_timed:  # one fixed library config is timed once, not per fused config
+                library_timed.add(lib_cfg.key())
+                candidates["quack_library"] = (lambda s, _c=lib_cfg: library[0](s, _c), whole)
+                entry["quack_library_config"] = lib_cfg.key()
         for dname, (dfn, _) in (diagnostics or {}).items():
             candidates[f"diag_{dname}"] = (lambda s, _f=dfn, _c=cfg: _f(s, _c), whole)
         for what, (fn, args) in candidates.items():

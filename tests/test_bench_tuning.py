@@ -120,3 +120,19 @@ def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):
     assert run.fastest_fused(rows[1], 1) == ["128x192_c2x1_pp"]
     with pytest.raises(SystemExit):
         run.main(["--top", "3", "--out", str(tmp_path / "x.json")])
+
+
+def test_library_pick_names_the_config_the_library_ran_at(tmp_path):
+    """In a confirmation run the library runs once, at its own config, recorded beside the
+    fused kernel's first config: its TUNED entry must name the library's config."""
+    row = {"task": "k2_gemm_rmsnorm_swiglu", "shape": "1B", "gemm_mnk": [16384, 11264, 2048],
+           "gemm_cublas": _t(100.0), "gemm_quack_best": _t(95.0),
+           "configs": {"128x128_c1x2_pp": {"fused": _t(99.0), "gemm_quack": _t(97.0), "quack_library": _t(98.0),
+                                           "quack_library_config": "128x96_c2x1_pp"},
+                       "128x160_c1x2_pp": {"fused": _t(101.0), "gemm_quack": _t(99.0)}}}
+    f = tmp_path / "confirm.json"
+    f.write_text(json.dumps({"rows": [row]}))
+    lib = tuning.best_configs([str(f)], "quack_library")["k2_gemm_rmsnorm_swiglu"]["16384x11264x2048"]
+    assert lib == ("128x96_c2x1_pp", 98.0 / 95.0)  # against the row's fastest plain GEMM
+    fused = tuning.best_configs([str(f)])["k2_gemm_rmsnorm_swiglu"]["16384x11264x2048"]
+    assert fused == ("128x128_c1x2_pp", 99.0 / 95.0)
