@@ -136,3 +136,12 @@ def test_library_pick_names_the_config_the_library_ran_at(tmp_path):
     assert lib == ("128x96_c2x1_pp", 98.0 / 95.0)  # against the row's fastest plain GEMM
     fused = tuning.best_configs([str(f)])["k2_gemm_rmsnorm_swiglu"]["16384x11264x2048"]
     assert fused == ("128x128_c1x2_pp", 99.0 / 95.0)
+
+
+def test_h200_pipeline_script_parses_and_refuses_unknown_steps():
+    import subprocess
+
+    script = REPO / "bench" / "h200.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    out = subprocess.run(["bash", str(script), "sweep"], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage: bench/h200.sh confirm|final" in out.stderr
