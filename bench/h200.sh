@@ -7,6 +7,7 @@
 #   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain, final-2 (tuned.tar: the new tables)
 #
 # Then, here: tar xf tuned.tar; copy the JSON into bench/results/h200/; python -m bench.report ...
+# Where .git did not travel, set EPIFORGE_COMMIT=<hash> so the result files name their sources.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/h200}
