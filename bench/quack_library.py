@@ -16,7 +16,10 @@ import primitives as P
 from bench.memo import once
 
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "k2_gemm_rmsnorm_swiglu": {
         "16384x11264x2048": "128x128_c2x1_pp",  # 1.005 of GEMM-only
@@ -121,6 +124,7 @@ def k0_without_sumsq(inputs, config):
     reductions={"dw": P.ColReduce(product=True)},
 )
 def _k6_rmsnorm_bwd_without_h(acc, c, x, rstd, w, zdz, inv_d):
+    # human_kernels/k6's rmsnorm_bwd minus its h output (the test checks dx and dw against the task)
     xhat = x * rstd
     return {"D": c + rstd * (acc * w - xhat * (zdz * inv_d)), "dw": (acc, xhat)}
 
@@ -178,7 +182,8 @@ DIAGNOSTICS = {
     "k7_gemm_partial_swiglu_bwd": {
         "without_zdz": (k7_without_zdz, "quack dswiglu_mod: k7's C, D and postact without the ZdZ row reduction"),
         "stores_only": (k7_stores_only, "k7's store bytes (three M x F bf16 tensors) without loading C"),
-        "without_postact": (k7_without_postact, "k7's C load and D store without the postact store and the ZdZ reduction")},
+        "without_postact": (k7_without_postact,
+                            "k7's C load and D store without the postact store and the ZdZ reduction")},
     "k0_gemm_residual_partial_rmsnorm": {
         "without_sumsq": (k0_without_sumsq, "quack norm_act_mod(C, rowvec): k0's C and two stores without the "
                                             "sum-of-squares row reduction"),

@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,17 +54,18 @@ def table(shapes: dict[str, tuple[str, float]], indent: str = "") -> str:
 
 
 def provenance(files: list[str]) -> str:
-    """The comment above a written TUNED table: which sweeps it came from."""
-    names = " ".join(Path(f).as_posix() for f in files)
-    return f"# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning {names} --write)"
+    """The comment above a written TUNED table: which sweeps it came from (wrapped)."""
+    names = textwrap.wrap(" ".join(Path(f).as_posix() for f in files), 90, break_on_hyphens=False)
+    return "\n".join(["# measured best tile configs on the H200 by GEMM m x n x k, written by",
+                      "# python -m bench.tuning --write from:", *(f"#   {line}" for line in names)])
 
 
 def _stamp(src: str, files: list[str] | None) -> str:
     """Rewrite the provenance comment right above `TUNED = {` (when files are given)."""
     if not files:
         return src
-    return re.sub(r"^# measured best tile configs.*$(?=\nTUNED = \{)", lambda _: provenance(files), src,
-                  count=1, flags=re.M)
+    return re.sub(r"^# measured best tile configs[^\n]*\n(?:#[^\n]*\n)*?(?=TUNED = \{)",
+                  lambda _: provenance(files) + "\n", src, count=1, flags=re.M)
 
 
 def write_kernel_table(path: Path, shapes, files: list[str] | None = None) -> None:

@@ -5,7 +5,10 @@ import primitives as P
 TASK = "k1_gemm_rmsnorm"
 AUTHOR = "epiforge maintainers"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "16384x6144x2048": "128x128_c1x2_pp",  # 1.003 of GEMM-only
     "16384x12288x4096": "128x128_c2x1_pp",  # 0.998 of GEMM-only

@@ -6,7 +6,10 @@ import primitives as P
 TASK = "k2_gemm_rmsnorm_swiglu"
 AUTHOR = "epiforge maintainers"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "16384x11264x2048": "128x128_c2x1_pp",  # 1.006 of GEMM-only
     "16384x22016x4096": "128x128_c1x2_pp",  # 0.999 of GEMM-only

@@ -7,7 +7,10 @@ import primitives as P
 TASK = "k3_gemm_rope"
 AUTHOR = "quack library (CODA's authors)"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "16384x6144x2048": "128x192_c1x2_pp",  # 1.005 of GEMM-only
     "16384x12288x4096": "128x128_c1x2_pp",  # 1.005 of GEMM-only

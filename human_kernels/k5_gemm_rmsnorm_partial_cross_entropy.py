@@ -6,7 +6,10 @@ import primitives as P
 TASK = "k5_gemm_rmsnorm_partial_cross_entropy"
 AUTHOR = "epiforge maintainers"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "16384x32768x2048": "192x128_c1x2_pp",  # 0.997 of GEMM-only
     "16384x32768x4096": "128x192_c2x1_pp",  # 1.005 of GEMM-only

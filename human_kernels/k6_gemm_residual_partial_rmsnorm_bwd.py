@@ -7,7 +7,10 @@ import primitives as P
 TASK = "k6_gemm_residual_partial_rmsnorm_bwd"
 AUTHOR = "epiforge maintainers"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "16384x2048x11264": "128x128_c1x2_pp_cs2",  # 1.039 of GEMM-only
     "16384x4096x22016": "192x128_c1x2_pp",  # 1.025 of GEMM-only

@@ -7,7 +7,10 @@ import primitives as P
 TASK = "k7_gemm_partial_swiglu_bwd"
 AUTHOR = "quack library (CODA's authors)"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "16384x5632x2048": "128x128_c1x2_pp",  # 1.216 of GEMM-only
     "16384x11008x4096": "128x128_c1x2_pp_cs1",  # 1.070 of GEMM-only

@@ -6,7 +6,10 @@ import primitives as P
 TASK = "k8_gemm_swiglu"
 AUTHOR = "quack library (CODA's authors)"
 
-# measured best tile configs on the H200 by GEMM m x n x k (python -m bench.tuning bench/results/h200/sweep.json bench/results/h200/sweep-cs.json bench/results/h200/sweep-c8.json --write)
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json
 TUNED = {
     "16384x11264x2048": "128x128_c1x2_pp",  # 1.002 of GEMM-only
     "16384x22016x4096": "128x128_c1x2_pp",  # 1.003 of GEMM-only

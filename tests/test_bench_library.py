@@ -47,9 +47,10 @@ def test_alternatives_cover_our_own_kernels_except_k1():
     assert set(alternatives()) == ours - {"k1_gemm_rmsnorm"}
 
 
-def test_diagnostics_do_the_task_minus_its_reduction():
-    """k7 without ZdZ gives k7's dz and out; k0 without the sum of squares gives k0's h (and
-    y * w where k0 stores y); k6 without h gives k6's dx and dw: on the CPU, through the torch twins of quack's own functions."""
+def test_diagnostics_do_the_task_minus_one_piece():
+    """k7 without ZdZ gives k7's dz and out, without postact its dz; k0 without the sum of
+    squares gives k0's h (and y * w where k0 stores y); k6 without h gives k6's dx and dw: on
+    the CPU, through the torch twins of quack's own functions."""
     from bench.quack_library import DIAGNOSTICS
 
     for name, diag, expect in (("k7_gemm_partial_swiglu_bwd", "without_zdz", {"dz": "dz", "out": "out"}),
