@@ -1,12 +1,14 @@
 """GPU-side setup shared by the bench scripts: the environment fingerprint every result
-file carries, and installing the objects bench/precompile.py built on a CPU into this
+file carries, how a result file is written, and installing the objects bench/precompile.py built on a CPU into this
 machine's quack cache (quack names its cache folder after a fingerprint that hashes the
 Python version, which differs between the two machines; the objects' own names do not)."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import re
 import platform
 import shutil
 import subprocess
@@ -88,3 +90,13 @@ def fingerprint(command: str) -> dict:
         "command": command,
         "commit": source_commit(),
     }
+
+
+_NUMBER_LIST = re.compile(r"\[\n\s*(-?[0-9][0-9.eE+-]*(?:,\n\s*-?[0-9][0-9.eE+-]*)*)\n\s*\]")
+
+
+def report_json(report: dict) -> str:
+    """A result file's text: JSON indented one space per level, except that a list of numbers
+    (a timing's samples, one per repetition) stays on one line."""
+    text = json.dumps(report, indent=1)
+    return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text)

@@ -4,7 +4,11 @@
 # and, for the next step on the same machine, to $STATE (default /tmp/epiforge-h200).
 #
 #   bench/h200.sh confirm   # re-time every row at its sweeps' 3 fastest configs, beside the final's baselines
-#   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain, final-2 (tuned.tar: the new tables)
+#   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain (tuned.tar: the new tables)
+#   bench/h200.sh rerun     # the final's command again (final-2.json): how far a rerun moves each ratio
+#
+# Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
+# the final's tuned.tar here so that the rerun times the same TUNED tables.
 #
 # Then, here: tar xf tuned.tar; copy the JSON into bench/results/h200/; python -m bench.report ...
 # Where .git did not travel, set EPIFORGE_COMMIT=<hash> so the result files name their sources.
@@ -15,6 +19,7 @@ STATE=${STATE:-/tmp/epiforge-h200}
 R=bench/results/h200
 SWEEPS="$R/sweep.json $R/sweep-cs.json $R/sweep-c8.json"
 PY=${PYTHON:-python3}
+REPS=${REPS:-60}  # the final's repetitions: twice the sweeps', for the 70B rows whose clocks wander most
 
 case "${1:-}" in
   confirm)
@@ -35,16 +40,19 @@ case "${1:-}" in
     tar cf "$OUT/tuned.tar" human_kernels/k*.py bench/quack_library.py  # one file: the device returns few
     $PY -m bench.check_gpu --out "$OUT/check.json" | tail -2
     # shellcheck disable=SC2086
-    $PY -m bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --out "$OUT/final.json" \
-      | grep -E "^k[0-9] "
+    $PY -m bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \
+      --out "$OUT/final.json" | grep -E "^k[0-9] "
     # shellcheck disable=SC2086
-    $PY -m bench.chain --sol-from $SWEEPS --out "$OUT/chain.json" | grep -E "^chain "
+    $PY -m bench.chain --sol-from $SWEEPS --reps "$REPS" --out "$OUT/chain.json" | grep -E "^chain "
+    ;;
+  rerun)
+    mkdir -p "$OUT"
     # shellcheck disable=SC2086
-    $PY -m bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --out "$OUT/final-2.json" \
-      | grep -E "^k[0-9] "
+    $PY -m bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \
+      --out "$OUT/final-2.json" | grep -E "^k[0-9] "
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun" >&2
     exit 2
     ;;
 esac

@@ -40,6 +40,12 @@ def _verdict(r, again=None) -> str:
     return "met" if not misses else "MISSED: " + ", ".join(misses)
 
 
+def _with_iqr(r: dict) -> str:
+    """fused / GEMM-only with the quartiles of its per-repetition ratios."""
+    iqr = r.get("fused_over_gemm_only_iqr")
+    return f"{r['fused_over_gemm_only']:.3f}" + (f" ({iqr[0]:.3f}-{iqr[1]:.3f})" if iqr else "")
+
+
 def chain_markdown(report: dict) -> str:
     lines = [
         "## The backward chain of one layer boundary",
@@ -50,13 +56,13 @@ def chain_markdown(report: dict) -> str:
         "the two dgrad GEMMs alone (each the fastest of cuBLAS and quack's identity-epilogue GEMM at the sweep's "
         "three fastest configs). `bench/chain.py`.",
         "",
-        "| scale | configs (k7, k6) | speedup vs torch.compile | bound (compile / GEMM-only) | fraction of bound | fused / GEMM-only | targets |",
+        "| scale | configs (k7, k6) | speedup vs torch.compile | bound (compile / GEMM-only) | fraction of bound | fused / GEMM-only (IQR) | targets |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         cfgs = ", ".join(r.get("configs", {}).values())
         lines.append(f"| {r['shape']} | {cfgs} | {r['speedup_vs_compile']:.2f}x | {r['bound']:.2f}x | {r['fraction_of_bound']:.2f} | "
-                     f"{r['fused_over_gemm_only']:.3f} | {_verdict(r)} |")
+                     f"{_with_iqr(r)} | {_verdict(r)} |")
     e = report["environment"]
     lines += ["", f"- `{e['command']}` on {e['date']}, same environment as above."]
     return "\n".join(lines) + "\n"
@@ -72,10 +78,12 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
     lines = [
         f"# Expert kernels on the {env['gpu']}",
         "",
-        "bf16, M = 16384 tokens. Every number is a ratio of medians measured in the same process "
-        "and run (CUDA events, L2 flushed before each repetition, rotating inputs; the fused kernel and "
-        "its baselines interleaved repetition by repetition in a fresh random order each time, a short GPU spin before each so that host "
-        "launch overhead stays outside the timed region). GEMM-only (the speed of light) = the "
+        "bf16, M = 16384 tokens. Every number is a ratio measured in the same process and run (CUDA events, "
+        "L2 flushed before each repetition, rotating inputs; the fused kernel and its baselines interleaved "
+        "repetition by repetition in a fresh random order each time, a short GPU spin before each so that host "
+        "launch overhead stays outside the timed region), taken repetition by repetition: the median over "
+        "repetitions of (kernel's time / baseline's time in the same repetition), so that the clock's drift at "
+        "the power cap cancels; fused / GEMM-only shows the interquartile range of those ratios too. GEMM-only (the speed of light) = the "
         "fastest of cuBLAS and quack's identity-epilogue GEMM, the latter at the fused kernel's config and at its own "
         "best config from the sweep (bench/results/h200/sweep*.json), for the same shape and operand layouts. "
         f"Targets: fused / GEMM-only <= {FUSED_TARGET}; speedup over cuBLAS + torch.compile >= "
@@ -84,7 +92,7 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
         "k6 are ours, timed beside the closest library epilogue at its own best config; k1 has none), within "
         f"{LIBRARY_NOISE:.0%}, the run-to-run noise.",
         "",
-        "| task | scale | config | fused / GEMM-only | rerun | quack GEMM at the fused config / cuBLAS | speedup vs torch.compile | bound | fraction of bound | speedup vs Liger | speedup vs quack library | targets |",
+        "| task | scale | config | fused / GEMM-only (IQR) | rerun | quack GEMM at the fused config / cuBLAS | speedup vs torch.compile | bound | fraction of bound | speedup vs Liger | speedup vs quack library | targets |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for report in reports:
@@ -101,10 +109,12 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
                    else "is the library" if r["task"][:2] in LIBRARY_KERNELS else "")
             a = again.get((r["task"], r["shape"]))
             rerun_ratio = f"{a['fused_over_gemm_only']:.3f}" if a else ""
-            lines.append(f"| {r['task']} | {r['shape']} | {r['best_config']} | {r['fused_over_gemm_only']:.3f} | {rerun_ratio} | "
+            lines.append(f"| {r['task']} | {r['shape']} | {r['best_config']} | {_with_iqr(r)} | {rerun_ratio} | "
                          f"{q_over_c:.3f} | {tc} | {bound} | {frac} | {liger} | {lib} | {_verdict(r, a)} |")
     spread = [(r[k]["q3_us"] - r[k]["q1_us"]) / r[k]["median_us"] for rep in reports for r in rep["rows"]
               for k in ("fused", "gemm_cublas") if k in r]
+    paired = [r["fused_over_gemm_only_iqr"][1] - r["fused_over_gemm_only_iqr"][0] for rep in reports for r in rep["rows"]
+              if "fused_over_gemm_only_iqr" in r]
     if again:
         diffs = [abs(r["fused_over_gemm_only"] - again[r["task"], r["shape"]]["fused_over_gemm_only"])
                  for rep in reports for r in rep["rows"] if (r["task"], r["shape"]) in again and "fused" in r]
@@ -114,9 +124,11 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
                   "A ratio below 1.00 (fused faster than the plain GEMM) is measurement noise at the power "
                   "cap (see the implementation log), not a real speedup."]
     if spread:
-        lines += ["", f"Spread: interquartile range / median of the timed repetitions is at most {max(spread):.0%} "
-                  f"(median {sorted(spread)[len(spread) // 2]:.1%}) in this run; differences between two rows "
-                  "smaller than that are noise."]
+        lines += ["", f"Spread: one function's own times (interquartile range / median over its repetitions) spread "
+                  f"by up to {max(spread):.0%} (median {sorted(spread)[len(spread) // 2]:.1%}) in this run"
+                  + (f"; the per-repetition ratio fused / GEMM-only by up to {max(paired):.3f} (median "
+                     f"{sorted(paired)[len(paired) // 2]:.3f}) between its quartiles" if paired else "")
+                  + ". Differences smaller than that are noise."]
     notes = {r["task"]: r["liger_note"] for rep in reports for r in rep["rows"] if "liger_note" in r}
     errors = {r["task"]: r["liger_error"] for rep in reports for r in rep["rows"] if "liger_error" in r}
     lines.append("")

@@ -50,7 +50,7 @@ def _runs(name, fn, arg_sets, row) -> bool:
 
 
 def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None, library=None, library_config=None,
-               sol_configs=(), diagnostics=None):
+               sol_configs=(), diagnostics=None, reps=REPS):
     """Every config of the fused kernel, the identity-epilogue quack GEMM at each config,
     and every baseline, timed in ONE interleaved run (eval.timing), so that the configs are
     compared with each other as fairly as with the baselines.
@@ -109,7 +109,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
             if _runs(what, fn, args, entry):
                 fns[f"{what}@{key}"] = (fn, args)
                 sweep[f"{what}@{key}"] = (key, what)
-    timed = time_cuda_interleaved(fns, reps=REPS)
+    timed = time_cuda_interleaved(fns, reps=reps)
     for name, t in timed.items():
         if name in sweep:
             key, what = sweep[name]
@@ -171,27 +171,34 @@ def fastest_gemms(row: dict, n: int = 3) -> list[str]:
 
 
 def _ratios(row):
-    """Speedups and fractions, always from times measured in this run."""
+    """Speedups and fractions, always from times measured in this run, each a ratio taken
+    repetition by repetition (eval.timing.paired_ratio: the power cap's clock drift cancels)."""
+    from eval.timing import Timing, paired_ratio
+
     if "fused" not in row:
         return
-    fused = row["fused"]["median_us"]
-    # the speed of light: the fastest GEMM without an epilogue, over cuBLAS and quack at the
-    # fused kernel's config and (from a sweep) at quack's own best config
-    gemm_only = min(row[k]["median_us"] for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in row)
-    row["gemm_only_us"] = gemm_only
-    row["fused_over_gemm_only"] = fused / gemm_only
+    t = {k: Timing(**row[k]) for k in ("fused", "gemm_cublas", "gemm_quack", "gemm_quack_best", "quack_library",
+                                       "liger", "torch_compile") if k in row}
+    # the speed of light: the fastest GEMM without an epilogue (by median), over cuBLAS and
+    # quack at the fused kernel's config and (from a sweep) at quack's own best config
+    sol = min((k for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in t), key=lambda k: t[k].median_us)
+    fused, gemm_only = t["fused"], t[sol]
+    row["gemm_only_us"], row["gemm_only_is"] = gemm_only.median_us, sol
+    over = paired_ratio(fused, gemm_only)
+    row["fused_over_gemm_only"], row["fused_over_gemm_only_iqr"] = over.median, [over.q1, over.q3]
+    row["fused_over_gemm_only_of_medians"] = fused.median_us / gemm_only.median_us
     for d in row.get("diagnostics", {}).values():
-        d["over_gemm_only"] = d["median_us"] / gemm_only
-    if "quack_library" in row:
-        row["speedup_vs_quack_library"] = row["quack_library"]["median_us"] / fused
-    if "liger" in row:
-        row["speedup_vs_liger"] = row["liger"]["median_us"] / fused
-        row["liger_over_gemm_only"] = row["liger"]["median_us"] / gemm_only
-    if "torch_compile" in row:
-        tc = row["torch_compile"]["median_us"]
-        row["speedup_vs_compile"] = tc / fused
-        row["compile_over_gemm_only"] = tc / gemm_only  # the bound a perfect fusion reaches
-        row["fraction_of_bound"] = (tc / fused) / (tc / gemm_only)
+        d["over_gemm_only"] = paired_ratio(Timing(**{k: d[k] for k in Timing.model_fields if k in d}), gemm_only).median
+    if "quack_library" in t:
+        row["speedup_vs_quack_library"] = paired_ratio(t["quack_library"], fused).median
+    if "liger" in t:
+        row["speedup_vs_liger"] = paired_ratio(t["liger"], fused).median
+        row["liger_over_gemm_only"] = paired_ratio(t["liger"], gemm_only).median
+    if "torch_compile" in t:
+        row["speedup_vs_compile"] = paired_ratio(t["torch_compile"], fused).median
+        row["compile_over_gemm_only"] = paired_ratio(t["torch_compile"], gemm_only).median  # the bound a perfect fusion reaches
+        # (tc / fused) / (tc / gemm_only) = gemm_only / fused: the share of the bound reached
+        row["fraction_of_bound"] = paired_ratio(gemm_only, fused).median
 
 
 def _unfused_fn(task):
@@ -225,21 +232,24 @@ def main(argv=None) -> int:
                          "for bench.tuning, in the company of the final's baselines)")
     ap.add_argument("--sol-from", nargs="*", default=None,
                     help="sweeps' JSON: with --tuned, time the identity-epilogue GEMM at its best swept config too")
+    ap.add_argument("--reps", type=int, default=REPS, help="timed repetitions of each function")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.top < 1 or (args.top > 1 and not args.configs_from):
         ap.error("--top N (N >= 1) applies to --configs-from")
+    if args.reps < 5:
+        ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
 
     import tasks
     from bench.configs import CANDIDATES
-    from bench.gpu_env import command_line, fingerprint, install_precompiled
+    from bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
     from eval.kernel import HUMAN_DIR, load_kernel_module
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     configs = [None] if args.tuned else [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"environment": fingerprint(command_line("bench.run", argv)), "reps": REPS, "rows": []}
+    report = {"environment": fingerprint(command_line("bench.run", argv)), "reps": args.reps, "rows": []}
     from bench.liger import composites
     from bench.quack_library import DIAGNOSTICS, alternatives
 
@@ -275,14 +285,14 @@ def main(argv=None) -> int:
                 cfgs, lib_cfg = configs, None
             row = bench_task(task, module, shape, cfgs, args.compile, compiled_ref, liger.get(task.name),
                              library.get(task.name), lib_cfg, sol_cfgs,
-                             DIAGNOSTICS.get(task.name) if args.diagnostics else None)
+                             DIAGNOSTICS.get(task.name) if args.diagnostics else None, args.reps)
             report["rows"].append(row)
             msg = f"{row.get('fused_over_gemm_only', float('nan')):.3f} of GEMM-only"
             if "speedup_vs_compile" in row:
                 msg += f", {row['speedup_vs_compile']:.2f}x vs torch.compile (bound {row['compile_over_gemm_only']:.2f}x)"
             print(f"{task.id} {shape.name}: best {row.get('best_config')} {msg} ({time.monotonic() - t0:.0f} s)", flush=True)
-            out.write_text(json.dumps(report, indent=1))  # partial results survive a timeout
-    out.write_text(json.dumps(report, indent=1))
+            out.write_text(report_json(report))  # partial results survive a timeout
+    out.write_text(report_json(report))
     from bench.report import markdown
 
     print(markdown([report]))

@@ -23,7 +23,7 @@ from eval.launches import Launch, classify
 from eval.numerics import Breach, derive_seed, freeze_prepared, judge_outputs, references, run_trial
 from eval.plausibility import Ceilings, check as plausible
 from eval.result import Outcome
-from eval.timing import time_cuda_interleaved
+from eval.timing import paired_ratio, time_cuda_interleaved
 
 #: input sets the timed calls rotate through (more at small shapes: cheap, and they defeat the cache)
 ROTATE = {"smoke": 4, "paper": 2}
@@ -81,11 +81,13 @@ def benchmark(task, module, shape, master_seed: int, shape_index: int, *, reps: 
         "gemm_only": (lambda a, b: torch.mm(a, b.T), ab),
         "eager": (lambda inputs: task.unfused(inputs, dims), [(i,) for i, _ in sets]),
     }, warmup=warmup, reps=reps)
-    k = timing["kernel"].median_us
-    summary = {name: t.model_dump() for name, t in timing.items()}
-    summary["fused_over_gemm_only"] = k / timing["gemm_only"].median_us
-    summary["gemm_fraction"] = timing["gemm_only"].median_us / k
-    summary["speedup"] = {name: timing[name].median_us / k for name in ("gemm_only", "eager")}
+    summary = {name: t.model_dump(exclude={"samples_us"}) for name, t in timing.items()}
+    # ratios repetition by repetition (eval.timing.paired_ratio): clock drift cancels
+    over = paired_ratio(timing["kernel"], timing["gemm_only"])
+    summary["fused_over_gemm_only"] = over.median
+    summary["fused_over_gemm_only_iqr"] = [over.q1, over.q3]
+    summary["gemm_fraction"] = 1 / over.median
+    summary["speedup"] = {name: paired_ratio(timing[name], timing["kernel"]).median for name in ("gemm_only", "eager")}
     return summary, sets, last
 
 

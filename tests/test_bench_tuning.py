@@ -10,8 +10,11 @@ from bench import tuning
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _t(us):
-    return {"median_us": us, "q1_us": us, "q3_us": us, "min_us": us, "n": 30}
+def _t(us, drift=(1.0,) * 5):
+    """A timing dict whose repetitions took us x each drift factor (eval.timing.Timing)."""
+    samples = sorted(us * d for d in drift)
+    return {"median_us": samples[len(samples) // 2], "q1_us": samples[0], "q3_us": samples[-1], "min_us": samples[0],
+            "n": len(samples), "samples_us": [us * d for d in drift]}
 
 
 def _sweep(tmp_path):
@@ -79,7 +82,24 @@ def test_speed_of_light_is_the_fastest_plain_gemm_measured():
     assert abs(row["speedup_vs_quack_library"] - 1.1) < 1e-12
     del row["gemm_quack_best"]
     _ratios(row)
-    assert row["gemm_only_us"] == 105.0
+    assert row["gemm_only_us"] == 105.0 and row["gemm_only_is"] == "gemm_quack"
+
+
+def test_ratios_are_taken_repetition_by_repetition():
+    from bench.run import _ratios
+
+    # the clock falls during the run; the fused kernel ran at the slow end of each repetition's
+    # drift as often as the GEMM did, 10% slower than it in every repetition
+    drift = (1.0, 1.1, 1.2, 1.3, 1.4)
+    row = {"fused": _t(110.0, drift), "gemm_quack": _t(100.0, drift), "torch_compile": _t(150.0, drift)}
+    _ratios(row)
+    assert abs(row["fused_over_gemm_only"] - 1.1) < 1e-12 and row["fused_over_gemm_only_iqr"][1] - 1.1 < 1e-12
+    assert abs(row["speedup_vs_compile"] - 150 / 110) < 1e-12 and abs(row["fraction_of_bound"] - 1 / 1.1) < 1e-12
+    # paired against a GEMM whose drift ran the other way, the ratios spread around the same median
+    row = {"fused": _t(110.0, drift), "gemm_quack": _t(100.0, drift[::-1])}
+    _ratios(row)
+    lo, hi = row["fused_over_gemm_only_iqr"]
+    assert lo < 1.0 and hi > 1.3 and abs(row["fused_over_gemm_only_of_medians"] - 1.1) < 1e-12
 
 
 def test_diagnostics_are_reported_against_the_same_speed_of_light():
@@ -95,6 +115,7 @@ def test_diagnostics_are_reported_against_the_same_speed_of_light():
                             "triton", "driver", "python")}
     text = markdown([{"environment": env, "rows": [row]}])
     assert "without_zdz (no ZdZ) at 128x128_c1x2_pp: 1.150 of GEMM-only, the kernel 1.300" in text
+    assert "| 128x128_c1x2_pp | 1.300 (1.300-1.300) |" in text  # the per-repetition ratios' quartiles
 
 
 def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
@@ -144,4 +165,15 @@ def test_h200_pipeline_script_parses_and_refuses_unknown_steps():
     script = REPO / "bench" / "h200.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     out = subprocess.run(["bash", str(script), "sweep"], capture_output=True, text=True)
-    assert out.returncode == 2 and "usage: bench/h200.sh confirm|final" in out.stderr
+    assert out.returncode == 2 and "usage: bench/h200.sh confirm|final|rerun" in out.stderr
+
+
+def test_result_files_keep_each_list_of_samples_on_one_line():
+    from bench.gpu_env import report_json
+
+    report = {"rows": [{"fused": _t(110.0, (1.0, 1.25, 0.5)), "configs": {"128x128": {}}, "names": ["a", "b"]}],
+              "nested": [[1, -2.5e-05], []]}
+    text = report_json(report)
+    assert json.loads(text) == report
+    assert '"samples_us": [110.0, 137.5, 55.0]' in text and "[1, -2.5e-05]" in text
+    assert '"names": [\n' in text  # only numbers are joined

@@ -15,7 +15,7 @@ from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
 from eval.launches import Launch, classify
 from eval.numerics import Breach, derive_seed, freeze_prepared, modified, snapshot
 from eval.plausibility import Ceilings, check, floor_us
-from eval.timing import summarize
+from eval.timing import paired_ratio, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 H200_CHECK = REPO / "bench" / "results" / "h200" / "check.json"
@@ -112,6 +112,28 @@ def test_summarize():
     for bad in ([], [1.0, float("nan")], [-1.0]):
         with pytest.raises(ValueError):
             summarize(bad)
+    kept = summarize([3.004, 1.0, 2.0], keep=True)
+    assert kept.samples_us == [3.0, 1.0, 2.0] and summarize([3.0, 1.0]).samples_us == []  # repetition order kept
+
+
+def test_paired_ratio_compares_repetition_by_repetition():
+    # the clock drifts down over the run: every repetition takes longer than the one before,
+    # and the kernel is 5% slower than the GEMM in every repetition
+    drift = [1.0 + 0.02 * i for i in range(21)]
+    gemm = summarize([100.0 * d for d in drift], keep=True)
+    kernel = summarize([105.0 * d for d in drift], keep=True)
+    r = paired_ratio(kernel, gemm)
+    assert r.median == pytest.approx(1.05) and r.q1 == pytest.approx(1.05) and r.q3 == pytest.approx(1.05)
+    # the same times, the kernel's repetitions in the other order: each repetition's ratio
+    # now mixes early and late clocks, so the ratio spreads while the medians do not move
+    shuffled = summarize([105.0 * d for d in reversed(drift)], keep=True)
+    assert shuffled.median_us == kernel.median_us
+    s = paired_ratio(shuffled, gemm)
+    assert s.q1 < 1.0 < 1.1 < s.q3
+    with pytest.raises(ValueError, match="samples of one interleaved run"):
+        paired_ratio(summarize([1.0, 2.0]), gemm)
+    with pytest.raises(ValueError, match="samples of one interleaved run"):
+        paired_ratio(summarize([1.0, 2.0], keep=True), gemm)
 
 
 # ---- seeds, channel, environment -------------------------------------------------------------
