@@ -191,6 +191,13 @@ def _ratios(row):
         d["over_gemm_only"] = paired_ratio(Timing(**{k: d[k] for k in Timing.model_fields if k in d}), gemm_only).median
     if "quack_library" in t:
         row["speedup_vs_quack_library"] = paired_ratio(t["quack_library"], fused).median
+        from bench.quack_library import LIKE_FOR_LIKE
+
+        like = row.get("diagnostics", {}).get(LIKE_FOR_LIKE.get(row.get("task")))
+        if like:  # the library does less than the task: also against the kernel minus that work
+            row["quack_library_like_for_like"] = LIKE_FOR_LIKE[row["task"]]
+            row["speedup_vs_quack_library_like_for_like"] = paired_ratio(
+                t["quack_library"], Timing(**{k: like[k] for k in Timing.model_fields if k in like})).median
     if "liger" in t:
         row["speedup_vs_liger"] = paired_ratio(t["liger"], fused).median
         row["liger_over_gemm_only"] = paired_ratio(t["liger"], gemm_only).median

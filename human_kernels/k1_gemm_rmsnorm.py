@@ -8,11 +8,11 @@ AUTHOR = "epiforge maintainers"
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
 #   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
-#   bench/results/h200/sweep-c8.json
+#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {
-    "16384x6144x2048": "128x128_c1x2_pp",  # 1.003 of GEMM-only
-    "16384x12288x4096": "128x128_c2x1_pp",  # 0.998 of GEMM-only
-    "16384x24576x8192": "128x128_c1x2_pp",  # 0.998 of GEMM-only
+    "16384x6144x2048": "128x128_c1x2_pp",  # 1.001 of GEMM-only
+    "16384x12288x4096": "128x128_c1x2_pp",  # 1.005 of GEMM-only
+    "16384x24576x8192": "128x128_c1x2_pp",  # 1.004 of GEMM-only
 }
 
 

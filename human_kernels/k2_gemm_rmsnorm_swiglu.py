@@ -9,11 +9,11 @@ AUTHOR = "epiforge maintainers"
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
 #   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
-#   bench/results/h200/sweep-c8.json
+#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {
-    "16384x11264x2048": "128x128_c2x1_pp",  # 1.006 of GEMM-only
-    "16384x22016x4096": "128x128_c1x2_pp",  # 0.999 of GEMM-only
-    "16384x44032x8192": "128x128_c2x1_pp",  # 0.998 of GEMM-only
+    "16384x11264x2048": "128x160_c2x1_pp",  # 1.003 of GEMM-only
+    "16384x22016x4096": "128x128_c2x1_pp",  # 1.005 of GEMM-only
+    "16384x44032x8192": "128x128_c2x1_pp",  # 1.001 of GEMM-only
 }
 
 

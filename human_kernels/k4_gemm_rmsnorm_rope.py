@@ -8,11 +8,11 @@ AUTHOR = "quack library (CODA's authors)"
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
 #   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
-#   bench/results/h200/sweep-c8.json
+#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {
-    "16384x6144x2048": "128x128_c1x2_pp",  # 1.011 of GEMM-only
-    "16384x12288x4096": "128x192_c2x1_pp",  # 1.001 of GEMM-only
-    "16384x24576x8192": "128x192_c2x1_pp_sw1",  # 1.002 of GEMM-only
+    "16384x6144x2048": "128x192_c1x2_pp",  # 1.014 of GEMM-only
+    "16384x12288x4096": "128x192_c2x1_pp",  # 1.002 of GEMM-only
+    "16384x24576x8192": "128x128_c1x2_pp",  # 0.992 of GEMM-only
 }
 
 qkv_rmsnorm_rope = P.from_quack("quack.epilogue.rotary:rstd_rope_posfreq_epi")

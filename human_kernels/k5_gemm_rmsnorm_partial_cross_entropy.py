@@ -9,11 +9,11 @@ AUTHOR = "epiforge maintainers"
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
 #   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
-#   bench/results/h200/sweep-c8.json
+#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {
-    "16384x32768x2048": "192x128_c1x2_pp",  # 0.997 of GEMM-only
-    "16384x32768x4096": "128x192_c2x1_pp",  # 1.005 of GEMM-only
-    "16384x32768x8192": "128x208_c2x1_pp",  # 0.993 of GEMM-only
+    "16384x32768x2048": "128x160_c1x2_pp",  # 0.997 of GEMM-only
+    "16384x32768x4096": "128x160_c2x1_pp",  # 1.009 of GEMM-only
+    "16384x32768x8192": "128x192_c2x1_pp_sw1",  # 1.005 of GEMM-only
 }
 
 

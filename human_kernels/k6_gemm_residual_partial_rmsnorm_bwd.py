@@ -10,11 +10,11 @@ AUTHOR = "epiforge maintainers"
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
 #   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
-#   bench/results/h200/sweep-c8.json
+#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {
-    "16384x2048x11264": "128x128_c1x2_pp_cs2",  # 1.039 of GEMM-only
-    "16384x4096x22016": "192x128_c1x2_pp",  # 1.025 of GEMM-only
-    "16384x8192x44032": "128x192_c2x1_pp",  # 1.015 of GEMM-only
+    "16384x2048x11264": "128x128_c1x2_pp_cs1",  # 1.043 of GEMM-only
+    "16384x4096x22016": "192x128_c1x2_pp",  # 1.013 of GEMM-only
+    "16384x8192x44032": "192x128_c1x2_pp",  # 1.008 of GEMM-only
 }
 
 

@@ -10,11 +10,11 @@ AUTHOR = "quack library (CODA's authors)"
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
 #   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
-#   bench/results/h200/sweep-c8.json
+#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {
-    "16384x5632x2048": "128x128_c1x2_pp",  # 1.216 of GEMM-only
-    "16384x11008x4096": "128x128_c1x2_pp_cs1",  # 1.070 of GEMM-only
-    "16384x22016x8192": "128x192_c2x1_pp",  # 1.018 of GEMM-only
+    "16384x5632x2048": "128x128_c1x2_pp_cs2",  # 1.264 of GEMM-only
+    "16384x11008x4096": "128x128_c1x2_pp_cs2",  # 1.096 of GEMM-only
+    "16384x22016x8192": "128x192_c2x1_pp",  # 1.022 of GEMM-only
 }
 
 swiglu_bwd_zdz = P.from_quack("quack.epilogue.library:dswiglu_dpreact_mod")

@@ -177,3 +177,23 @@ def test_result_files_keep_each_list_of_samples_on_one_line():
     assert json.loads(text) == report
     assert '"samples_us": [110.0, 137.5, 55.0]' in text and "[1, -2.5e-05]" in text
     assert '"names": [\n' in text  # only numbers are joined
+
+
+def test_a_library_that_does_less_is_compared_with_the_kernel_minus_that_work():
+    from bench.report import _verdict
+    from bench.run import _ratios
+
+    k6 = "k6_gemm_residual_partial_rmsnorm_bwd"  # quack's rms_bwd_apply_epi does not store h
+    row = {"task": k6, "fused": _t(104.0), "gemm_quack": _t(100.0), "quack_library": _t(101.0),
+           "diagnostics": {"without_h": {"note": "no h", "config": "c", **_t(101.5)}}}
+    _ratios(row)
+    assert abs(row["speedup_vs_quack_library"] - 101 / 104) < 1e-12
+    assert row["quack_library_like_for_like"] == "without_h"
+    assert abs(row["speedup_vs_quack_library_like_for_like"] - 101 / 101.5) < 1e-12
+    assert _verdict(row) == "met"
+    slower = {**row, "diagnostics": {"without_h": {"note": "no h", "config": "c", **_t(104.0)}}}
+    _ratios(slower)
+    assert _verdict(slower) == "MISSED: 0.97x of quack's library epilogue"
+    alone = {k: v for k, v in row.items() if not k.startswith(("diagnostics", "quack_library_like", "speedup_vs_quack_library_like"))}
+    _ratios(alone)  # no diagnostic timed: the kernel itself is compared
+    assert "quack_library_like_for_like" not in alone and _verdict(alone) == "MISSED: 0.97x of quack's library epilogue"
