@@ -64,14 +64,19 @@ def shape_times(timing: dict) -> tuple[float | None, float | None, dict[str, flo
     return (times[kernel_key] if kernel_key else None), gemm, baselines
 
 
+def shape_ratio(timing: dict) -> float | None:
+    """kernel / GEMM-only for one shape: the evaluator's own per-repetition ratio
+    (eval.timing.paired_ratio) where it gave one, else the ratio of the medians."""
+    given = timing.get("fused_over_gemm_only")
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
+        return float(given)
+    kernel, gemm, _ = shape_times(timing)
+    return kernel / gemm if kernel and gemm else None
+
+
 def speed_ratio(result) -> float | None:
-    """The worst kernel / GEMM-only time over the timed shapes; None when nothing was timed."""
-    ratios = []
-    for s in result.per_shape:
-        if s.timing:
-            kernel, gemm, _ = shape_times(s.timing)
-            if kernel and gemm:
-                ratios.append(kernel / gemm)
+    """The worst kernel / GEMM-only ratio over the timed shapes; None when nothing was timed."""
+    ratios = [r for s in result.per_shape if s.timing and (r := shape_ratio(s.timing)) is not None]
     return max(ratios) if ratios else None
 
 
@@ -118,6 +123,8 @@ def _timing_line(timing: dict) -> str:
     if kernel is not None:
         parts.append(f"kernel {kernel:.1f} us")
     if gemm is not None:
-        parts.append(f"GEMM-only {gemm:.1f} us" + (f" (ratio {kernel / gemm:.3f})" if kernel and gemm else ""))
+        ratio, iqr = shape_ratio(timing), timing.get("fused_over_gemm_only_iqr")
+        spread = f", quartiles {iqr[0]:.3f}-{iqr[1]:.3f}" if isinstance(iqr, list) and len(iqr) == 2 else ""
+        parts.append(f"GEMM-only {gemm:.1f} us" + (f" (ratio {ratio:.3f}{spread})" if ratio else ""))
     parts += [f"{name} {us:.1f} us" for name, us in baselines.items()]
     return ", ".join(parts) or str(timing)
