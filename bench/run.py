@@ -16,7 +16,8 @@ GEMM-only, the speed of light, is the fastest of gemm_cublas, gemm_quack and gem
 Timing: eval/timing.py (CUDA events on the current stream, L2 flushed, a GPU spin so host
 overhead stays out, warm-up, rotating inputs, median of many); everything of one row, every
 config included, in ONE interleaved run, so that clock, temperature or power-cap drift cannot
-bias the ratios or the choice of config. Writes JSON (with the environment); bench/report.py
+bias the ratios or the choice of config. Every ratio, and every ranking of configs (speed:
+against the row's cuBLAS GEMM), is taken repetition by repetition (eval.timing.paired_ratio). Writes JSON (with the environment); bench/report.py
 renders the tables, bench/tuning.py turns a sweep into TUNED tables.
 
     python -m bench.run --library --out sweep.json                       # sweep every config
@@ -120,11 +121,12 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
             row[name] = t.model_dump()
     if "gemm_quack_candidates" in row:
         cands = row["gemm_quack_candidates"]
-        row["gemm_quack_best_config"] = min(cands, key=lambda k: cands[k]["median_us"])
+        row["gemm_quack_best_config"] = min(cands, key=lambda k: speed(cands[k], row.get("gemm_cublas")))
         row["gemm_quack_best"] = cands[row["gemm_quack_best_config"]]
-    row.update(_best(row["configs"], "fused"))
+    ref = row.get("gemm_cublas")
+    row.update(_best(row["configs"], "fused", ref))
     if not sol_configs and len(row["configs"]) > 1:  # a sweep: the fastest GEMM over all its configs
-        best_gemm = _best(row["configs"], "gemm_quack")
+        best_gemm = _best(row["configs"], "gemm_quack", ref)
         if best_gemm:
             row["gemm_quack_best"], row["gemm_quack_best_config"] = best_gemm["gemm_quack"], best_gemm["best_config"]
     for dname, (_, note) in (diagnostics or {}).items():
@@ -133,7 +135,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
             row.setdefault("diagnostics", {})[dname] = {"note": note, "config": row["best_config"], **at}
     if library is not None:
         row["quack_library_note"] = library[1]
-        best_lib = _best(row["configs"], "quack_library")
+        best_lib = _best(row["configs"], "quack_library", ref)
         if best_lib:
             row["quack_library"] = best_lib["quack_library"]
             row["quack_library_config"] = row["configs"][best_lib["best_config"]]["quack_library_config"]
@@ -142,12 +144,24 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     return row
 
 
-def _best(configs: dict, what: str) -> dict:
-    """The config where `what` ran fastest: its key, its timing and its quack GEMM's."""
+def speed(t: dict, ref: dict | None) -> float:
+    """How long a timing took, comparable within one run: its median per-repetition ratio to
+    ref (the row's cuBLAS GEMM) where ref holds samples (eval.timing.paired_ratio: the power
+    cap's drift cancels), else its median time (result files from before samples were kept)."""
+    from eval.timing import Timing, paired_ratio
+
+    if ref and ref.get("samples_us"):
+        return paired_ratio(Timing(**{k: t[k] for k in Timing.model_fields if k in t}), Timing(**ref)).median
+    return t["median_us"]
+
+
+def _best(configs: dict, what: str, ref: dict | None) -> dict:
+    """The config where `what` ran fastest (speed against ref): its key, its timing and its
+    quack GEMM's."""
     timed = {k: v for k, v in configs.items() if what in v}
     if not timed:
         return {}
-    best = min(timed, key=lambda k: timed[k][what]["median_us"])
+    best = min(timed, key=lambda k: speed(timed[k][what], ref))
     out = {"best_config": best, what: timed[best][what]}
     if what == "fused" and "gemm_quack" in timed[best]:
         out["gemm_quack"] = timed[best]["gemm_quack"]
@@ -156,14 +170,14 @@ def _best(configs: dict, what: str) -> dict:
 
 def fastest_fused(row: dict, n: int = 3) -> list[str]:
     """The sweep row's n fastest configs of the fused kernel, fastest first."""
-    timed = {k: v["fused"]["median_us"] for k, v in row["configs"].items() if "fused" in v}
+    timed = {k: speed(v["fused"], row.get("gemm_cublas")) for k, v in row["configs"].items() if "fused" in v}
     return sorted(timed, key=timed.get)[:n]
 
 
 def fastest_gemms(row: dict, n: int = 3) -> list[str]:
     """The sweep row's n fastest configs of the identity-epilogue GEMM (distinct kernels:
     epi_c_stages does not change a GEMM that loads no C)."""
-    timed = {k: v["gemm_quack"]["median_us"] for k, v in row["configs"].items() if "gemm_quack" in v}
+    timed = {k: speed(v["gemm_quack"], row.get("gemm_cublas")) for k, v in row["configs"].items() if "gemm_quack" in v}
     distinct = {}
     for k in sorted(timed, key=timed.get):
         distinct.setdefault(k.split("_cs")[0], k)
@@ -177,16 +191,21 @@ def _ratios(row):
 
     if "fused" not in row:
         return
+    for stale in ("quack_library_like_for_like", "speedup_vs_quack_library_like_for_like"):
+        row.pop(stale, None)
     t = {k: Timing(**row[k]) for k in ("fused", "gemm_cublas", "gemm_quack", "gemm_quack_best", "quack_library",
                                        "liger", "torch_compile") if k in row}
-    # the speed of light: the fastest GEMM without an epilogue (by median), over cuBLAS and
-    # quack at the fused kernel's config and (from a sweep) at quack's own best config
-    sol = min((k for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in t), key=lambda k: t[k].median_us)
+    # the speed of light: the fastest GEMM without an epilogue, over cuBLAS and quack at the
+    # fused kernel's config and (from a sweep) at quack's own best config
+    sol = min((k for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in t),
+              key=lambda k: speed(row[k], row.get("gemm_cublas")))
     fused, gemm_only = t["fused"], t[sol]
     row["gemm_only_us"], row["gemm_only_is"] = gemm_only.median_us, sol
     over = paired_ratio(fused, gemm_only)
     row["fused_over_gemm_only"], row["fused_over_gemm_only_iqr"] = over.median, [over.q1, over.q3]
     row["fused_over_gemm_only_of_medians"] = fused.median_us / gemm_only.median_us
+    if "gemm_quack" in t and "gemm_cublas" in t:
+        row["quack_over_cublas"] = paired_ratio(t["gemm_quack"], t["gemm_cublas"]).median
     for d in row.get("diagnostics", {}).values():
         d["over_gemm_only"] = paired_ratio(Timing(**{k: d[k] for k in Timing.model_fields if k in d}), gemm_only).median
     if "quack_library" in t:

@@ -27,19 +27,22 @@ def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, t
     for f in files:
         for row in json.loads(Path(f).read_text())["rows"]:
             rows[row["task"], row["shape"]] = row
+    from bench.run import speed
+
     best: dict[str, dict[str, tuple[str, float]]] = {}
     for row in rows.values():
-        quack = [v["gemm_quack"]["median_us"] for v in row["configs"].values() if "gemm_quack" in v]
+        quack = [v["gemm_quack"] for v in row["configs"].values() if "gemm_quack" in v]
         if not quack or "gemm_cublas" not in row:
             continue
-        best_gemm = row.get("gemm_quack_best", {}).get("median_us")  # a confirmation run's speed-of-light configs
-        gemm_only = min(row["gemm_cublas"]["median_us"], *quack, *([best_gemm] if best_gemm else []))
+        ref = row["gemm_cublas"]  # every time is taken against it, repetition by repetition (bench.run.speed)
+        best_gemm = row.get("gemm_quack_best")  # a confirmation run's speed-of-light configs
+        gemm_only = min(speed(t, ref) for t in [ref, *quack, *([best_gemm] if best_gemm else [])])
         shape = "x".join(str(x) for x in row["gemm_mnk"])
         for key, v in row["configs"].items():
             if what in v:
                 # the library may have run at its own config beside the fused kernel's (--configs-from)
                 cfg = v.get("quack_library_config", key) if what == "quack_library" else key
-                ratio = v[what]["median_us"] / gemm_only
+                ratio = speed(v[what], ref) / gemm_only
                 cur = best.setdefault(row["task"], {}).get(shape)
                 if cur is None or ratio < cur[1]:
                     best[row["task"]][shape] = (cfg, ratio)
