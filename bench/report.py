@@ -162,10 +162,15 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
               if "fused_over_gemm_only_iqr" in r]
     diffs = [abs(r["fused_over_gemm_only"] - again[r["task"], r["shape"]]["fused_over_gemm_only"])
              for rep in reports for r in rep["rows"] if (r["task"], r["shape"]) in again and "fused" in r]
+    key = "fused_over_gemm_only_of_medians"
+    of_medians = [abs(r[key] - again[r["task"], r["shape"]][key]) for rep in reports for r in rep["rows"]
+                  if key in r and key in again.get((r["task"], r["shape"]), {})]
     if diffs:
         lines += ["", f"Rerun: the same command again on the same machine right after (`{rerun['environment']['command']}`); "
                   f"fused / GEMM-only moved by at most {max(diffs):.3f} (median {statistics.median(diffs):.3f}) "
-                  "between the two runs. The targets column uses the worse of the two for every metric. "
+                  "between the two runs" + (f" (taken as a ratio of medians instead: at most {max(of_medians):.3f}, median "
+                                            f"{statistics.median(of_medians):.3f})" if of_medians else "")
+                  + ". The targets column uses the worse of the two for every metric. "
                   "A ratio below 1.00 (fused faster than the plain GEMM) is measurement noise at the power "
                   "cap (see the implementation log), not a real speedup."]
     if spread:

@@ -5,13 +5,16 @@ alternatives (bench/quack_library.py). Only sweeps timed in one interleaved run 
 configs fairly: pass those.
 
     python -m bench.tuning bench/results/h200/sweep.json [--write]
+    python -m bench.tuning bench/results/h200/sweep*.json bench/results/h200/confirm.json --check
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -19,17 +22,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, tuple[str, float]]]:
-    """{task: {"MxNxK": (config key, time / GEMM-only)}}: per task and shape the lowest
-    ratio within one sweep (one interleaved run); a later file's row for the same task and
-    shape replaces an earlier one's (ratios from different runs are not compared)."""
+def config_ratios(files: list[str], what: str = "fused") -> dict[str, dict[str, dict[str, float]]]:
+    """{task: {"MxNxK": {config key: time / GEMM-only}}}, each ratio within one sweep (one
+    interleaved run; bench.run.speed); a later file's row for the same task and shape
+    replaces an earlier one's (ratios from different runs are not compared)."""
     rows = {}
     for f in files:
         for row in json.loads(Path(f).read_text())["rows"]:
             rows[row["task"], row["shape"]] = row
     from bench.run import speed
 
-    best: dict[str, dict[str, tuple[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, float]]] = {}
     for row in rows.values():
         quack = [v["gemm_quack"] for v in row["configs"].values() if "gemm_quack" in v]
         if not quack or "gemm_cublas" not in row:
@@ -42,11 +45,46 @@ def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, t
             if what in v:
                 # the library may have run at its own config beside the fused kernel's (--configs-from)
                 cfg = v.get("quack_library_config", key) if what == "quack_library" else key
-                ratio = speed(v[what], ref) / gemm_only
-                cur = best.setdefault(row["task"], {}).get(shape)
-                if cur is None or ratio < cur[1]:
-                    best[row["task"]][shape] = (cfg, ratio)
-    return best
+                out.setdefault(row["task"], {}).setdefault(shape, {})[cfg] = speed(v[what], ref) / gemm_only
+    return out
+
+
+def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, tuple[str, float]]]:
+    """{task: {"MxNxK": (config key, time / GEMM-only)}}: per task and shape the config with
+    the lowest ratio (config_ratios)."""
+    return {task: {shape: min(cfgs.items(), key=lambda kv: kv[1]) for shape, cfgs in shapes.items()}
+            for task, shapes in config_ratios(files, what).items()}
+
+
+def current_table(path: Path) -> dict[str, str]:
+    """The TUNED table a kernel file carries now, read as data (the file is not imported)."""
+    m = re.search(r"^TUNED = (\{.*?^\})", path.read_text(), flags=re.S | re.M)
+    if not m:
+        raise SystemExit(f"{path}: no TUNED table")
+    return ast.literal_eval(m.group(1))
+
+
+def check(files: list[str]) -> list[str]:
+    """Where the kernels' TUNED tables differ from what these files pick: a line each, with
+    how much faster the pick ran than the table's config in the same run, and a summary."""
+    lines, margins, n = [], [], 0
+    for task, shapes in sorted(config_ratios(files).items()):
+        table_now = current_table(REPO / "human_kernels" / f"{task}.py")
+        for shape, cfgs in sorted(shapes.items()):
+            n += 1
+            pick = min(cfgs, key=cfgs.get)
+            have = table_now.get(shape)
+            if have == pick:
+                continue
+            if have in cfgs:
+                margins.append(cfgs[have] / cfgs[pick] - 1)
+                lines.append(f"{task} {shape}: TUNED {have}, these files pick {pick}, {margins[-1]:.2%} faster")
+            else:
+                lines.append(f"{task} {shape}: TUNED {have}, not timed in these files; they pick {pick}")
+    summary = f"{len(lines)} of {n} entries differ"
+    if margins:
+        summary += f"; the picks ran at most {max(margins):.2%} faster (median {statistics.median(margins):.2%})"
+    return lines + [summary]
 
 
 def table(shapes: dict[str, tuple[str, float]], indent: str = "") -> str:
@@ -92,7 +130,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
     ap.add_argument("--write", action="store_true", help="rewrite the TUNED tables in human_kernels/ and bench/quack_library.py")
+    ap.add_argument("--check", action="store_true",
+                    help="only say where the kernels' TUNED tables differ from these files' picks, and by how much")
+    ap.add_argument("--ratios", action="store_true", help="only list every config's time / GEMM-only, fastest first")
     args = ap.parse_args(argv)
+    if args.write + args.check + args.ratios > 1:
+        ap.error("pass one of --write, --check, --ratios")
+    if args.check:
+        print("\n".join(check(args.files)))
+        return 0
+    if args.ratios:
+        for task, shapes in sorted(config_ratios(args.files).items()):
+            for shape, cfgs in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
+                print(f"{task} {shape}: " + ", ".join(f"{c} {r:.3f}" for c, r in sorted(cfgs.items(), key=lambda kv: kv[1])))
+        return 0
     for task, shapes in sorted(best_configs(args.files).items()):
         print(f"# {task}\nTUNED = {table(shapes)}")
         if args.write:

@@ -266,3 +266,26 @@ def test_a_library_that_does_less_is_compared_with_the_kernel_minus_that_work():
     alone = {k: v for k, v in row.items() if not k.startswith(("diagnostics", "quack_library_like", "speedup_vs_quack_library_like"))}
     _ratios(alone)  # no diagnostic timed: the kernel itself is compared
     assert "quack_library_like_for_like" not in alone and _verdict(alone) == "MISSED: 0.97x of quack's library epilogue"
+
+
+def test_check_says_where_the_tables_differ_from_the_data_and_by_how_much(tmp_path, monkeypatch):
+    kernels = tmp_path / "human_kernels"
+    kernels.mkdir()
+    for task, cfg in (("k8_gemm_swiglu", "128x192_c2x1_pp"), ("k2_gemm_rmsnorm_swiglu", "128x192_c2x1_pp")):
+        (kernels / f"{task}.py").write_text(f'X = 1\nTUNED = {{\n    "16384x11264x2048": "{cfg}",  # old\n}}\n')
+    monkeypatch.setattr(tuning, "REPO", tmp_path)
+    lines = tuning.check([_sweep(tmp_path)])
+    # k8: the table says 128x192 (110 us), the data picks 128x128 (104 us); k2's table agrees with its data
+    assert lines == ["k8_gemm_swiglu 16384x11264x2048: TUNED 128x192_c2x1_pp, these files pick 128x128_c1x2_pp, "
+                     f"{110 / 104 - 1:.2%} faster",
+                     f"1 of 2 entries differ; the picks ran at most {110 / 104 - 1:.2%} faster (median {110 / 104 - 1:.2%})"]
+    assert tuning.main([_sweep(tmp_path), "--check"]) == 0
+    assert "X = 1" in (kernels / "k8_gemm_swiglu.py").read_text() and '"128x192_c2x1_pp"' in (kernels / "k8_gemm_swiglu.py").read_text()
+
+
+def test_ratios_lists_every_config_fastest_first(tmp_path, capsys):
+    assert tuning.main([_sweep(tmp_path), "--ratios"]) == 0
+    out = capsys.readouterr().out
+    assert f"k8_gemm_swiglu 16384x11264x2048: 128x128_c1x2_pp {104 / 98:.3f}, 128x192_c2x1_pp {110 / 98:.3f}" in out
+    with pytest.raises(SystemExit):
+        tuning.main([_sweep(tmp_path), "--ratios", "--write"])
