@@ -6,6 +6,7 @@
 #   bench/h200.sh confirm   # re-time every row at its sweeps' 3 fastest configs, beside the final's baselines
 #   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain (tuned.tar: the new tables)
 #   bench/h200.sh rerun     # the final's command again (final-2.json): how far a rerun moves each ratio
+#   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -51,8 +52,24 @@ case "${1:-}" in
     $PY -m bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \
       --out "$OUT/final-2.json" | grep -E "^k[0-9] "
     ;;
+  profile)
+    # Nsight Compute on k7 and k0 at 1B: each kernel beside its diagnostics and the plain
+    # GEMM at the same config (DRAM traffic and throughput, time at ncu's locked clocks)
+    mkdir -p "$OUT"
+    metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+    metrics=$metrics,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
+    $PY -c "from bench.gpu_env import install_precompiled as i; i()"
+    for run in "k7 1B gemm" "k7 1B fused" "k7 1B stores_only" "k7 1B without_postact" \
+               "k0 1B gemm" "k0 1B fused" "k0 1B stores_only"; do
+      # shellcheck disable=SC2086  # run is three words
+      ncu -k regex:cutlass --launch-skip 2 --launch-count 1 --metrics "$metrics" --csv \
+        $PY -m bench.profile_one $run > "$STATE/ncu-${run// /-}.csv" 2>&1 || true
+    done
+    tail -n +1 "$STATE"/ncu-*.csv | grep -E "==>|gpu__time|dram__|sm__throughput|Error|error" > "$OUT/ncu.txt"
+    cat "$OUT/ncu.txt"
+    ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile" >&2
     exit 2
     ;;
 esac

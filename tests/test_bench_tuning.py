@@ -234,7 +234,7 @@ def test_h200_pipeline_script_parses_and_refuses_unknown_steps():
     script = REPO / "bench" / "h200.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     out = subprocess.run(["bash", str(script), "sweep"], capture_output=True, text=True)
-    assert out.returncode == 2 and "usage: bench/h200.sh confirm|final|rerun" in out.stderr
+    assert out.returncode == 2 and "usage: bench/h200.sh confirm|final|rerun|profile" in out.stderr
 
 
 def test_result_files_keep_each_list_of_samples_on_one_line():

@@ -1,0 +1,73 @@
+"""Run one expert kernel, one of its diagnostics, or the plain quack GEMM at its config, a
+few times at a paper shape: the process Nsight Compute profiles (bench/h200.sh profile).
+
+    ncu -k regex:cutlass --launch-skip 2 --launch-count 1 --metrics ... \
+        python -m bench.profile_one k7 1B fused|gemm|<diagnostic name>
+
+Every call launches exactly one CuTe-DSL kernel (the fused GEMM; finishers are Triton or
+torch), so skipping the first two of three profiles the third, with warm caches. The
+config is the kernel's own TUNED pick, for all three kinds: the numbers compare like with
+like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("task", help="task id, e.g. k7")
+    ap.add_argument("scale", help="paper shape name: 1B, 7B or 70B")
+    ap.add_argument("what", help="fused, gemm, or a diagnostic's name (bench/quack_library.py DIAGNOSTICS)")
+    ap.add_argument("--calls", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    import tasks
+    from eval.kernel import HUMAN_DIR
+
+    task = next((t for t in tasks.load_catalogue()[0] if t.id == args.task), None)
+    if task is None:
+        ap.error(f"no task {args.task}")
+    shape = next((s for s in tasks.shape_sets()["paper"] if s.name == args.scale), None)
+    if shape is None:
+        ap.error(f"no paper shape {args.scale}")
+    from bench.quack_library import DIAGNOSTICS
+
+    diags = DIAGNOSTICS.get(task.name, {})
+    if args.what not in ("fused", "gemm", *diags):
+        ap.error(f"{args.what}: not fused, gemm or one of {task.id}'s diagnostics {sorted(diags)}")
+
+    import torch
+
+    import primitives as P
+    from bench.baselines import gemm_only
+    from bench.gpu_env import install_precompiled
+    from eval.kernel import load_kernel_module
+
+    install_precompiled()
+    module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+    inputs = task.make_inputs(shape.dims(), seed=100, device="cuda")
+    consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
+    prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
+    a, b = task.gemm_operands(inputs)
+    config = P.pick_config(getattr(module, "TUNED", {}), a, b)
+    if args.what == "fused":
+        def call():
+            return module.run(inputs, prepared, config=config)
+    elif args.what == "gemm":
+        def call():
+            return gemm_only(a, b, config=config)
+    else:
+        def call():
+            return diags[args.what][0](inputs, config)
+    for _ in range(args.calls):
+        call()
+    torch.cuda.synchronize()
+    print(f"{task.id} {shape.name} {args.what} at {config.key()}: {args.calls} calls", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
