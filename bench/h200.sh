@@ -55,7 +55,7 @@ case "${1:-}" in
   profile)
     # Nsight Compute on k7 and k0 at 1B: each kernel beside its diagnostics and the plain
     # GEMM at the same config (DRAM traffic and throughput, time at ncu's locked clocks)
-    mkdir -p "$OUT"
+    mkdir -p "$OUT" "$STATE"
     metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
     metrics=$metrics,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
     $PY -c "from bench.gpu_env import install_precompiled as i; i()"
@@ -66,7 +66,9 @@ case "${1:-}" in
         $PY -m bench.profile_one $run > "$STATE/ncu-${run// /-}.csv" 2>&1 || true
     done
     tail -n +1 "$STATE"/ncu-*.csv | grep -E "==>|gpu__time|dram__|sm__throughput|Error|error" > "$OUT/ncu.txt"
-    cat "$OUT/ncu.txt"
+    $PY -c "import json; from bench.gpu_env import fingerprint; print(json.dumps(fingerprint('bash bench/h200.sh profile')))" \
+      > "$STATE/ncu-env.json"
+    $PY -m bench.ncu_report "$OUT/ncu.txt" --environment "$STATE/ncu-env.json" --out "$OUT/ncu.json"
     ;;
   *)
     echo "usage: bench/h200.sh confirm|final|rerun|profile" >&2
