@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -104,6 +103,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 5:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
+    from bench.gpu_env import read_report
+
+    try:
+        picked_from = [(read_report(f), bool(args.configs_from)) for f in (args.configs_from or []) + (args.sol_from or [])]
+    except ValueError as e:
+        ap.error(str(e))
 
     import tasks
     from bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
@@ -119,10 +124,10 @@ def main(argv=None) -> int:
     from primitives.config import GemmConfig
 
     swept, sol = {}, {}
-    for f in (args.configs_from or []) + (args.sol_from or []):
-        for r in json.loads(Path(f).read_text())["rows"]:
+    for report_in, their_configs in picked_from:
+        for r in report_in["rows"]:
             if "best_config" in r:
-                if args.configs_from:
+                if their_configs:
                     swept[r["task"][:2], r["shape"]] = GemmConfig.parse(r["best_config"])
                 sol[r["task"][:2], r["shape"]] = [GemmConfig.parse(k) for k in fastest_gemms(r)]
     compiled = torch.compile(unfused_chain, dynamic=True)

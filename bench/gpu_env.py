@@ -1,15 +1,16 @@
 """GPU-side setup shared by the bench scripts: the environment fingerprint every result
-file carries, how a result file is written, and installing the objects bench/precompile.py built on a CPU into this
-machine's quack cache (quack names its cache folder after a fingerprint that hashes the
-Python version, which differs between the two machines; the objects' own names do not)."""
+file carries, how a result file is written and read, and installing the objects
+bench/precompile.py built on a CPU into this machine's quack cache (quack names its cache
+folder after a fingerprint that hashes the Python version, which differs between the two
+machines; the objects' own names do not)."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import os
-import re
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -100,3 +101,16 @@ def report_json(report: dict) -> str:
     (a timing's samples, one per repetition) stays on one line."""
     text = json.dumps(report, indent=1)
     return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text)
+
+
+def read_report(path) -> dict:
+    """A result file (bench.run, bench.chain); ValueError, one line, if it is not one."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(report, dict) or not isinstance(report.get("rows"), list):
+        raise ValueError(f"{path}: not a result file (no list of rows)")
+    return report

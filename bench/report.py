@@ -11,7 +11,6 @@ definition added after the run, e.g. a like-for-like library comparison.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -125,8 +124,8 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
         "repetition by repetition in a fresh random order each time, a short GPU spin before each so that host "
         "launch overhead stays outside the timed region), taken repetition by repetition: the median over "
         "repetitions of (kernel's time / baseline's time in the same repetition), so that the clock's drift at "
-        "the power cap cancels; fused / GEMM-only shows the interquartile range of those ratios too. GEMM-only (the speed of light) = the "
-        "fastest of cuBLAS and quack's identity-epilogue GEMM, the latter at the fused kernel's config and at its own "
+        "the power cap cancels; fused / GEMM-only shows the interquartile range of those ratios too. "
+        "GEMM-only (the speed of light) = the fastest of cuBLAS and quack's identity-epilogue GEMM, the latter at the fused kernel's config and at its own "
         "best config from the sweep (bench/results/h200/sweep*.json), for the same shape and operand layouts. "
         f"Targets: fused / GEMM-only <= {FUSED_TARGET}; speedup over cuBLAS + torch.compile >= "
         f"{BOUND_TARGET} x the bound (torch.compile / GEMM-only), i.e. fraction of bound >= {BOUND_TARGET}; "
@@ -217,11 +216,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     files = args.files + ([args.rerun] if args.rerun else [])
     loaded = {}
+    from bench.gpu_env import read_report
+
     for f in files:
         try:
-            loaded[f] = json.loads(Path(f).read_text())
-        except (OSError, ValueError) as e:
-            ap.error(f"{f}: not a result file ({e})")
+            loaded[f] = read_report(f)
+        except ValueError as e:
+            ap.error(str(e))
     if args.rederive:
         from bench.gpu_env import report_json, source_commit
 

@@ -17,8 +17,9 @@ Timing: eval/timing.py (CUDA events on the current stream, L2 flushed, a GPU spi
 overhead stays out, warm-up, rotating inputs, median of many); everything of one row, every
 config included, in ONE interleaved run, so that clock, temperature or power-cap drift cannot
 bias the ratios or the choice of config. Every ratio, and every ranking of configs (speed:
-against the row's cuBLAS GEMM), is taken repetition by repetition (eval.timing.paired_ratio). Writes JSON (with the environment); bench/report.py
-renders the tables, bench/tuning.py turns a sweep into TUNED tables.
+against the row's cuBLAS GEMM), is taken repetition by repetition (eval.timing.paired_ratio).
+Writes JSON (with the environment); bench/report.py renders the tables, bench/tuning.py turns
+a sweep into TUNED tables.
 
     python -m bench.run --library --out sweep.json                       # sweep every config
     python -m bench.run --configs-from sweep.json --top 3 --compile --liger --out confirm.json  # re-rank
@@ -28,7 +29,6 @@ renders the tables, bench/tuning.py turns a sweep into TUNED tables.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -151,7 +151,7 @@ def speed(t: dict, ref: dict | None) -> float:
     from eval.timing import Timing, paired_ratio
 
     if ref and ref.get("samples_us"):
-        return paired_ratio(Timing(**{k: t[k] for k in Timing.model_fields if k in t}), Timing(**ref)).median
+        return paired_ratio(Timing.of(t), Timing.of(ref)).median
     return t["median_us"]
 
 
@@ -193,7 +193,7 @@ def _ratios(row):
         return
     for stale in ("quack_library_like_for_like", "speedup_vs_quack_library_like_for_like"):
         row.pop(stale, None)
-    t = {k: Timing(**row[k]) for k in ("fused", "gemm_cublas", "gemm_quack", "gemm_quack_best", "quack_library",
+    t = {k: Timing.of(row[k]) for k in ("fused", "gemm_cublas", "gemm_quack", "gemm_quack_best", "quack_library",
                                        "liger", "torch_compile") if k in row}
     # the speed of light: the fastest GEMM without an epilogue, over cuBLAS and quack at the
     # fused kernel's config and (from a sweep) at quack's own best config
@@ -207,7 +207,7 @@ def _ratios(row):
     if "gemm_quack" in t and "gemm_cublas" in t:
         row["quack_over_cublas"] = paired_ratio(t["gemm_quack"], t["gemm_cublas"]).median
     for d in row.get("diagnostics", {}).values():
-        d["over_gemm_only"] = paired_ratio(Timing(**{k: d[k] for k in Timing.model_fields if k in d}), gemm_only).median
+        d["over_gemm_only"] = paired_ratio(Timing.of(d), gemm_only).median
     if "quack_library" in t:
         row["speedup_vs_quack_library"] = paired_ratio(t["quack_library"], fused).median
         from bench.quack_library import LIKE_FOR_LIKE
@@ -216,7 +216,7 @@ def _ratios(row):
         if like:  # the library does less than the task: also against the kernel minus that work
             row["quack_library_like_for_like"] = LIKE_FOR_LIKE[row["task"]]
             row["speedup_vs_quack_library_like_for_like"] = paired_ratio(
-                t["quack_library"], Timing(**{k: like[k] for k in Timing.model_fields if k in like})).median
+                t["quack_library"], Timing.of(like)).median
     if "liger" in t:
         row["speedup_vs_liger"] = paired_ratio(t["liger"], fused).median
         row["liger_over_gemm_only"] = paired_ratio(t["liger"], gemm_only).median
@@ -265,6 +265,14 @@ def main(argv=None) -> int:
         ap.error("--top N (N >= 1) applies to --configs-from")
     if args.reps < 5:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
+    if args.configs_from and args.sol_from:
+        ap.error("--configs-from already gives the speed-of-light configs; pass one of the two")
+    from bench.gpu_env import read_report
+
+    try:  # before any GPU work: a bad file is one line, not a traceback minutes in
+        picked_from = [read_report(f) for f in (args.configs_from or args.sol_from or [])]
+    except ValueError as e:
+        ap.error(str(e))
 
     import tasks
     from bench.configs import CANDIDATES
@@ -282,13 +290,11 @@ def main(argv=None) -> int:
     liger = composites() if args.liger else {}
     library = alternatives() if args.library else {}
     swept = {}
-    if args.configs_from or args.sol_from:
+    if picked_from:
         from primitives.config import GemmConfig
 
-        if args.configs_from and args.sol_from:
-            ap.error("--configs-from already gives the speed-of-light configs; pass one of the two")
-        for f in (args.configs_from or args.sol_from):
-            for r in json.loads(Path(f).read_text())["rows"]:
+        for report_in in picked_from:
+            for r in report_in["rows"]:
                 if "best_config" not in r:  # no config of this row ran in that sweep
                     continue
                 lib = r.get("quack_library_config")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import re
 import statistics
 import sys
@@ -26,9 +25,13 @@ def config_ratios(files: list[str], what: str = "fused") -> dict[str, dict[str, 
     """{task: {"MxNxK": {config key: time / GEMM-only}}}, each ratio within one sweep (one
     interleaved run; bench.run.speed); a later file's row for the same task and shape
     replaces an earlier one's (ratios from different runs are not compared)."""
+    from bench.gpu_env import read_report
+
     rows = {}
     for f in files:
-        for row in json.loads(Path(f).read_text())["rows"]:
+        for row in read_report(f)["rows"]:
+            if not {"task", "shape", "configs"} <= set(row):
+                raise ValueError(f"{f}: not a bench.run result (a row without task, shape and configs)")
             rows[row["task"], row["shape"]] = row
     from bench.run import speed
 
@@ -56,9 +59,13 @@ def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, t
             for task, shapes in config_ratios(files, what).items()}
 
 
+#: a kernel file's TUNED table, from `TUNED = {` to the closing brace at the line's start
+_KERNEL_TABLE = re.compile(r"^TUNED = (\{.*?^\})", flags=re.S | re.M)
+
+
 def current_table(path: Path) -> dict[str, str]:
     """The TUNED table a kernel file carries now, read as data (the file is not imported)."""
-    m = re.search(r"^TUNED = (\{.*?^\})", path.read_text(), flags=re.S | re.M)
+    m = _KERNEL_TABLE.search(path.read_text())
     if not m:
         raise SystemExit(f"{path}: no TUNED table")
     return ast.literal_eval(m.group(1))
@@ -111,7 +118,7 @@ def _stamp(src: str, files: list[str] | None) -> str:
 
 def write_kernel_table(path: Path, shapes, files: list[str] | None = None) -> None:
     src = path.read_text()
-    new, n = re.subn(r"^TUNED = \{.*?^\}", lambda _: "TUNED = " + table(shapes), src, count=1, flags=re.S | re.M)
+    new, n = _KERNEL_TABLE.subn(lambda _: "TUNED = " + table(shapes), src, count=1)
     if n != 1:
         raise SystemExit(f"{path}: no TUNED table to replace")
     path.write_text(_stamp(new, files))
@@ -136,6 +143,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.write + args.check + args.ratios > 1:
         ap.error("pass one of --write, --check, --ratios")
+    try:
+        fused, library = best_configs(args.files), best_configs(args.files, "quack_library")
+    except ValueError as e:
+        ap.error(str(e))
     if args.check:
         print("\n".join(check(args.files)))
         return 0
@@ -144,11 +155,11 @@ def main(argv=None) -> int:
             for shape, cfgs in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
                 print(f"{task} {shape}: " + ", ".join(f"{c} {r:.3f}" for c, r in sorted(cfgs.items(), key=lambda kv: kv[1])))
         return 0
-    for task, shapes in sorted(best_configs(args.files).items()):
+    for task, shapes in sorted(fused.items()):
         print(f"# {task}\nTUNED = {table(shapes)}")
         if args.write:
             write_kernel_table(REPO / "human_kernels" / f"{task}.py", shapes, args.files)
-    for task, shapes in sorted(best_configs(args.files, "quack_library").items()):
+    for task, shapes in sorted(library.items()):
         print(f"# quack library for {task}\n{table(shapes)}")
         if args.write:
             write_library_table(REPO / "bench" / "quack_library.py", task, shapes, args.files)

@@ -57,6 +57,12 @@ class Timing(BaseModel):
     def iqr_us(self) -> float:
         return self.q3_us - self.q1_us
 
+    @classmethod
+    def of(cls, entry: dict) -> "Timing":
+        """The timing in a result file's dict, which may hold other keys beside it (a
+        diagnostic's note and config, a library's config)."""
+        return cls(**{k: entry[k] for k in cls.model_fields if k in entry})
+
 
 class Ratio(BaseModel):
     """The median and quartiles of per-repetition ratios a_i / b_i."""

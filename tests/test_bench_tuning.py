@@ -12,11 +12,16 @@ from bench import tuning
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _s(samples):
+    """A timing dict (eval.timing.Timing) with these samples, in repetition order."""
+    from eval.timing import summarize
+
+    return {**summarize(samples).model_dump(), "samples_us": list(samples)}
+
+
 def _t(us, drift=(1.0,) * 5):
-    """A timing dict whose repetitions took us x each drift factor (eval.timing.Timing)."""
-    samples = sorted(us * d for d in drift)
-    return {"median_us": samples[len(samples) // 2], "q1_us": samples[0], "q3_us": samples[-1], "min_us": samples[0],
-            "n": len(samples), "samples_us": [us * d for d in drift]}
+    """A timing dict whose repetitions took us x each drift factor."""
+    return _s([us * d for d in drift])
 
 
 def _sweep(tmp_path):
@@ -116,14 +121,6 @@ PAIRED_FASTER = [1.05 * x for x in CLOCK]
 PAIRED_SLOWER = [99.0, 104.5, 110.0, 90.0, 100.0]
 
 
-def _s(samples):
-    """A timing dict with these samples, in repetition order."""
-    import statistics
-
-    q = statistics.quantiles(samples, n=4)
-    return {"median_us": statistics.median(samples), "q1_us": q[0], "q3_us": q[2], "min_us": min(samples),
-            "n": len(samples), "samples_us": list(samples)}
-
 
 def test_configs_are_ranked_repetition_by_repetition():
     from bench.run import fastest_fused
@@ -201,8 +198,6 @@ def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
 def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):
     """--configs-from --top N re-times a row at its sweep's N fastest fused configs (those
     that ran), fastest first; --top without --configs-from is refused before any GPU work."""
-    import pytest
-
     from bench import run
 
     rows = json.loads(Path(_sweep(tmp_path)).read_text())["rows"]
@@ -289,3 +284,24 @@ def test_ratios_lists_every_config_fastest_first(tmp_path, capsys):
     assert f"k8_gemm_swiglu 16384x11264x2048: 128x128_c1x2_pp {104 / 98:.3f}, 128x192_c2x1_pp {110 / 98:.3f}" in out
     with pytest.raises(SystemExit):
         tuning.main([_sweep(tmp_path), "--ratios", "--write"])
+
+
+def test_a_file_that_is_not_a_result_is_one_line_before_any_gpu_work(tmp_path, capsys):
+    from bench import report, run
+    from bench.gpu_env import read_report
+
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"rows": 3}')
+    (tmp_path / "chain.json").write_text('{"rows": [{"shape": "1B"}]}')
+    for name, says in (("missing.json", "cannot read it"), ("broken.json", "not JSON"), ("other.json", "not a result file")):
+        with pytest.raises(ValueError, match=says):
+            read_report(tmp_path / name)
+    for main, argv, says in ((tuning.main, [str(tmp_path / "chain.json")], "not a bench.run result"),
+                             (tuning.main, [str(tmp_path / "missing.json"), "--check"], "cannot read it"),
+                             (run.main, ["--configs-from", str(tmp_path / "broken.json"), "--out", str(tmp_path / "x")],
+                              "not JSON"),
+                             (report.main, [str(tmp_path / "other.json")], "not a result file")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and says in err[-1], err
