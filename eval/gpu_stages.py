@@ -1,134 +1,219 @@
-"""The GPU-only stages of one shape, after its numerics passed (GPU-ONLY: exercised by the
-tests marked `gpu`, tests/eval/test_gpu_eval.py; never run on a CPU).
+"""The GPU-only stages of one shape, in the judge, after its numerics passed (GPU-ONLY:
+exercised by the tests marked `gpu`; the pure parts are tested on the CPU).
 
-launches      one warm run(), then one profiled run() on the same inputs (a kernel that
-              caches by input shows up with no GEMM): every kernel it launched is judged by
-              eval/launches.py, streams included (a marker kernel names the timed stream).
-benchmark     eval.timing.time_cuda_interleaved over rotating fresh input sets (each with
-              its own prepare()): the kernel, the GEMM-only baseline (cuBLAS torch.mm of the
-              task's GEMM shape and layouts) and the eager unfused PyTorch baseline, same
-              process, same timer, interleaved repetition by repetition so clock drift falls
-              on all three alike. The outputs of the last timed call of each input set are kept.
-recheck       those kept outputs against the references of their inputs (a kernel that
-              behaves differently while timed fails here), then one more checked trial on
-              new inputs (eval/numerics.py).
-plausibility  the kernel's median against the roofline floor (eval/plausibility.py).
+launches      one warm run() then one profiled run() in the runner: every kernel it
+              launched is judged by eval/launches.py, streams included (a marker kernel
+              names the timed stream). One more profiled call is slipped in at a point of
+              the timed phase drawn from the secret seed.
+benchmark     repetitions in a fresh seeded random order: the kernel (timed in its runner
+              with CUDA events, eval.timing.timed_call) and the baselines (timed here the
+              same way: cuBLAS torch.mm of the task's GEMM shape and layouts, "GEMM-only",
+              and the eager unfused PyTorch), over rotating fresh input sets (each with its
+              own prepare()). After every timed kernel call its outputs are copied into the
+              judge's buffers and checked: the first of each input set against that set's
+              references (the tolerance), every later one bit for bit against that first
+              one, so a kernel that is cheap or different on any timed call fails
+              (INCORRECT_NUMERICS), and one that reuses its last outputs' storage fails in
+              the runner. The judge also times each repetition of the runner on its own
+              wall clock: the kernel's claimed time must account for it (`wall_check`).
+recheck       one more checked trial on new inputs (eval/numerics.py).
+plausibility  the kernel's median against the roofline floor (eval/plausibility.py), and
+              the wall-clock check.
 """
 
 from __future__ import annotations
 
+import random
+import statistics
+import time
+
 import torch
 
 from eval.launches import Launch, classify
-from eval.numerics import Breach, derive_seed, freeze_prepared, judge_outputs, references, run_trial
+from eval.numerics import (
+    InputSet,
+    OutputBuffers,
+    derive_seed,
+    judge_delivery,
+    make_input_set,
+    references,
+    run_trial,
+)
 from eval.plausibility import Ceilings, check as plausible
+from eval.remote import Delivered, KernelFailure, KernelProcess, Profiled, Timed
 from eval.result import Outcome
-from eval.timing import paired_ratio, time_cuda_interleaved
+from eval.timing import paired_ratio, summarize, timed_call
 
 #: input sets the timed calls rotate through (more at small shapes: cheap, and they defeat the cache)
 ROTATE = {"smoke": 4, "paper": 2}
+#: the kernel's claimed time may leave unexplained at most this much of the judge's wall
+#: clock per repetition, beyond what the judge's own timed calls leave (IPC, Python)
+WALL_SLACK_FRACTION = 0.25
+WALL_SLACK_US = 500.0
 
 
-def profile_launches(fn) -> tuple[list[Launch], int | None]:
-    """(kernels fn launched in order, stream id of the harness's marker kernel)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    marker = torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        marker.add_(1.0)  # on the current (timed) stream: names it
-        torch.cuda.synchronize()
-        fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name
-               and "Memcpy" not in e.name and "Memset" not in e.name]
-    kernels.sort(key=lambda e: e.time_range.start)
-    if not kernels:
-        return [], None
-    stream = getattr(kernels[0], "device_resource_id", None)
-    return [Launch(e.name, getattr(e, "device_resource_id", None)) for e in kernels[1:]], stream
+class StageFailure(Exception):
+    def __init__(self, outcome: Outcome, message: str):
+        super().__init__(message)
+        self.outcome, self.message = outcome, message
 
 
-def _inputs(task, dims, seed, module):
-    inputs = task.make_inputs(dims, seed, "cuda")
-    consts = {t.name: inputs[t.name].clone() for t in task.inputs if t.constant}
-    prepared = freeze_prepared(module.prepare(consts) if hasattr(module, "prepare") else {})
-    return inputs, prepared
+def _put(task, kp: KernelProcess, name: str, dims, seed: int, stage: str) -> InputSet:
+    iset = make_input_set(name, task, task.make_inputs(dims, seed, "cuda"), "cuda")
+    iset.put(kp, stage)
+    consts = [t.name for t in task.inputs if t.constant]
+    kp.ask({"op": "prepare", "set": name, "consts": consts}, stage=stage)
+    return iset
 
 
-def check_launches(task, module, dims, seed) -> tuple[bool, str, list[str]]:
-    inputs, prepared = _inputs(task, dims, seed, module)
-    module.run(dict(inputs), prepared)  # warm: compiled, allocator grown
-    torch.cuda.synchronize()
-    launches, stream = profile_launches(lambda: module.run(dict(inputs), prepared))
-    verdict = classify(launches, task.launches, stream)
+def check_launches(task, kp: KernelProcess, set_name: str, stage: str) -> tuple[bool, str, list[str]]:
+    frame = kp.ask({"op": "profile", "set": set_name}, stage=stage)
+    prof = kp.parse(Profiled, frame, stage)
+    launches = [Launch(name, s) for name, s in prof.launches]
+    verdict = classify(launches, task.launches, prof.stream)
     return verdict.ok, verdict.message, [x.name for x in launches]
 
 
-def benchmark(task, module, shape, master_seed: int, shape_index: int, *, reps: int, warmup: int, rotate: int):
-    """Timings of the kernel and the baselines, plus the outputs of the last timed calls."""
+def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int, *, reps: int, warmup: int,
+              rotate: int, stage) -> dict:
+    """Timings of the kernel and the baselines, every timed output checked (module docstring)."""
     dims = shape.dims()
-    sets = [_inputs(task, dims, derive_seed(master_seed, shape_index, 100 + j), module) for j in range(rotate)]
-    last: dict[int, dict] = {}
+    sets = [_put(task, kp, f"b{shape_index}r{j}", dims, derive_seed(master_seed, shape_index, 100 + j), "benchmark")
+            for j in range(rotate)]
+    bufs = [OutputBuffers.for_task(task, dims, "cuda") for _ in sets]
+    verified: dict[int, dict[str, torch.Tensor]] = {}
+    rng = random.Random(derive_seed(master_seed, shape_index, 300))
+    profile_at = rng.randrange(reps)
 
-    def kernel(j):
-        inputs, prepared = sets[j]
-        last[j] = module.run(dict(inputs), prepared)
+    def kernel_rep(i: int, j: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        frame = kp.ask({"op": "time", "set": sets[j].name}, stage="benchmark")
+        wall = (time.perf_counter() - t0) * 1e6
+        us = kp.parse(Timed, frame, "benchmark").us
+        _collect_and_check(task, kp, sets[j], bufs[j], verified, j, i, dims)
+        return us, wall
 
-    ab = [task.gemm_operands(inputs) for inputs, _ in sets]
-    timing = time_cuda_interleaved({
-        "kernel": (kernel, [(j,) for j in range(rotate)]),
-        "gemm_only": (lambda a, b: torch.mm(a, b.T), ab),
-        "eager": (lambda inputs: task.unfused(inputs, dims), [(i,) for i, _ in sets]),
-    }, warmup=warmup, reps=reps)
+    ab = [task.gemm_operands(s.private) for s in sets]
+    local = {
+        "gemm_only": lambda j: torch.mm(ab[j][0], ab[j][1].T),
+        "eager": lambda j: task.unfused(sets[j].private, dims),
+    }
+
+    def local_rep(name: str, j: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        us = timed_call(lambda: local[name](j))
+        return us, (time.perf_counter() - t0) * 1e6
+
+    names = ["kernel", *local]
+    for i in range(warmup):
+        kp.ask({"op": "time", "set": sets[i % rotate].name}, stage="benchmark")
+        for name in local:
+            local_rep(name, i % rotate)
+    rtt = _round_trip_us(kp)
+    samples = {n: [] for n in names}
+    walls = {n: [] for n in names}
+    for i in range(reps):
+        j = i % rotate
+        if i == profile_at:
+            ok, line, _ = check_launches(task, kp, sets[j].name, "benchmark")
+            if not ok:
+                raise StageFailure(Outcome.EXTRA_LAUNCHES, f"a call during the timed phase: {line}")
+        for name in rng.sample(names, len(names)):
+            us, wall = kernel_rep(i, j) if name == "kernel" else local_rep(name, j)
+            samples[name].append(us)
+            walls[name].append(wall)
+    for b in bufs:
+        b.close()
+    timing = {n: summarize(samples[n], keep=True) for n in names}
     summary = {name: t.model_dump(exclude={"samples_us"}) for name, t in timing.items()}
-    # ratios repetition by repetition (eval.timing.paired_ratio): clock drift cancels
     over = paired_ratio(timing["kernel"], timing["gemm_only"])
     summary["fused_over_gemm_only"] = over.median
     summary["fused_over_gemm_only_iqr"] = [over.q1, over.q3]
     summary["gemm_fraction"] = 1 / over.median
     summary["speedup"] = {"gemm_only": 1 / over.median, "eager": paired_ratio(timing["eager"], timing["kernel"]).median}
-    return summary, sets, last
+    summary["wall_check"] = wall_check(samples, walls, rtt)
+    return summary
 
 
-def recheck(task, module, shape, master_seed, shape_index, sets, last, tamper) -> tuple[Outcome, str]:
-    dims = shape.dims()
-    for j, outputs in sorted(last.items()):  # every input set a timed call used (all, when reps >= rotate)
-        exact, lowprec = references(task, sets[j][0], dims)
-        verdict = judge_outputs(task, outputs, exact, lowprec)
+def _collect_and_check(task, kp, iset: InputSet, bufs: OutputBuffers, verified: dict, j: int, rep: int, dims) -> None:
+    bufs.poison()
+    refs, fds = bufs.wire()
+    delivered = kp.parse(Delivered, kp.ask({"op": "collect", "outputs": refs}, fds, stage="benchmark"), "benchmark")
+    if j not in verified:
+        exact, lowprec = references(task, iset.private, dims)
+        trial = judge_delivery(task, delivered, dims, bufs, exact, lowprec)
         del exact, lowprec
-        if verdict.outcome != Outcome.PASSED:
-            return verdict.outcome, f"the outputs of a timed call are wrong (it behaves differently while timed): {verdict.message}"
-    trial = run_trial(task, module, dims, derive_seed(master_seed, shape_index, 200), "cuda", "kernel_first",
-                      tamper=tamper)
-    if trial.outcome != Outcome.PASSED:
-        return trial.outcome, f"after timing, on new inputs: {trial.message}"
-    return Outcome.PASSED, ""
+        if trial.outcome != Outcome.PASSED:
+            raise StageFailure(trial.outcome, "the outputs of a timed call are wrong (it behaves differently while "
+                                              f"timed): {trial.message}")
+        verified[j] = {k: t.clone() for k, t in bufs.tensors.items()}
+        return
+    for name, want in verified[j].items():
+        seen = delivered.outputs.get(name)
+        got = bufs.tensors[name]
+        if seen is None or not seen.copied or not torch.equal(_bits(got), _bits(want)):
+            raise StageFailure(Outcome.INCORRECT_NUMERICS,
+                               f"timed call {rep + 1}: output {name!r} differs from the first timed call on the same "
+                               "inputs (a kernel's outputs must not change between repetitions)")
 
 
-def run_gpu_stages(task, module, shape, shape_result, master_seed: int, shape_index: int, *, stage, tamper,
-                   ceilings: Ceilings, reps: int = 50, warmup: int = 5, shapes_name: str = "smoke"):
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _round_trip_us(kp: KernelProcess, n: int = 9) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        kp.ask({"op": "ping"}, stage="benchmark")
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def wall_check(samples: dict[str, list[float]], walls: dict[str, list[float]], rtt_us: float) -> dict:
+    """Does the kernel's claimed time account for the judge's wall clock? For each of the
+    judge's own timed calls, wall - events is the procedure's overhead (flush, spin, sync,
+    Python); the runner's repetitions may leave that much, plus one round trip and a slack,
+    unexplained. A runner that claims less than the GPU worked leaves more."""
+    kernel_gap = statistics.median(w - s for w, s in zip(walls["kernel"], samples["kernel"]))
+    local = [n for n in samples if n != "kernel"]
+    own_gap = statistics.median(w - s for n in local for w, s in zip(walls[n], samples[n]))
+    claimed = statistics.median(samples["kernel"])
+    allowed = own_gap + rtt_us + max(WALL_SLACK_US, WALL_SLACK_FRACTION * claimed)
+    return {"kernel_gap_us": round(kernel_gap, 1), "judge_gap_us": round(own_gap, 1), "round_trip_us": round(rtt_us, 1),
+            "allowed_gap_us": round(allowed, 1), "ok": kernel_gap <= allowed}
+
+
+def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: int, shape_index: int, *, stage,
+                   ceilings: Ceilings, reps: int = 50, warmup: int = 5, shapes_name: str = "smoke") -> None:
     """Fill shape_result (launches, timing, outcome) in place. `stage(name)` reports progress."""
     dims = shape.dims()
-    stage("launches")
-    ok, launch_line, names = check_launches(task, module, dims, derive_seed(master_seed, shape_index, 50))
-    shape_result.launches = names
-    if not ok:
-        shape_result.outcome, shape_result.message = Outcome.EXTRA_LAUNCHES, launch_line
-        return
-    stage("benchmark")
     try:
-        summary, sets, last = benchmark(task, module, shape, master_seed, shape_index, reps=reps, warmup=warmup,
-                                        rotate=ROTATE.get(shapes_name, 2))
-    except Breach as b:
-        shape_result.outcome, shape_result.message = b.outcome, b.message
+        stage("launches")
+        name = f"l{shape_index}"
+        _put(task, kp, name, dims, derive_seed(master_seed, shape_index, 50), "launches")
+        ok, launch_line, names = check_launches(task, kp, name, "launches")
+        kp.ask({"op": "drop", "set": name}, stage="launches")
+        shape_result.launches = names
+        if not ok:
+            shape_result.outcome, shape_result.message = Outcome.EXTRA_LAUNCHES, launch_line
+            return
+        stage("benchmark")
+        summary = benchmark(task, kp, shape, master_seed, shape_index, reps=reps, warmup=warmup,
+                            rotate=ROTATE.get(shapes_name, 2), stage=stage)
+        kp.ask({"op": "drop", "set": "*"}, stage="benchmark")
+        torch.cuda.empty_cache()
+        stage("recheck")
+        trial = run_trial(task, kp, dims, derive_seed(master_seed, shape_index, 200), "cuda", "kernel_first",
+                          f"r{shape_index}")
+    except KernelFailure as f:
+        shape_result.outcome, shape_result.message = Outcome(f.outcome), f.message
         return
-    stage("recheck")
-    outcome, message = recheck(task, module, shape, master_seed, shape_index, sets, last, tamper)
-    del sets, last
-    torch.cuda.empty_cache()
-    if outcome != Outcome.PASSED:
-        shape_result.outcome, shape_result.message = outcome, message  # never timed: no speed shown
+    except StageFailure as f:
+        shape_result.outcome, shape_result.message = f.outcome, f.message
+        return
+    if trial.outcome != Outcome.PASSED:
+        shape_result.outcome, shape_result.message = trial.outcome, f"after timing, on new inputs: {trial.message}"
         return
     stage("plausibility")
     good, line, floor = plausible(summary["kernel"]["median_us"], task.flops(dims), task.min_bytes(dims), ceilings)
@@ -136,8 +221,15 @@ def run_gpu_stages(task, module, shape, shape_result, master_seed: int, shape_in
     summary["roofline"] = {"floor_us": floor, "peak_tflops": ceilings.peak_tflops,
                            "bandwidth_tbs": ceilings.bandwidth_tbs, "baseline_below_floor": not base_ok}
     shape_result.timing = summary
+    wall = summary["wall_check"]
     if not good:
         shape_result.outcome, shape_result.message = Outcome.IMPLAUSIBLE, line
+        return
+    if not wall["ok"]:
+        shape_result.outcome = Outcome.IMPLAUSIBLE
+        shape_result.message = (f"the kernel's claimed times do not account for the judge's wall clock: "
+                                f"{wall['kernel_gap_us']:.0f} us per call unexplained, at most "
+                                f"{wall['allowed_gap_us']:.0f} us expected")
         return
     shape_result.message = (f"{summary['fused_over_gemm_only']:.3f}x GEMM-only; {launch_line}; {line}" +
                             ("; note: cuBLAS ran below the floor, the ceilings look low" if not base_ok else ""))

@@ -1,25 +1,32 @@
-"""Run-time guards around a candidate's calls inside the worker (behind the static rules).
+"""Run-time guards around a candidate's calls inside the kernel runner (eval/runner.py),
+behind the static rules. They keep honest-but-wrong kernels honest; the verdict itself is
+the judge's (eval/judge.py), which checks every output against its references.
 
-ComputeGuard (the CPU's launch check). On a GPU the torch profiler shows every kernel a
-call launches; on a CPU nothing launches, so the guard watches torch instead: a
-TorchFunctionMode sees every torch function and Tensor method called while run() runs.
-A call is the primitives' own work when a frame of primitives/ is on the stack (the
-emulator, the finishing steps, an epilogue body the emulator calls); otherwise the
-kernel's own code called torch, and only metadata, views and empty allocations are
-allowed: anything else (tensor arithmetic, a matmul, a copy, a fill) would be one more
-kernel launch on the GPU, and is reported as EXTRA_LAUNCHES.
+ComputeGuard (the CPU's launch check, with primitives/trace.py's record of fused GEMMs and
+finishing steps). On a GPU the torch profiler shows every kernel a call launches; on a CPU
+nothing launches, so the guard watches torch instead: a TorchFunctionMode sees every torch
+function and Tensor method called while run() runs, and judges it by the nearest Python
+frame outside torch that made it:
+  primitives/             the primitives' own work (the emulator, finishing steps): allowed
+  the kernel file         in run() and its helpers: only metadata, views and empty
+                          allocations; inside an epilogue body (called by the emulator):
+                          also the elementwise arithmetic operators, which the GPU
+                          compiles into the epilogue
+  any other file          while the kernel is on the stack (e.g. the kernel reached a
+                          task's reference code): compute, reported
+Anything reported would be one more kernel launch on the GPU (EXTRA_LAUNCHES).
 
-Poison (the outputs poisoned before each run). Kernels return fresh tensors, so the
-"output buffer" is whatever the allocator hands out inside run(); a kernel that leaves
-elements unwritten, or hopes torch.empty returns the reference's freed result, reads
-stale memory. While a checked call runs, torch's deterministic mode fills every
-uninitialized allocation (torch.empty & co., the primitives' and quack's output buffers
-included) with NaN (integers: their maximum), so any element the kernel did not write
-fails the NaN check. Timed runs are not poisoned (the fill is a launch); their outputs
-are re-checked after timing instead (eval/gpu_stages.py).
+Poison (the outputs poisoned before each checked call). Kernels return fresh tensors, so
+the "output buffer" is whatever the allocator hands out inside run(); a kernel that leaves
+elements unwritten reads stale memory. While a checked call runs, torch's deterministic
+mode fills every uninitialized allocation (torch.empty & co., the primitives' and quack's
+output buffers included) with NaN (integers: their maximum), so any element the kernel did
+not write fails the judge's NaN check. Timed calls are not poisoned (the fill is a launch);
+the judge compares their outputs with the checked ones instead.
 
-Tamper: a snapshot of the callables of torch, the timers, the profiler and the checker
-taken before the kernel is imported; a kernel that patched any of them is rejected.
+Tamper: a snapshot of the callables of torch, the timers, the profiler and the runner's
+own code taken before the kernel is imported; a kernel that patched any of them is
+reported.
 """
 
 from __future__ import annotations
@@ -47,6 +54,15 @@ ALLOWED_AT_RUN = frozenset({
 _VIEW_IF_CONTIGUOUS = frozenset({"reshape", "flatten", "contiguous"})
 
 
+#: what an epilogue body may do to torch values on the CPU: the elementwise arithmetic
+#: the GPU compiles (the emulator calls the body with torch tensors)
+ALLOWED_IN_EPILOGUE = ALLOWED_AT_RUN | frozenset({
+    "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__", "__imul__",
+    "__truediv__", "__rtruediv__", "__itruediv__", "__neg__", "__pos__", "__pow__", "__rpow__", "__abs__",
+    "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "add", "sub", "mul", "div", "neg",
+})
+
+
 class ComputeGuard(TorchFunctionMode):
     """Records torch compute done by the candidate's own code (not through primitives)."""
 
@@ -58,18 +74,47 @@ class ComputeGuard(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
-        if not self._allowed(name, args):
-            where = self._kernel_line()
-            if where is not None:
-                qual = getattr(func, "__qualname__", name)
-                if qual.endswith("__get__"):
-                    qual = name
-                self.violations.append(f"{qual.replace('TensorBase.', 'Tensor.').replace('_VariableFunctionsClass.', 'torch.')} at line {where}")
+        verdict = self._judge(name, args)
+        if verdict is not None:
+            qual = getattr(func, "__qualname__", name)
+            if qual.endswith("__get__"):
+                qual = name
+            qual = qual.replace("TensorBase.", "Tensor.").replace("_VariableFunctionsClass.", "torch.")
+            self.violations.append(f"{qual} {verdict}")
         return func(*args, **kwargs)
 
+    def _judge(self, name: str, args) -> str | None:
+        """None when the call is allowed, else where it came from (for the message)."""
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+            frame = frame.f_back
+        if frame is None:
+            return None
+        fname = frame.f_code.co_filename
+        if fname.startswith(PRIMITIVES_DIR) or fname == _HERE:
+            return None
+        if fname == self.kernel_file:
+            caller = frame.f_back
+            while caller is not None and caller.f_code.co_filename == self.kernel_file:
+                caller = caller.f_back
+            in_body = caller is not None and caller.f_code.co_filename.startswith(PRIMITIVES_DIR)
+            allowed = ALLOWED_IN_EPILOGUE if in_body else ALLOWED_AT_RUN
+            if self._allowed(name, args, allowed):
+                return None
+            return f"at line {frame.f_lineno}" + (" (inside an epilogue body)" if in_body else "")
+        # torch called from another module: the kernel's work only when the kernel is on the stack
+        up = frame
+        while up is not None:
+            if up.f_code.co_filename == self.kernel_file:
+                return f"in {Path(fname).name}:{frame.f_lineno}, reached from the kernel's line {up.f_lineno}"
+            if up.f_code.co_filename.startswith(PRIMITIVES_DIR):
+                return None
+            up = up.f_back
+        return None
+
     @staticmethod
-    def _allowed(name: str, args) -> bool:
-        if name in ALLOWED_AT_RUN:
+    def _allowed(name: str, args, allowed=ALLOWED_AT_RUN) -> bool:
+        if name in allowed:
             return True
         if name in _VIEW_IF_CONTIGUOUS:
             return bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_contiguous()
@@ -78,22 +123,6 @@ class ComputeGuard(TorchFunctionMode):
             items = idx if isinstance(idx, tuple) else (idx,)
             return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items)
         return False
-
-    def _kernel_line(self) -> int | None:
-        """The kernel's line when this torch call is the kernel's own (no primitives frame
-        on the stack), else None."""
-        frame = sys._getframe(2)
-        line = None
-        while frame is not None:
-            fname = frame.f_code.co_filename
-            if fname.startswith(PRIMITIVES_DIR):
-                return None
-            if line is None and fname == self.kernel_file:
-                line = frame.f_lineno
-            frame = frame.f_back
-        # torch called from elsewhere (e.g. the task's reference, reached from the kernel
-        # with the static rules off) is still the kernel's work when the kernel is on the stack
-        return line
 
 
 @contextmanager
@@ -115,21 +144,20 @@ def poisoned_allocations():
 
 
 def _namespaces() -> dict[str, object]:
+    """What the runner relies on while it runs a kernel: torch, the timers, the profiler,
+    builtins and its own modules (the judge's namespaces are in another process)."""
     import builtins
     import time
 
     import torch.nn.functional as F
     import torch.profiler
 
-    import tasks.spec
-    import tasks.tolerance
-    from eval import timing
+    from eval import channel, timing
 
     spaces = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F, "torch.profiler": torch.profiler,
               "torch.autograd.profiler": torch.autograd.profiler, "time": time, "builtins": builtins,
-              "eval.timing": timing, "tasks.tolerance": tasks.tolerance, "tasks.spec.Task": tasks.spec.Task}
-    spaces |= {"torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event}
-    for mod in ("eval.numerics", "eval.gpu_stages", "eval.worker"):
+              "eval.timing": timing, "eval.channel": channel, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event}
+    for mod in ("eval.runner", "eval.guard", "primitives.trace"):
         if mod in sys.modules:
             spaces[mod] = sys.modules[mod]
     return spaces

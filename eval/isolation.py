@@ -1,22 +1,30 @@
-"""Isolation: one worker process per candidate, and what is left of it when it misbehaves.
+"""Processes: the judge and the kernel runner, how they start, and how they end.
 
-The worker (eval/worker.py) starts in a new session (its own process group), in a private
-temp dir as its working directory, with an allowlisted environment (no API keys or other
-secrets), CPU memory and file-size limits, no core dumps, and a wall-clock timeout that
-kills the whole group (anything the kernel left running too). It answers on a private
-pipe, never stdout: newline-delimited JSON frames carrying a nonce the harness sent on
-stdin. Whatever happens to the worker (an infinite loop, a segfault, an illegal memory
-access, device OOM, a compiler crash), the harness gets a typed outcome and the next
-candidate runs in a fresh process with a fresh CUDA context.
+    harness (evaluate())  ->  judge (python -m eval.judge)  ->  runner (python -m eval.runner)
+                              trusted: seed, references,        untrusted: the candidate's
+                              tolerance, verdict                 code; holds none of those
+
+Both children start in a new session (their own process group), with an allowlisted
+environment (no API keys or other secrets), no core dumps, a file-size limit, and a
+parent-death signal: the judge gets SIGTERM when the harness dies (it then kills the
+runner's group and removes the evaluation's temp dir), the runner gets SIGKILL when the
+judge dies. The judge makes itself non-dumpable, so a runner of the same user cannot read
+or write its memory through /proc or ptrace. The runner also gets a CPU memory limit and
+PYTHONHASHSEED pinned (nothing of its behaviour may depend on a per-process hash seed).
+The harness reads the judge's frames (eval/judge.py) on a private pipe until it closes or
+the evaluation's time is up, then kills the judge's group, whatever happened; Ctrl-C
+(KeyboardInterrupt) does the same on its way out.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,10 +37,13 @@ REPO = Path(__file__).resolve().parent.parent
 STDERR_TAIL = 4000
 MAX_CHANNEL_BYTES = 32 * 2**20
 FILE_SIZE_LIMIT = 2 * 2**30  # stderr spam or a runaway write stops here (SIGXFSZ)
+#: the runner's string-hash seed: fixed, so a kernel's behaviour cannot vary with it
+RUNNER_HASH_SEED = "0"
+TEMP_PREFIX = "epiforge-eval-"
 
-#: the worker's environment is these names and prefixes of ours, minus anything secret-looking
+#: the children's environment is these names and prefixes of ours, minus anything secret-looking
 ENV_NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ", "PYTHONPATH",
     "LD_LIBRARY_PATH", "VIRTUAL_ENV", "XDG_CACHE_HOME", "CC", "CXX", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG",
 })
@@ -40,10 +51,13 @@ ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NV_", "CUTE_DSL_", "CUTLASS_", "QUAC
                 "EPIFORGE_")
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE", "SESSION")
 
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+
 
 def clean_env(extra: dict | None = None, base: dict | None = None) -> dict:
-    """The worker's environment: allowlisted names of `base` (ours by default) minus
-    anything that looks like a secret, plus `extra`."""
+    """A child's environment: allowlisted names of `base` (ours by default) minus anything
+    that looks like a secret, plus `extra`."""
     base = os.environ if base is None else base
     env = {k: v for k, v in base.items()
            if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not any(m in k.upper() for m in SECRET_MARKERS)}
@@ -51,28 +65,59 @@ def clean_env(extra: dict | None = None, base: dict | None = None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONHASHSEED"] = RUNNER_HASH_SEED
     env.update(extra or {})
     return env
 
 
-def _limits(cpu_bytes: int | None):
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def make_undumpable() -> bool:
+    """This process's memory becomes unreadable to other processes of its user (Linux)."""
+    return _prctl(_PR_SET_DUMPABLE, 0)
+
+
+def child_setup(*, death_signal: int, cpu_bytes: int | None = None):
+    """preexec_fn for a child: limits, and death_signal when its parent dies (checked
+    against a parent that died before the signal was armed)."""
+    parent = os.getpid()
+
     def apply():
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
         if cpu_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (cpu_bytes, cpu_bytes))
+        _prctl(_PR_SET_PDEATHSIG, death_signal)
+        if os.getppid() != parent:
+            os._exit(1)
 
     return apply
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ---- the harness side: one judge per evaluation --------------------------------------------------
+
+
 @dataclass
-class WorkerRun:
-    """What came back from one worker."""
+class JudgeRun:
+    """What came back from one judge."""
 
     result: dict | None = None
-    stage: str = "load"
+    stage: str = "static"
     stages: list[str] = field(default_factory=list)
-    tampered: str | None = None  # why the channel's content is not to be trusted
+    broken: str | None = None  # why the channel's content could not be read
     timed_out: bool = False
     returncode: int | None = None
     stderr_tail: str = ""
@@ -89,18 +134,17 @@ class WorkerRun:
 
 
 def parse_frames(data: bytes, nonce: str) -> tuple[list[str], dict | None, str | None]:
-    """(stages, result, why-tampered) from the channel's bytes. Every complete line must be
-    a JSON object with our nonce; the one result frame must be the last; a partial last
-    line (a worker killed mid-write) is ignored."""
+    """(stages, result, why-broken) from the judge's pipe: newline-delimited JSON frames,
+    each with the nonce; the one result frame last; a partial last line is ignored."""
     stages, result = [], None
     lines = data.split(b"\n")
     for raw in lines[:-1]:
         try:
             frame = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return stages, None, "a line on the result channel is not a frame of the worker's"
+            return stages, None, "a line on the judge's channel is not a frame"
         if not isinstance(frame, dict) or frame.get("nonce") != nonce:
-            return stages, None, "a frame on the result channel does not carry the worker's nonce"
+            return stages, None, "a frame on the judge's channel does not carry its nonce"
         if result is not None:
             return stages, None, "frames after the result"
         if "stage" in frame:
@@ -108,62 +152,63 @@ def parse_frames(data: bytes, nonce: str) -> tuple[list[str], dict | None, str |
         elif isinstance(frame.get("result"), dict):
             result = frame["result"]
         else:
-            return stages, None, "an unknown frame on the result channel"
-    if lines[-1] and result is not None:
-        return stages, None, "bytes after the result"
+            return stages, None, "an unknown frame on the judge's channel"
     return stages, result, None
 
 
-def run_worker(request: dict, *, timeout_s: float, cpu_bytes: int | None = None, extra_env: dict | None = None,
-               module: str = "eval.worker") -> WorkerRun:
-    """Start the worker, feed it the request, read its frames until it closes the pipe or
-    the time is up, then kill its whole process group."""
+def run_judge(request: dict, *, timeout_s: float, extra_env: dict | None = None,
+              module: str = "eval.judge", on_stage=None) -> JudgeRun:
+    """Start the judge, hand it the request (with the secret seed) on stdin, read its
+    frames until it closes the pipe or the time is up; always kill its group and remove
+    the evaluation's temp dir on the way out (Ctrl-C included)."""
     nonce = secrets.token_hex(16)
     started = time.monotonic()
+    out = JudgeRun()
+    tmp = tempfile.mkdtemp(prefix=TEMP_PREFIX)
     read_fd, write_fd = os.pipe()
-    out = WorkerRun()
-    with tempfile.TemporaryDirectory(prefix="epiforge-eval-") as tmp:
-        err_path = Path(tmp) / ".stderr.log"
-        work = Path(tmp) / "work"
-        work.mkdir()
+    proc = None
+    try:
+        err_path = Path(tmp) / "judge.stderr"
         with open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", module, "--result-fd", str(write_fd)],
-                    stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=work, env=clean_env(extra_env),
-                    pass_fds=(write_fd,), start_new_session=True, preexec_fn=_limits(cpu_bytes),
+                    [sys.executable, "-m", module, "--result-fd", str(write_fd), "--tmp", tmp],
+                    stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=tmp, env=clean_env(extra_env),
+                    pass_fds=(write_fd,), start_new_session=True,
+                    preexec_fn=child_setup(death_signal=signal.SIGTERM),
                 )
             finally:
                 os.close(write_fd)
             try:
-                proc.stdin.write(json.dumps({**request, "nonce": nonce}).encode())
+                proc.stdin.write(json.dumps({**request, "nonce": nonce, "timeout_s": timeout_s}).encode())
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
-            data, too_much = _read_until_eof(read_fd, proc, started + timeout_s)
-            out.timed_out = time.monotonic() >= started + timeout_s and not _complete(data, nonce)
+            # the judge enforces timeout_s itself (it reports which stage ran out); this is the backstop
+            data, too_much = _read_until_eof(read_fd, started + timeout_s + 30, nonce, on_stage)
+            complete = parse_frames(data, nonce)[1] is not None
+            out.timed_out = not complete and time.monotonic() >= started + timeout_s + 30
             try:
                 proc.wait(timeout=0.1 if out.timed_out else 10)
             except subprocess.TimeoutExpired:
                 pass
-            kill_group(proc)  # also ends anything the kernel left running
+        out.stderr_tail = err_path.read_bytes()[-STDERR_TAIL:].decode(errors="replace")
+    finally:
+        if proc is not None:
+            kill_group(proc)
             out.returncode = proc.wait()
         os.close(read_fd)
-        out.stderr_tail = err_path.read_bytes()[-STDERR_TAIL:].decode(errors="replace")
-    out.stages, out.result, out.tampered = parse_frames(data, nonce)
+        shutil.rmtree(tmp, ignore_errors=True)
+    out.stages, out.result, out.broken = parse_frames(data, nonce)
     if too_much:
-        out.result, out.tampered = None, f"more than {MAX_CHANNEL_BYTES} bytes on the result channel"
-    out.stage = out.stages[-1] if out.stages else "load"
+        out.result, out.broken = None, f"more than {MAX_CHANNEL_BYTES} bytes on the judge's channel"
+    out.stage = out.stages[-1] if out.stages else "static"
     out.wall_s = round(time.monotonic() - started, 3)
     return out
 
 
-def _complete(data: bytes, nonce: str) -> bool:
-    return parse_frames(data, nonce)[1] is not None
-
-
-def _read_until_eof(fd: int, proc: subprocess.Popen, deadline: float) -> tuple[bytes, bool]:
-    chunks, size = [], 0
+def _read_until_eof(fd: int, deadline: float, nonce: str, on_stage) -> tuple[bytes, bool]:
+    chunks, size, seen = [], 0, 0
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -172,16 +217,14 @@ def _read_until_eof(fd: int, proc: subprocess.Popen, deadline: float) -> tuple[b
         if not ready:
             continue
         chunk = os.read(fd, 1 << 16)
-        if not chunk:  # EOF: the worker (and everything holding the pipe) is gone
+        if not chunk:  # EOF: the judge is gone
             return b"".join(chunks), False
         chunks.append(chunk)
         size += len(chunk)
+        if on_stage is not None:
+            stages, _, _ = parse_frames(b"".join(chunks), nonce)
+            for name in stages[seen:]:
+                on_stage(name)
+            seen = len(stages)
         if size > MAX_CHANNEL_BYTES:
             return b"".join(chunks), True
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -26,6 +26,36 @@ class KernelError(ValueError):
     """A kernel file that cannot be used (one clear line)."""
 
 
+#: a kernel's source is at most this long and its syntax tree at most this deep: beyond
+#: them the parser and the (recursive) checker could exhaust the stack or the memory
+MAX_SOURCE_BYTES = 256 * 1024
+MAX_AST_DEPTH = 100
+
+
+class SourceTooComplex(ValueError):
+    """A source over MAX_SOURCE_BYTES or nested deeper than MAX_AST_DEPTH (one line)."""
+
+
+def parse_bounded(source: str, filename: str = "<kernel>") -> ast.Module:
+    """ast.parse with bounds: SyntaxError for a syntax error, SourceTooComplex for a
+    source too long or too deep (depth measured without recursion), never anything else."""
+    if len(source.encode(errors="replace")) > MAX_SOURCE_BYTES:
+        raise SourceTooComplex(f"the source is over {MAX_SOURCE_BYTES // 1024} KiB")
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError:
+        raise
+    except (RecursionError, MemoryError, ValueError, OverflowError) as e:
+        raise SourceTooComplex(f"the source is nested too deeply or too large to parse ({type(e).__name__})") from None
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_AST_DEPTH:
+            raise SourceTooComplex(f"the source nests deeper than {MAX_AST_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return tree
+
+
 class Kernel(BaseModel):
     path: Path
     task: str
@@ -46,9 +76,11 @@ def read_kernel(path: Path, track: str | None = None) -> Kernel:
     except OSError as e:
         raise KernelError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        tree = ast.parse(source, filename=str(path))
+        tree = parse_bounded(source, str(path))
     except SyntaxError as e:
         raise KernelError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except SourceTooComplex as e:
+        raise KernelError(f"{path}: {e}") from None
     consts, funcs = {}, set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -88,3 +88,30 @@ def classify(launches: list[Launch], allowed: list[str], stream: int | None = No
         what = "no fused CuTe-DSL GEMM" if not gemm else f"{len(gemm)} fused GEMMs"
         return LaunchVerdict(False, f"{what} in one run() (exactly one is allowed): {names}", gemm, finishers, extra)
     return LaunchVerdict(True, f"{len(launches)} launch(es): {names}", gemm, finishers, extra)
+
+
+def classify_recorded(launched: list[str], allowed: list[str]) -> tuple[bool, str]:
+    """The CPU's launch check: primitives/trace.py's record of one run() ("gemm:<epilogue>",
+    "finish:<step>", "prepare:<helper>") against the task's allowance, as classify() judges
+    the GPU profiler's kernels: exactly one fused GEMM, the named finishing steps at most
+    as often as listed, and no prepare helper (they run in prepare(), once per weights)."""
+    gemms = [x.split(":", 1)[1] for x in launched if x.startswith("gemm:")]
+    finishes = [x.split(":", 1)[1] for x in launched if x.startswith("finish:")]
+    prepares = sorted({x.split(":", 1)[1] for x in launched if x.startswith("prepare:")})
+    if prepares:
+        return False, (f"run() called P.prepare.{prepares[0]}: prepare helpers are launches of their own; "
+                       "call them in prepare(), which runs once per set of weights")
+    budget = Counter(allowed[1:])
+    extra = []
+    for f in finishes:
+        if budget[f] > 0:
+            budget[f] -= 1
+        else:
+            extra.append(f)
+    if extra:
+        return False, (f"finishing steps outside the allowance {allowed}: {extra} (each is a launch; the task "
+                       "names the ones it allows)")
+    if len(gemms) != 1:
+        what = "no fused GEMM" if not gemms else f"{len(gemms)} fused GEMMs ({', '.join(gemms[:4])})"
+        return False, f"{what} in one run() (exactly one is allowed)"
+    return True, f"{len(launched)} launch(es): {launched}"

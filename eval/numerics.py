@@ -1,58 +1,52 @@
-"""Numerics: checked calls of a kernel on fresh inputs, with every check around the call.
+"""Numerics, in the judge: checked calls of a kernel (in its runner) on fresh inputs.
 
-One trial = fresh inputs from a seed derived from the secret master seed, the references
-(float64 "exact" and the plain low-precision PyTorch result, which sets the allowance),
-prepare() on clones of the constant inputs, then run() on clones of the inputs with
-uninitialized memory poisoned (eval/guard.py) and, on a CPU, the compute guard on. After
-the call, in this order:
-  torch, the timers or the checker patched          RUNTIME_ERROR
-  inputs, constants or `prepared` modified          RUNTIME_ERROR
-  torch compute outside primitives (CPU guard)      EXTRA_LAUNCHES
-  not a dict / an output missing or misshapen        INCORRECT_SHAPE
-  an output aliasing an input, `prepared`, or an
-  output of an earlier call still held               RUNTIME_ERROR
+One trial = fresh inputs from a seed derived from the secret master seed (they stay in
+the judge; the runner gets shared copies), the references (float64 "exact" and the
+honest-fused low-precision one, which sets the allowance: tasks/tolerance.py), prepare()
+and run() in the runner, and these checks, in this order:
+  the runner's own report (an exception, patched torch,
+  outputs aliasing an input or an earlier output)   its outcome (RUNTIME_ERROR, COMPILE_ERROR ...)
+  the shared inputs or constants modified           RUNTIME_ERROR   (compared here, with the judge's copy)
+  not a dict / an output missing or misshapen,
+  on another device, or not row-major contiguous    INCORRECT_SHAPE
   wrong dtype                                       INCORRECT_DTYPE
-  NaN/Inf or outside the tolerance rule              INCORRECT_NUMERICS (worst element)
-Each shape runs two trials: the reference computed before the kernel, then the kernel
-before the reference, so neither can find the other's results in recycled memory.
+  NaN/Inf or outside the tolerance rule             INCORRECT_NUMERICS (worst element)
+  CPU: torch compute outside primitives, or other
+  launches than one fused GEMM + the task's named
+  finishing steps (primitives/trace.py)             EXTRA_LAUNCHES  (after the values, as on the GPU)
+The values judged are the judge's own buffers, which the runner filled and which start
+as NaN. Each shape runs two trials: the reference computed before the kernel, then the
+kernel before the reference.
 """
 
 from __future__ import annotations
 
 import hashlib
-import sys
-import traceback
-from contextlib import nullcontext
+import os
+import re
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import torch
 
-from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
+from eval import channel
+from eval.launches import classify_recorded
+from eval.remote import Delivered, KernelFailure, KernelProcess
 from eval.result import Outcome, ShapeResult
 from tasks.tolerance import OutputCheck, check_output
 
 ORDERS = ("reference_first", "kernel_first")
-# bound before any kernel is imported: a kernel that patches torch.equal does not blind the check
-_EQUAL = torch.equal
 _PROBLEM_OUTCOME = {
     "missing": Outcome.INCORRECT_SHAPE,
     "shape": Outcome.INCORRECT_SHAPE,
+    "device": Outcome.INCORRECT_SHAPE,
+    "layout": Outcome.INCORRECT_SHAPE,
     "dtype": Outcome.INCORRECT_DTYPE,
     "nonfinite": Outcome.INCORRECT_NUMERICS,
     "tolerance": Outcome.INCORRECT_NUMERICS,
     "rms": Outcome.INCORRECT_NUMERICS,
 }
 # the order failures are reported in when several outputs fail differently
-_SEVERITY = {"missing": 0, "shape": 1, "dtype": 2, "nonfinite": 3, "tolerance": 4, "rms": 5}
-
-
-class Breach(Exception):
-    """A check failed: carries the outcome and one line."""
-
-    def __init__(self, outcome: Outcome, message: str, checks: list[OutputCheck] | None = None):
-        super().__init__(message)
-        self.outcome, self.message, self.checks = outcome, message, checks or []
+_SEVERITY = {"missing": 0, "shape": 1, "device": 2, "layout": 3, "dtype": 4, "nonfinite": 5, "tolerance": 6, "rms": 7}
 
 
 def derive_seed(master: int, shape_index: int, trial: int) -> int:
@@ -61,86 +55,100 @@ def derive_seed(master: int, shape_index: int, trial: int) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def is_compile_error(e: BaseException) -> bool:
-    from primitives.epilogue import EpilogueError
-
-    if isinstance(e, EpilogueError):
-        return True
-    lowering = sys.modules.get("primitives.lowering")
-    if lowering is not None and isinstance(e, lowering.CompileError):
-        return True
-    mod = type(e).__module__ or ""
-    return mod.startswith(("cutlass", "quack")) and "Runtime" not in type(e).__name__
+def references(task, inputs, dims) -> tuple[dict, dict]:
+    return task.reference(inputs, dims, exact=True), task.reference(inputs, dims, exact=False)
 
 
-def describe_exception(e: BaseException) -> tuple[Outcome, str]:
-    """Outcome and one line for an exception raised by the kernel's code."""
-    first = f"{type(e).__name__}: {e}".splitlines()[0][:500]
-    if is_compile_error(e):
-        return Outcome.COMPILE_ERROR, first
-    if isinstance(e, torch.OutOfMemoryError):
-        return Outcome.RUNTIME_ERROR, f"device out of memory: {first}"
-    if isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e):
-        return Outcome.RUNTIME_ERROR, f"out of memory (the worker's memory limit): {first}"
-    if "illegal memory access" in str(e) or "CUDA error" in str(e):
-        return Outcome.RUNTIME_ERROR, f"CUDA error (the worker's CUDA context is lost): {first}"
-    return Outcome.RUNTIME_ERROR, first
+# ---- shared tensors -------------------------------------------------------------------------
 
 
-# ---- values ---------------------------------------------------------------------------------
+@dataclass
+class InputSet:
+    """One set of inputs: the judge's private copy, and the shared copy the runner reads."""
+
+    name: str
+    private: dict
+    shared: dict[str, torch.Tensor]
+    refs: list[dict]
+    fds: list[int]
+    scalars: dict
+
+    def put(self, kp: KernelProcess, stage: str) -> None:
+        try:
+            kp.ask({"op": "put", "set": self.name, "tensors": self.refs, "scalars": self.scalars}, self.fds, stage=stage)
+        finally:
+            close_fds(self.fds)
+            self.fds = []
+
+    def modified(self, names=None) -> list[str]:
+        """Inputs whose shared copy no longer equals the judge's bit for bit."""
+        return [k for k, t in self.shared.items() if (names is None or k in names)
+                and not torch.equal(_bits(t), _bits(self.private[k]))]
 
 
-def _tensors(values) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in values.items():
-        if isinstance(v, torch.Tensor):
-            out[str(k)] = v
-        elif isinstance(v, tuple):
-            out.update({f"{k}[{i}]": x for i, x in enumerate(v) if isinstance(x, torch.Tensor)})
-    return out
+def make_input_set(name: str, task, inputs: dict, device: str) -> InputSet:
+    shared, refs, fds = {}, [], []
+    for spec in task.inputs:
+        t = inputs[spec.name]
+        s, fd = channel.shared_empty(t.shape, t.dtype, device)
+        s.copy_(t)
+        shared[spec.name] = s
+        refs.append(channel.describe(spec.name, s, fd, len(fds) if fd is not None else None).model_dump())
+        if fd is not None:
+            fds.append(fd)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    scalars = {s.name: inputs[s.name] for s in task.scalars}
+    return InputSet(name=name, private=inputs, shared=shared, refs=refs, fds=fds, scalars=scalars)
 
 
-def snapshot(values) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in _tensors(values).items()}
+@dataclass
+class OutputBuffers:
+    """The judge's buffers for a call's outputs, NaN (ints: their maximum) until filled."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    fds: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_task(cls, task, dims, device: str) -> "OutputBuffers":
+        bufs = cls()
+        for o in task.outputs:
+            t, fd = channel.shared_empty(o.concrete_shape(dims), o.torch_dtype, device)
+            bufs.tensors[o.name] = t
+            if fd is not None:
+                bufs.fds[o.name] = fd
+        bufs.poison()
+        return bufs
+
+    def poison(self) -> None:
+        for t in self.tensors.values():
+            t.fill_(float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).max)
+
+    def wire(self) -> tuple[list[dict], list[int]]:
+        """(TensorRefs, fds) for one message (the fds stay open here for the next one)."""
+        refs, fds = [], []
+        for name, t in self.tensors.items():
+            fd = self.fds.get(name)
+            refs.append(channel.describe(name, t, fd, len(fds) if fd is not None else None).model_dump())
+            if fd is not None:
+                fds.append(fd)
+        return refs, fds
+
+    def close(self) -> None:
+        close_fds(list(self.fds.values()))
+        self.fds = {}
 
 
-def modified(before: dict[str, torch.Tensor], values) -> list[str]:
-    """Names whose tensors differ bit for bit from the snapshot (NaN-safe)."""
-    now = _tensors(values)
-    bad = []
-    for k, b in before.items():
-        a = now.get(k)
-        if a is None or a.shape != b.shape or a.dtype != b.dtype:
-            bad.append(k)
-        elif not _EQUAL(_bits(a), _bits(b)):
-            bad.append(k)
-    return bad
+def close_fds(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def freeze_prepared(prepared) -> MappingProxyType:
-    """prepare()'s result, read-only: tensors and plain values only (a list or dict inside
-    it would be state run() could keep between calls)."""
-    if not isinstance(prepared, dict):
-        raise Breach(Outcome.RUNTIME_ERROR, f"prepare() returned {type(prepared).__name__}, not a dict")
-
-    def plain(v) -> bool:
-        if isinstance(v, tuple):
-            return all(plain(x) for x in v)
-        return v is None or isinstance(v, (torch.Tensor, bool, int, float, str))
-
-    for k, v in prepared.items():
-        if not isinstance(k, str) or not plain(v):
-            raise Breach(Outcome.RUNTIME_ERROR, f"prepare() returned {k!r}: {type(v).__name__}; only tensors, numbers, "
-                                                "strings and tuples of them are allowed (no state between calls)")
-    return MappingProxyType(dict(prepared))
-
-
-def _storages(values) -> dict[int, str]:
-    return {t.untyped_storage().data_ptr(): k for k, t in _tensors(values).items() if t.numel() > 0}
 
 
 # ---- one trial ------------------------------------------------------------------------------
@@ -151,119 +159,128 @@ class Trial:
     outcome: Outcome
     message: str = ""
     checks: list[OutputCheck] = field(default_factory=list)
-    outputs: dict | None = None
 
 
-def references(task, inputs, dims) -> tuple[dict, dict]:
-    return task.reference(inputs, dims, exact=True), task.reference(inputs, dims, exact=False)
-
-
-def call_kernel(module, given: dict, prepared, device: str, guard: bool):
-    """run() under poison (and on a CPU the compute guard); returns (outputs, violations)."""
-    g = ComputeGuard(module.__file__) if guard else None
-    with poisoned_allocations(), (g if g is not None else nullcontext()):
-        outputs = module.run(given, prepared)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    return outputs, (g.violations if g is not None else [])
-
-
-def judge_outputs(task, outputs, exact: dict, lowprec: dict) -> Trial:
-    """The tolerance rule on every output (after the structural checks)."""
-    if not isinstance(outputs, dict):
-        return Trial(Outcome.INCORRECT_SHAPE, f"run() returned {type(outputs).__name__}, not a dict of outputs")
-    checks = [check_output(o, outputs.get(o.name), exact[o.name], lowprec[o.name]) for o in task.outputs]
+def judge_delivery(task, delivered: Delivered, dims: dict, bufs: OutputBuffers, exact: dict, lowprec: dict) -> Trial:
+    """Structure first, then the tolerance rule on the values in the judge's buffers."""
+    if delivered.returned != "dict":
+        return Trial(Outcome.INCORRECT_SHAPE, f"run() returned {delivered.returned}, not a dict of outputs")
+    checks = []
+    for o in task.outputs:
+        seen = delivered.outputs.get(o.name)
+        want = list(o.concrete_shape(dims))
+        if seen is None or seen.kind != "tensor":
+            what = "missing" if seen is None or seen.kind == "missing" else f"a {seen.kind}, not a tensor"
+            checks.append(OutputCheck(name=o.name, ok=False, problem="missing", detail=f"{o.name} {what}"))
+        elif seen.shape != want:
+            checks.append(OutputCheck(name=o.name, ok=False, problem="shape",
+                                      detail=f"{o.name}: shape {tuple(seen.shape or ())}, expected {tuple(want)}"))
+        elif seen.dtype != o.dtype:
+            checks.append(OutputCheck(name=o.name, ok=False, problem="dtype",
+                                      detail=f"{o.name}: dtype {seen.dtype}, expected {o.dtype}"))
+        elif not seen.copied:
+            checks.append(OutputCheck(name=o.name, ok=False, problem="device",
+                                      detail=f"{o.name}: on {seen.device}, expected the inputs' device"))
+        elif "contiguous" in o.layout and not seen.contiguous:
+            checks.append(OutputCheck(name=o.name, ok=False, problem="layout",
+                                      detail=f"{o.name}: strides {seen.stride} are not {o.layout} (the right values "
+                                             "in another layout are still a wrong output)"))
+        else:
+            checks.append(check_output(o, bufs.tensors[o.name], exact[o.name], lowprec[o.name]))
     failed = sorted((c for c in checks if not c.ok), key=lambda c: _SEVERITY[c.problem])
     if failed:
         return Trial(_PROBLEM_OUTCOME[failed[0].problem], "; ".join(c.detail for c in failed), checks)
-    extra = sorted(set(outputs) - {o.name for o in task.outputs})
-    return Trial(Outcome.PASSED, f"unexpected extra outputs {extra} ignored" if extra else "", checks)
+    return Trial(Outcome.PASSED, f"unexpected extra outputs {delivered.extra} ignored" if delivered.extra else "", checks)
 
 
-def run_trial(task, module, dims: dict, seed: int, device: str, order: str = "reference_first", *,
-              guard: bool | None = None, tamper: TamperCheck | None = None, held: dict | None = None) -> Trial:
-    """One checked call (see the module docstring). `held`: storages of outputs of earlier
-    calls the caller still holds ({storage ptr: name}); the new outputs must not reuse them."""
-    guard = (device == "cpu") if guard is None else guard
+def launch_trial(task, delivered: Delivered, device: str) -> Trial | None:
+    """The CPU's launch check on one call (the GPU's is the profiler's, eval/gpu_stages.py)."""
+    if device != "cpu":
+        return None
+    if delivered.violations:
+        v = list(dict.fromkeys(delivered.violations))
+        more = f" (+{len(v) - 3} more)" if len(v) > 3 else ""
+        return Trial(Outcome.EXTRA_LAUNCHES, f"the kernel computed with torch outside the primitives: {'; '.join(v[:3])}"
+                                             f"{more} (each would be a separate kernel launch on the GPU)")
+    ok, line = classify_recorded(delivered.launched, task.launches)
+    return None if ok else Trial(Outcome.EXTRA_LAUNCHES, line)
+
+
+def run_trial(task, kp: KernelProcess, dims: dict, seed: int, device: str, order: str, set_name: str) -> Trial:
+    """One checked call (see the module docstring)."""
     inputs = task.make_inputs(dims, seed, device)
+    exact = lowprec = None
     if order == "reference_first":
         exact, lowprec = references(task, inputs, dims)
-    consts = {t.name: inputs[t.name].clone() for t in task.inputs if t.constant}
-    consts_before = snapshot(consts)
-    given = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    iset = make_input_set(set_name, task, inputs, device)
+    bufs = OutputBuffers.for_task(task, dims, device)
+    consts = [t.name for t in task.inputs if t.constant]
     try:
-        prepared = freeze_prepared(module.prepare(consts) if hasattr(module, "prepare") else {})
-        prepared_before = snapshot(prepared)
-        outputs, violations = call_kernel(module, given, prepared, device, guard)
-    except Breach as b:
-        return Trial(b.outcome, b.message)
-    except Exception as e:
-        traceback.print_exc()
-        outcome, line = describe_exception(e)
-        return Trial(outcome, line)
+        iset.put(kp, "numerics")
+        kp.ask({"op": "prepare", "set": set_name, "consts": consts}, stage="numerics")
+        bad = iset.modified(consts)
+        if bad:
+            return Trial(Outcome.RUNTIME_ERROR, f"prepare() modified the constant input(s) {bad}")
+        refs, fds = bufs.wire()
+        frame = kp.ask({"op": "call", "set": set_name, "outputs": refs}, fds, stage="numerics")
+        delivered = kp.parse(Delivered, frame, "numerics")
+        kp.ask({"op": "drop", "set": set_name}, stage="numerics")
+    except KernelFailure as f:
+        return Trial(Outcome(f.outcome), f.message)
+    finally:
+        bufs.close()
+    bad = iset.modified()
+    if bad:
+        return Trial(Outcome.RUNTIME_ERROR, f"the kernel modified its input(s) {bad}")
     if order != "reference_first":
         exact, lowprec = references(task, inputs, dims)
-    try:
-        _structural_checks(task, inputs, given, consts_before, consts, prepared_before, prepared, outputs, violations,
-                           tamper, held)
-    except Breach as b:
-        return Trial(b.outcome, b.message, outputs=outputs if isinstance(outputs, dict) else None)
-    trial = judge_outputs(task, outputs, exact, lowprec)
-    trial.outputs = outputs
-    return trial
-
-
-def _structural_checks(task, inputs, given, consts_before, consts, prepared_before, prepared, outputs, violations,
-                       tamper, held) -> None:
-    patched = tamper.changed() if tamper is not None else []
-    if patched:  # first: a patched torch could blind the checks below
-        raise Breach(Outcome.RUNTIME_ERROR, f"the kernel patched {patched[:5]}")
-    bad = modified({k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}, given)
-    if bad:
-        raise Breach(Outcome.RUNTIME_ERROR, f"the kernel modified its input(s) {bad}")
-    bad = modified(consts_before, consts)
-    if bad:
-        raise Breach(Outcome.RUNTIME_ERROR, f"prepare() modified the constant input(s) {bad}")
-    bad = modified(prepared_before, prepared)
-    if bad:
-        raise Breach(Outcome.RUNTIME_ERROR, f"run() modified prepared {bad} (state between calls)")
-    if violations:
-        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
-        raise Breach(Outcome.EXTRA_LAUNCHES, "the kernel computed with torch outside the primitives: "
-                                             f"{'; '.join(dict.fromkeys(violations[:3]))}{more} (each would be a "
-                                             "separate kernel launch on the GPU)")
-    if not isinstance(outputs, dict):
-        return  # judged by judge_outputs
-    theirs = {**_storages(given), **_storages(prepared)}
-    for name, t in _tensors(outputs).items():
-        if t.numel() == 0:
-            continue
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in theirs:
-            raise Breach(Outcome.RUNTIME_ERROR, f"output {name!r} aliases {theirs[ptr]!r} (outputs must be new tensors)")
-        if held and ptr in held:
-            raise Breach(Outcome.RUNTIME_ERROR, f"output {name!r} reuses the storage of {held[ptr]} returned by an "
-                                                "earlier call (outputs must be new tensors)")
+    verdict = judge_delivery(task, delivered, dims, bufs, exact, lowprec)
+    if verdict.outcome != Outcome.PASSED:
+        return verdict
+    # values first, launches second: the order the GPU's stages run in
+    return launch_trial(task, delivered, device) or verdict
 
 
 # ---- one shape ------------------------------------------------------------------------------
 
 
-def check_shape(task, module, shape, master_seed: int, shape_index: int, device: str, *,
-                tamper: TamperCheck | None = None, trials: tuple[str, ...] = ORDERS) -> tuple[ShapeResult, dict | None]:
-    """Trials in both orders on fresh inputs; returns the ShapeResult and the last outputs."""
+def check_shape(task, kp: KernelProcess, shape, master_seed: int, shape_index: int, device: str, *,
+                hidden: bool = False, trials: tuple[str, ...] = ORDERS) -> ShapeResult:
+    """Trials in both orders on fresh inputs."""
     dims = shape.dims()
-    held: dict[int, str] = {}
-    keep = []  # earlier outputs stay alive, so a reuse of their storage is visible
     last = None
     for i, order in enumerate(trials):
-        trial = run_trial(task, module, dims, derive_seed(master_seed, shape_index, i), device, order,
-                          tamper=tamper, held=held)
+        trial = run_trial(task, kp, dims, derive_seed(master_seed, shape_index, i), device, order,
+                          f"s{shape_index}t{i}")
         if trial.outcome != Outcome.PASSED:
-            return ShapeResult(shape=shape.name, dims=dims, outcome=trial.outcome, outputs=trial.checks,
-                               message=f"trial {i + 1} ({order.replace('_', ' ')}): {trial.message}", trials=i + 1), None
+            res = ShapeResult(shape=shape.name, dims=dims, outcome=trial.outcome, outputs=trial.checks,
+                              message=f"trial {i + 1} ({order.replace('_', ' ')}): {trial.message}", trials=i + 1)
+            return withhold(res) if hidden else res
         last = trial
-        keep.append(trial.outputs)
-        held.update({p: f"trial {i + 1}'s {n!r}" for p, n in _storages(trial.outputs).items()})
-    return ShapeResult(shape=shape.name, dims=dims, outcome=Outcome.PASSED, outputs=last.checks, message=last.message,
-                       trials=len(trials)), last.outputs
+    res = ShapeResult(shape=shape.name, dims=dims, outcome=Outcome.PASSED, outputs=last.checks, message=last.message,
+                      trials=len(trials))
+    return withhold(res) if hidden else res
+
+
+def withhold(res: ShapeResult) -> ShapeResult:
+    """A hidden shape's result says how far off it was, never where or at which dims."""
+    checks = []
+    for c in res.outputs:
+        detail = (f"{c.name}: ok" if c.ok else
+                  f"{c.name}: {c.problem}" + (f": max error {c.max_error:.3e}, allowed {c.allowed:.3e}"
+                                               if c.max_error is not None and c.allowed is not None else "")
+                  + (f"; RMS error {c.rms_error:.3e}, allowed {c.rms_allowed:.3e}"
+                     if c.problem == "rms" and c.rms_error is not None and c.rms_allowed is not None else ""))
+        checks.append(c.model_copy(update={"worst_index": None, "got": None, "expected": None, "detail": detail}))
+    if res.outcome == Outcome.PASSED:
+        message = res.message
+    elif res.outcome in (Outcome.INCORRECT_NUMERICS, Outcome.INCORRECT_SHAPE, Outcome.INCORRECT_DTYPE):
+        failed = [c.detail for c in checks if not c.ok]
+        message = "a hidden shape failed (its dims are withheld): " + ("; ".join(failed) or res.outcome.value)
+    else:  # an error's own text may quote sizes: numbers that could be dims are masked
+        message = f"a hidden shape failed (its dims are withheld): {_mask_numbers(res.message)}"
+    return res.model_copy(update={"shape": "hidden", "dims": {}, "hidden": True, "outputs": checks, "message": message})
+
+
+def _mask_numbers(text: str) -> str:
+    return re.sub(r"\d{2,}", "N", text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 from enum import Enum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from tasks.tolerance import OutputCheck
 
@@ -37,6 +37,7 @@ class ShapeResult(BaseModel):
     message: str = ""
     trials: int = Field(0, description="checked calls on fresh inputs (both orders of reference and kernel)")
     launches: list[str] = Field([], description="GPU: the kernels one run() launched (torch profiler)")
+    hidden: bool = Field(False, description="a shape drawn from the secret seed: its dims, indices and values are withheld")
     # timings exist only when the kernel was timed: never for a failed check. Keys:
     # "kernel" and each baseline ("gemm_only", "eager") hold eval.timing.Timing dicts;
     # "fused_over_gemm_only", "speedup" ({baseline: x}), "gemm_fraction", "roofline" ({floor_us, ...})
@@ -70,6 +71,12 @@ class Result(BaseModel):
     def passed(self) -> bool:
         return self.outcome == Outcome.PASSED
 
+    @computed_field(description="PASSED on the CPU emulator only: numerics (and, with compile, the sm_90a build) "
+                                "hold, but no GPU ran the kernel, so it is never ranked")
+    @property
+    def provisional(self) -> bool:
+        return self.passed and self.device == "cpu"
+
     @property
     def timed(self) -> bool:
         return any(s.timing for s in self.per_shape)
@@ -78,7 +85,7 @@ class Result(BaseModel):
     def ranked(self) -> bool:
         """Only a PASSED, timed result may be ranked (IMPLAUSIBLE ones keep their timing,
         quarantined)."""
-        return self.passed and self.timed
+        return self.passed and self.timed and not self.provisional
 
 
 def worst_element(per_shape: list[ShapeResult]) -> dict | None:

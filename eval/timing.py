@@ -105,6 +105,22 @@ def _prepare_rep(flush: bool) -> None:
     torch.cuda._sleep(_LEAD_CYCLES)
 
 
+def timed_call(fn: Callable[[], object], *, flush: bool = True) -> float:
+    """One timed call on the current stream, synchronized: L2 flushed and the spin queued
+    first (outside the events), CUDA events around fn(). Returns microseconds. The judge
+    times its baselines and the kernel runner times the kernel with this same procedure."""
+    import torch
+
+    _prepare_rep(flush)
+    start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+    stream = torch.cuda.current_stream()
+    start.record(stream)
+    fn()
+    end.record(stream)
+    _SYNC()
+    return _ELAPSED(start, end) * 1000.0
+
+
 def time_cuda_interleaved(
     fns: dict[str, tuple[Callable[..., object], Sequence[tuple]]],
     *,

@@ -59,7 +59,10 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
         real = min(m, m1) - m0  # rows of this stripe inside the output
         acc = _pad_rows(call.a[m0 : m0 + real].float(), m1 - m0) @ w32.T
         args = {p: _operand_view(epi, p, call, m0, m1, real, np_) for p in epi.params}
-        res = epi.torch_fn(_pair(acc) if paired else acc, **args)
+        # the function gets its own copies: an in-place op in it (x += c) must not reach
+        # the accumulator stored as D, nor an input (on the GPU it only rebinds a name)
+        body_acc = acc.clone()
+        res = epi.torch_fn(_pair(body_acc) if paired else body_acc, **args)
         if not isinstance(res, dict):
             raise EpilogueError(f"{epi.name}: the function must return a dict, got {type(res).__name__}")
         missing = (set(epi.outputs) | set(epi.reductions)) - set(res)
@@ -90,6 +93,11 @@ def _pad_cols(t: torch.Tensor, cols: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, cols - t.shape[-1])) if t.shape[-1] < cols else t
 
 
+def _copy32(t: torch.Tensor) -> torch.Tensor:
+    """A float32 copy (never a view of the caller's tensor, whatever its dtype)."""
+    return t.to(torch.float32, copy=True)
+
+
 def _pair(t: torch.Tensor) -> TorchPair:
     return TorchPair(t[:, 0::2], t[:, 1::2])
 
@@ -104,19 +112,19 @@ def _operand_view(epi: Epilogue, p: str, call: Call, m0: int, m1: int, real: int
     rows = m1 - m0
     if p == "c":
         width = 2 * np_ if epi.mode == "packed_pair" else np_
-        c = _pad_cols(_pad_rows(call.c[m0 : m0 + real].float(), rows), width)
+        c = _pad_cols(_pad_rows(_copy32(call.c[m0 : m0 + real]), rows), width)
         return _pair(c) if epi.mode in ("acc_pair", "packed_pair") else c
     kind, v = epi.operands[p], call.values[p]
     if isinstance(kind, Scalar):
         return float(v) if not isinstance(v, torch.Tensor) else float(v.reshape(()).item())
     if isinstance(kind, PerRow):
         # broadcast along N; in acc_pair mode one value serves both lanes
-        return _pad_rows(v[m0 : m0 + real].float()[:, None], rows)
+        return _pad_rows(_copy32(v[m0 : m0 + real])[:, None], rows)
     if isinstance(kind, PerCol):
-        col = _pad_cols(v.float()[None, :], np_)
+        col = _pad_cols(_copy32(v)[None, :], np_)
         return _pair(col) if epi.mode == "acc_pair" else col
     if isinstance(kind, Tile):
-        t = _pad_cols(_pad_rows(v[m0 : m0 + real].float(), rows), np_)
+        t = _pad_cols(_pad_rows(_copy32(v[m0 : m0 + real]), rows), np_)
         return _pair(t) if epi.mode == "acc_pair" else t
     raise EpilogueError(f"{epi.name}: unknown operand kind for {p!r}: {kind!r}")
 

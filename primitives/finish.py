@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from primitives import trace
+
 #: names a task's `launches` list may use, mapped to what each computes
 FINISHERS = {
     "rstd_from_sumsq": "rstd[m] = rsqrt(sum_t partials[m, t] / n + eps)",
@@ -25,6 +27,7 @@ def _check(partials: torch.Tensor, what: str) -> None:
 
 def rstd_from_sumsq(partials: torch.Tensor, n: int, eps: float) -> torch.Tensor:
     """RMSNorm's reciprocal rms from per-tile sums of squares: (M, T) -> (M,) float32."""
+    trace.record("finish", "rstd_from_sumsq")
     _check(partials, "rstd_from_sumsq")
     if partials.is_cuda:
         from primitives.lowering import finish_on_gpu
@@ -35,6 +38,7 @@ def rstd_from_sumsq(partials: torch.Tensor, n: int, eps: float) -> torch.Tensor:
 
 def row_sum(partials: torch.Tensor) -> torch.Tensor:
     """Fold RowReduce partials: (M, T) -> (M,) float32."""
+    trace.record("finish", "row_sum")
     _check(partials, "row_sum")
     if partials.is_cuda:
         from primitives.lowering import finish_on_gpu
@@ -45,6 +49,7 @@ def row_sum(partials: torch.Tensor) -> torch.Tensor:
 
 def col_sum(partials: torch.Tensor) -> torch.Tensor:
     """Fold ColReduce partials: (T, N) -> (N,) float32."""
+    trace.record("finish", "col_sum")
     _check(partials, "col_sum")
     if partials.is_cuda:
         from primitives.lowering import finish_on_gpu
@@ -56,6 +61,7 @@ def col_sum(partials: torch.Tensor) -> torch.Tensor:
 def cross_entropy(lse_partials: torch.Tensor, target_logit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row loss and log-sum-exp from RowLogSumExp partials and RowSelect's target
     logits: returns (loss, lse), each (M,) float32."""
+    trace.record("finish", "cross_entropy")
     _check(lse_partials, "cross_entropy")
     if lse_partials.is_cuda:
         from primitives.lowering import finish_on_gpu

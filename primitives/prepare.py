@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from primitives import trace
+
 
 def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, passthrough_cols: int = 0) -> torch.Tensor:
     """The per-column float32 table `primitives.math.rope_rotate` reads as a PerCol operand.
@@ -16,6 +18,7 @@ def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, pas
     (hi, lo) = the float-float split of inv_freq[j] / (2 pi), i.e. the angle in turns to
     ~2^-49 relative; the last `passthrough_cols` columns (e.g. V of a fused QKV
     projection) get frequency 0, an exact identity."""
+    trace.record("prepare", "rope_freq_table")
     if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] != head_dim:
         raise ValueError(f"inv_freq must be ({head_dim // 2},), got {tuple(inv_freq.shape)}")
     if rotary_cols % head_dim or passthrough_cols % 2:
@@ -31,4 +34,5 @@ def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, pas
 def qkv_rope_freq_table(inv_freq: torch.Tensor, d: int) -> torch.Tensor:
     """rope_freq_table for a fused QKV projection laid out [q | k | v], d columns each:
     q and k rotate, v passes through."""
+    trace.record("prepare", "qkv_rope_freq_table")
     return rope_freq_table(inv_freq, 2 * inv_freq.shape[0], rotary_cols=2 * d, passthrough_cols=d)

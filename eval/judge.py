@@ -1,0 +1,227 @@
+"""The judge: one process per evaluation, trusted, out of the candidate's reach.
+
+    python -m eval.judge --result-fd N --tmp DIR   < request.json    (started by evaluate())
+
+It holds what decides the verdict: the secret seed, the task's references, the tolerance,
+the expected outputs and the timings of the baselines. It is non-dumpable (no process of
+its user can read or write its memory) and starts the candidate in a runner process of
+its own (eval/runner.py, via eval/remote.py), which sees only inputs and output buffers.
+
+Stages: static (here, on the source: bounded parse, eval/static_checks.py) -> load ->
+compile -> numerics -> on a GPU, per named shape: launches -> benchmark -> recheck ->
+plausibility -> done. Every named shape set is followed by a hidden shape drawn from the
+seed (eval/secret_shapes.py), checked for numerics only, whose dims are never reported.
+
+The channel to the harness: newline-delimited JSON frames on an inherited pipe, each
+with the nonce the harness sent; progress {"stage": ...} and one final {"result": ...}
+(a whole eval.result.Result). The runner never holds this pipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from eval.isolation import make_undumpable
+from eval.result import Outcome, Result, ShapeResult, worst_element
+
+_RUNNER = None  # the live KernelProcess, for the SIGTERM handler
+_TMP = None
+
+
+class Channel:
+    def __init__(self, fd: int, nonce: str):
+        self.fd, self.nonce = fd, nonce
+
+    def send(self, **frame) -> None:
+        data = (json.dumps({"nonce": self.nonce, **frame}) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+    def stage(self, name: str) -> None:
+        self.send(stage=name)
+
+
+def environment(device: str) -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()}
+    for pkg in ("nvidia-cutlass-dsl", "quack-kernels", "triton"):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    if device == "cuda":
+        env |= {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+                "capability": ".".join(map(str, torch.cuda.get_device_capability()))}
+    return env
+
+
+def static_stage(task, path: Path, base: dict, static_checks: bool) -> Result | dict:
+    """The source's metadata and the static rules: a Result when the kernel stops here,
+    else the Result fields learnt from its metadata."""
+    from eval.kernel import KernelError, SourceTooComplex, parse_bounded, read_kernel
+    from eval.static_checks import check_source, only_compile_errors, summarize
+
+    text = path.read_bytes().decode(errors="replace")
+    try:
+        parse_bounded(text, str(path))
+    except SyntaxError as e:
+        return Result(**base, track="candidate", outcome=Outcome.COMPILE_ERROR, stage="static",
+                      message=f"line {e.lineno}: syntax error: {e.msg}")
+    except SourceTooComplex as e:
+        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static", message=str(e))
+    try:
+        meta = read_kernel(path)
+    except KernelError as e:
+        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=str(e).splitlines()[0])
+    base = {**base, "track": meta.track, "author": meta.author, "backend": meta.backend, "model": meta.model,
+            "session": meta.session}
+    if meta.task != task.name:
+        return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
+    if static_checks:
+        try:
+            violations = check_source(text, str(path))
+        except SyntaxError as e:
+            return Result(**base, outcome=Outcome.COMPILE_ERROR, stage="static",
+                          message=f"line {e.lineno}: syntax error: {e.msg}")
+        except (RecursionError, MemoryError, ValueError) as e:
+            return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
+                          message=f"the source is too large or too deeply nested to check ({type(e).__name__})")
+        if violations:
+            outcome = Outcome.COMPILE_ERROR if only_compile_errors(violations) else Outcome.STATIC_REJECTED
+            return Result(**base, outcome=outcome, stage="static", message=summarize(violations),
+                          violations=[str(v) for v in violations])
+    return base
+
+
+def judge(request: dict, channel: Channel, tmp: Path) -> Result:
+    """The whole evaluation (never raises: every failure is a Result)."""
+    global _RUNNER
+    from eval.gpu_stages import run_gpu_stages
+    from eval.numerics import check_shape
+    from eval.plausibility import Ceilings
+    from eval.remote import KernelFailure, KernelProcess
+    from eval.secret_shapes import hidden_shapes
+    from tasks import get_task, shape_sets
+
+    device = request["device"]
+    deadline = time.monotonic() + float(request["timeout_s"])
+    current = {"stage": "static"}
+
+    def at(name):
+        current["stage"] = name
+        channel.stage(name)
+
+    task = get_task(request["task"])
+    path = Path(request["kernel_path"])
+    base = dict(task=task.name, kernel=request["kernel"], kernel_sha256=request["kernel_sha256"], device=device,
+                shapes=request["shapes"], environment={})
+    early = static_stage(task, path, base, request.get("static_checks", True))
+    if isinstance(early, Result):
+        return early
+    base = early
+    per_shape: list[ShapeResult] = []
+    kp = None
+
+    def result(outcome: Outcome, message: str) -> Result:
+        return Result(**base, outcome=outcome, message=message, stage=current["stage"], per_shape=per_shape,
+                      worst=worst_element(per_shape), compiled=kp.compiled if kp else [],
+                      stderr_tail=kp.stderr_tail() if kp else "")
+
+    try:
+        at("load")
+        ceilings = Ceilings.from_env()
+        if device == "cuda":
+            import torch
+
+            torch.cuda.init()
+        base["environment"] = environment(device)
+        workdir = tmp / "runner"
+        # the kernel file travels as a copy in the runner's own dir
+        workdir.mkdir(parents=True, exist_ok=True)
+        kernel_copy = workdir / "kernel.py"
+        shutil.copyfile(path, kernel_copy)
+        cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
+        kp = _RUNNER = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes,
+                                     extra_env=request.get("runner_env") or {}, on_progress=at)
+        kp.ask({"op": "load", "path": str(kernel_copy), "device": device,
+                "gpu_memory_gib": request.get("gpu_memory_gib")}, stage="load")
+        named = shape_sets()[request["shapes"]]
+        hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
+        for i, shape in enumerate([*named, *hidden]):
+            is_hidden = i >= len(named)
+            at("numerics")
+            res = check_shape(task, kp, shape, request["seed"], i, device, hidden=is_hidden)
+            per_shape.append(res)
+            if res.outcome == Outcome.PASSED and device == "cuda" and not is_hidden:
+                run_gpu_stages(task, kp, shape, res, request["seed"], i, stage=at, ceilings=ceilings,
+                               reps=request.get("reps", 50), shapes_name=request["shapes"])
+            if res.outcome != Outcome.PASSED:
+                return result(res.outcome, f"{res.shape}: {res.message}")
+        at("done")
+        shown = [r for r in per_shape if not r.hidden]
+        msg = (f"all {len(shown)} shapes within tolerance ({shown[0].trials if shown else 0} trials each)"
+               + (f", and {len(per_shape) - len(shown)} hidden shape(s)" if len(per_shape) > len(shown) else ""))
+        if device == "cuda":
+            ratios = ", ".join(f"{r.shape} {r.timing['fused_over_gemm_only']:.3f}" for r in shown if r.timing)
+            msg += f"; fused / GEMM-only: {ratios}"
+        return result(Outcome.PASSED, msg)
+    except KernelFailure as f:
+        return result(Outcome(f.outcome), f.message)
+    except Exception as e:  # the judge's own failure (e.g. out of memory computing a reference)
+        traceback.print_exc()
+        first = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        why = "out of memory: the kernel's process may hold it" if "out of memory" in first.lower() else "an error"
+        return result(Outcome.RUNTIME_ERROR, f"the judge stopped with {why} during {current['stage']}: {first}")
+    finally:
+        if kp is not None:
+            kp.close()
+        _RUNNER = None
+
+
+def _on_term(signum, frame):
+    """The harness died (parent-death signal) or asked us to stop: leave nothing behind."""
+    if _RUNNER is not None:
+        _RUNNER.kill()
+    if _TMP is not None:
+        shutil.rmtree(_TMP, ignore_errors=True)
+    os._exit(128 + signum)
+
+
+def main(argv=None) -> int:
+    global _TMP
+    make_undumpable()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--result-fd", type=int, required=True)
+    ap.add_argument("--tmp", required=True)
+    args = ap.parse_args(argv)
+    _TMP = Path(args.tmp)
+    signal.signal(signal.SIGTERM, _on_term)
+    os.set_inheritable(args.result_fd, False)
+    request = json.loads(sys.stdin.read())
+    sys.stdin.close()
+    channel = Channel(args.result_fd, request.pop("nonce", ""))
+    result = judge(request, channel, _TMP)
+    channel.send(result=result.model_dump(mode="json"))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

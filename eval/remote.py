@@ -1,0 +1,207 @@
+"""The judge's handle on a kernel runner (eval/runner.py): start it, ask, check the answer.
+
+Every answer is read as untrusted data: a JSON frame checked against the models below
+(sizes bounded, fields typed), and an error the runner reports can only make the kernel
+fail (its outcome must be one of RUNNER_FAILURES). A runner that dies, answers late, or
+sends something that is not one of our frames is a typed failure (`KernelFailure`), and
+the judge goes on to write its verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from eval import channel
+from eval.isolation import STDERR_TAIL, child_setup, clean_env, kill_group
+
+#: outcomes a runner may report for its kernel (anything else is read as RUNTIME_ERROR)
+RUNNER_FAILURES = frozenset({"COMPILE_ERROR", "RUNTIME_ERROR", "STATIC_REJECTED"})
+
+
+class KernelFailure(Exception):
+    """The kernel failed (as the runner reported, or as its process behaved): outcome and one line."""
+
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome, self.message = outcome, message
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CompileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epilogue: str = Field(max_length=300)
+    config: str = Field(max_length=300)
+    mode: str | None = Field(None, max_length=50)
+    ok: bool
+    seconds: float
+    error: str | None = Field(None, max_length=4000)
+
+
+class OutputSeen(BaseModel):
+    """What the runner saw of one returned output."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(max_length=100)  # "tensor", "missing", or the value's type name
+    shape: list[int] | None = Field(None, max_length=16)
+    dtype: str | None = Field(None, max_length=50)
+    device: str | None = Field(None, max_length=20)
+    stride: list[int] | None = Field(None, max_length=16)
+    contiguous: bool | None = None
+    copied: bool = False
+
+
+class Delivered(_Reply):
+    """A call's (or a collect's) answer: what came back and what the runner noticed."""
+
+    returned: str = Field(max_length=100)
+    outputs: dict[str, OutputSeen] = Field(default_factory=dict, max_length=64)
+    extra: list[str] = Field(default_factory=list, max_length=20)
+    launched: list[str] = Field(default_factory=list, max_length=10_000)
+    violations: list[str] = Field(default_factory=list, max_length=10_000)
+
+
+class Profiled(_Reply):
+    launches: list[tuple[str, int | None]] = Field(max_length=10_000)
+    stream: int | None = None
+
+
+class Timed(_Reply):
+    us: float = Field(ge=0)
+
+
+class KernelProcess:
+    """One runner for one candidate, started in `workdir` (its private cwd and HOME)."""
+
+    def __init__(self, workdir: Path, *, deadline: float, cpu_bytes: int | None = None,
+                 extra_env: dict | None = None, on_progress=None):
+        self.deadline = deadline
+        self.on_progress = on_progress or (lambda stage: None)
+        self.compiled: list[dict] = []
+        self.building = False
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.stderr_path = workdir.parent / "runner.stderr"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = clean_env({"HOME": str(workdir), **(extra_env or {})})
+        with open(self.stderr_path, "wb") as err:
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "eval.runner", "--sock", str(theirs.fileno())],
+                    stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd=workdir, env=env,
+                    pass_fds=(theirs.fileno(),), start_new_session=True,
+                    preexec_fn=child_setup(death_signal=signal.SIGKILL, cpu_bytes=cpu_bytes),
+                )
+            finally:
+                theirs.close()
+        self.sock = ours
+
+    # ---- asking -------------------------------------------------------------------------------
+
+    def ask(self, message: dict, fds: list[int] = (), *, stage: str) -> dict:
+        """Send one operation and return its answer (a dict), or raise KernelFailure."""
+        try:
+            channel.send(self.sock, message, list(fds))
+            while True:
+                frame, got = channel.receive(self.sock, self.deadline)
+                for fd in got:  # the runner has no business sending descriptors
+                    os.close(fd)
+                if "progress" in frame:
+                    self.building = frame["progress"] == "compile"
+                    self.on_progress(str(frame["progress"])[:40])
+                    continue
+                break
+        except channel.ChannelTimeout:
+            self.kill()
+            raise KernelFailure("TIMEOUT", f"no answer from the kernel's process in time (during {stage}); "
+                                           "its process group was killed") from None
+        except channel.ChannelClosed:
+            raise KernelFailure(*self._death(stage)) from None
+        except channel.ChannelError as e:
+            self.kill()
+            raise KernelFailure("RUNTIME_ERROR", f"the kernel's process broke the protocol during {stage}: {e}") from None
+        if frame.get("reply") != message["op"]:
+            self.kill()
+            raise KernelFailure("RUNTIME_ERROR", f"the kernel's process answered {str(frame.get('reply'))[:40]!r} "
+                                                 f"to {message['op']!r} (a forged or out-of-order frame)")
+        self._note_compiles(frame.get("compiled"))
+        error = frame.get("error")
+        if error is not None:
+            outcome = error.get("outcome") if isinstance(error, dict) else None
+            text = str(error.get("message", "")) if isinstance(error, dict) else str(error)
+            raise KernelFailure(outcome if outcome in RUNNER_FAILURES else "RUNTIME_ERROR", text[:600])
+        return frame
+
+    def parse(self, model, frame: dict, stage: str):
+        try:
+            return model.model_validate(frame)
+        except ValidationError as e:
+            self.kill()
+            first = e.errors()[0]
+            raise KernelFailure("RUNTIME_ERROR", f"the kernel's process sent a malformed answer during {stage} "
+                                                 f"({'.'.join(map(str, first['loc']))}: {first['msg']})") from None
+
+    def _note_compiles(self, entries) -> None:
+        if not isinstance(entries, list):
+            return
+        for raw in entries[:100]:
+            try:
+                self.compiled.append(CompileEntry.model_validate(raw).model_dump(exclude_none=True))
+            except ValidationError:
+                continue
+
+    def _death(self, stage: str) -> tuple[str, str]:
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.wait()
+        if code is not None and code < 0:
+            try:
+                why = signal.Signals(-code).name
+            except ValueError:
+                why = f"signal {-code}"
+        else:
+            why = f"exit code {code}"
+        if self.building:
+            return "COMPILE_ERROR", f"the compiler crashed ({why}) while building the kernel"
+        return "RUNTIME_ERROR", f"the kernel's process died ({why}) during {stage}"
+
+    # ---- ending -------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        kill_group(self.proc)
+
+    def close(self) -> None:
+        try:
+            channel.send(self.sock, {"op": "exit"})
+        except (channel.ChannelClosed, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+        self.proc.wait()
+        self.sock.close()
+
+    def stderr_tail(self) -> str:
+        try:
+            return self.stderr_path.read_bytes()[-STDERR_TAIL:].decode(errors="replace")
+        except OSError:
+            return ""
+
+
+def remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())

@@ -1,0 +1,385 @@
+"""The kernel runner: the one process where a candidate's code runs (untrusted).
+
+    python -m eval.runner --sock FD      (started by the judge, eval/judge.py)
+
+It holds nothing that judges the kernel: no seed, no task, no reference, no tolerance, no
+channel to the harness. It receives inputs the judge made (shared memory, eval/channel.py),
+calls the kernel, copies what the kernel returned into buffers the judge owns, and says
+what it saw. Whatever the kernel does to this process gains it nothing: the judge checks
+every value itself, and a missing, malformed or late reply is a typed failure there.
+
+What it reports is for the kernel's author and for the checks that can only run here:
+the CPU compute guard and the record of fused GEMMs / finishing steps (eval/guard.py,
+primitives/trace.py), the GPU profiler's launches, CUDA-event times of timed calls,
+outputs that alias an input or an earlier call's output, and the kernel's exceptions.
+
+Operations (one JSON frame each, answered by one frame; progress frames may come first):
+  load      import the kernel             put       attach a set of inputs (shared tensors)
+  prepare   prepare(consts) for a set     call      one checked call (poison, guard, trace)
+  profile   one warm + one profiled call  time      one timed call (events); outputs kept
+  collect   copy the kept outputs out     drop      forget a set
+  ping      an answer, nothing done       exit
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+from eval import channel
+from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
+from eval.kernel import load_kernel_module
+from primitives import trace
+
+#: how long a runner may keep recently returned outputs alive (so a reuse of their storage shows)
+HELD_CALLS = 2
+
+
+class Failure(Exception):
+    """The kernel failed in a way the runner can name: outcome and one line."""
+
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome, self.message = outcome, message
+
+
+def is_compile_error(e: BaseException) -> bool:
+    from primitives.epilogue import EpilogueError
+
+    if isinstance(e, EpilogueError):
+        return True
+    lowering = sys.modules.get("primitives.lowering")
+    if lowering is not None and isinstance(e, lowering.CompileError):
+        return True
+    mod = type(e).__module__ or ""
+    return mod.startswith(("cutlass", "quack")) and "Runtime" not in type(e).__name__
+
+
+def describe_exception(e: BaseException) -> tuple[str, str]:
+    """Outcome and one line for an exception raised by the kernel's code."""
+    first = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+    if is_compile_error(e):
+        return "COMPILE_ERROR", first
+    if isinstance(e, torch.OutOfMemoryError):
+        return "RUNTIME_ERROR", f"device out of memory: {first}"
+    if isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e):
+        return "RUNTIME_ERROR", f"out of memory (the runner's memory limit): {first}"
+    if "illegal memory access" in str(e) or "CUDA error" in str(e):
+        return "RUNTIME_ERROR", f"CUDA error (the runner's CUDA context is lost): {first}"
+    return "RUNTIME_ERROR", first
+
+
+def _tensors(values) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, torch.Tensor):
+            out[str(k)] = v
+        elif isinstance(v, tuple):
+            out.update({f"{k}[{i}]": x for i, x in enumerate(v) if isinstance(x, torch.Tensor)})
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _freeze(prepared) -> MappingProxyType:
+    """prepare()'s result, read-only: tensors and plain values only (a list or dict inside
+    it would be state run() could keep between calls)."""
+    if not isinstance(prepared, dict):
+        raise Failure("RUNTIME_ERROR", f"prepare() returned {type(prepared).__name__}, not a dict")
+
+    def plain(v) -> bool:
+        if isinstance(v, tuple):
+            return all(plain(x) for x in v)
+        return v is None or isinstance(v, (torch.Tensor, bool, int, float, str))
+
+    for k, v in prepared.items():
+        if not isinstance(k, str) or not plain(v):
+            raise Failure("RUNTIME_ERROR", f"prepare() returned {k!r}: {type(v).__name__}; only tensors, numbers, "
+                                           "strings and tuples of them are allowed (no state between calls)")
+    return MappingProxyType(dict(prepared))
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class Runner:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.module = None
+        self.device = "cpu"
+        self.kernel_file = ""
+        self.tamper: TamperCheck | None = None
+        self.sets: dict[str, dict] = {}
+        self.held: list[dict[int, str]] = []  # storages of recent calls' outputs (kept alive in held_outputs)
+        self.held_outputs: list[dict] = []
+        self.kept = None  # the last timed call's outputs
+        self.kept_storages: dict[int, str] = {}
+        self.compiled_seen = 0
+        self.stage = "load"
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while True:
+            try:
+                msg, fds = channel.receive(self.sock)
+            except (channel.ChannelClosed, channel.ChannelError):
+                return
+            op = msg.get("op")
+            if op == "exit":
+                return
+            handler = getattr(self, f"op_{op}", None)
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown op {op!r}")
+                reply = handler(msg, fds) or {}
+            except Failure as f:
+                reply = {"error": {"outcome": f.outcome, "message": f.message}}
+            except Exception as e:  # the kernel raised, or it broke this process's machinery
+                traceback.print_exc()
+                outcome, line = describe_exception(e)
+                reply = {"error": {"outcome": outcome, "message": line}}
+            finally:
+                for fd in fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            reply["compiled"] = self._new_compiles()
+            channel.send(self.sock, {"reply": op, **reply})
+
+    def progress(self, stage: str) -> None:
+        channel.send(self.sock, {"progress": stage})
+
+    def _new_compiles(self) -> list[dict]:
+        lowering = sys.modules.get("primitives.lowering")
+        if lowering is None:
+            return []
+        log = lowering.COMPILE_LOG[self.compiled_seen:]
+        self.compiled_seen = len(lowering.COMPILE_LOG)
+        return list(log)
+
+    # ---- operations --------------------------------------------------------------------------
+
+    def op_ping(self, msg, fds):
+        return {"pong": True}
+
+    def op_load(self, msg, fds):
+        self.device = msg["device"]
+        self.kernel_file = str(Path(msg["path"]).resolve())
+        if self.device == "cuda":
+            torch.cuda.init()
+            if msg.get("gpu_memory_gib"):
+                total = torch.cuda.get_device_properties(0).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, msg["gpu_memory_gib"] * 2**30 / total))
+            from primitives.lowering import _import_quack
+
+            _import_quack()  # before the tamper snapshot: quack's import is not the kernel's doing
+            _profile(lambda: None)  # the profiler's lazy set-up, likewise
+        trace.set_compile_listener(lambda building: self.progress("compile" if building else self.stage))
+        self.tamper = TamperCheck()
+        try:
+            module = load_kernel_module(Path(self.kernel_file))
+        except Exception as e:  # the kernel's own import-time code failed
+            traceback.print_exc()
+            raise Failure("COMPILE_ERROR", f"importing the kernel failed: {type(e).__name__}: {e}".splitlines()[0][:500])
+        patched = self.tamper.changed()
+        if patched:
+            raise Failure("RUNTIME_ERROR", f"importing the kernel patched {patched[:5]}")
+        if not callable(getattr(module, "run", None)):
+            raise Failure("STATIC_REJECTED", "the kernel defines no run(inputs, prepared, config=None)")
+        self.module = module
+        return {"ok": True}
+
+    def op_put(self, msg, fds):
+        refs = [channel.TensorRef(**r) for r in msg["tensors"]]
+        values = {r.name: channel.attach(r, fds) for r in refs}
+        values.update(msg.get("scalars", {}))
+        self.sets[msg["set"]] = {"inputs": values, "prepared": MappingProxyType({}), "prepared_bits": {}}
+        return {"ok": True}
+
+    def op_prepare(self, msg, fds):
+        self.stage = "numerics"
+        entry = self.sets[msg["set"]]
+        consts = {k: entry["inputs"][k] for k in msg["consts"]}
+        prepared = _freeze(self.module.prepare(consts) if hasattr(self.module, "prepare") else {})
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        self._check_tamper()
+        entry["prepared"] = prepared
+        entry["prepared_bits"] = {k: _bits(v).clone() for k, v in _tensors(prepared).items()}
+        return {"ok": True}
+
+    def op_call(self, msg, fds):
+        """One checked call: poisoned allocations, the CPU guard and trace, every run-time check."""
+        self.stage = msg.get("stage", "numerics")
+        entry = self.sets[msg["set"]]
+        guard = ComputeGuard(self.kernel_file) if self.device == "cpu" else None
+        with trace.recording() as launched, poisoned_allocations(), (guard if guard is not None else nullcontext()):
+            outputs = self.module.run(dict(entry["inputs"]), entry["prepared"])
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+        self._check_after(entry, outputs)
+        reply = self._deliver(outputs, msg["outputs"], fds)
+        reply.update(launched=list(launched), violations=list(guard.violations) if guard else [])
+        self._hold(outputs)
+        return reply
+
+    def op_profile(self, msg, fds):
+        """The launches of one run() (after a warm one), on the timed stream (a marker kernel names it)."""
+        self.stage = "launches"
+        entry = self.sets[msg["set"]]
+        self.module.run(dict(entry["inputs"]), entry["prepared"])
+        torch.cuda.synchronize()
+        launches, stream = _profile(lambda: self.module.run(dict(entry["inputs"]), entry["prepared"]))
+        self._check_tamper()
+        return {"launches": [[name, s] for name, s in launches], "stream": stream}
+
+    def op_time(self, msg, fds):
+        """One timed call: L2 flushed and a GPU spin queued first (eval.timing), CUDA events
+        around run(), then a synchronize. The outputs are kept for `collect`; they must not
+        reuse the storage of the previous timed call's outputs, which are still alive."""
+        from eval.timing import timed_call
+
+        self.stage = "benchmark"
+        entry = self.sets[msg["set"]]
+        previous, previous_storages = self.kept, self.kept_storages
+        box = {}
+
+        def call():
+            box["out"] = self.module.run(dict(entry["inputs"]), entry["prepared"])
+
+        us = timed_call(call, flush=msg.get("flush", True))
+        outputs = box["out"]
+        storages = {_storage(t): k for k, t in _tensors(outputs).items() if t.numel()} if isinstance(outputs, dict) else {}
+        reused = sorted(k for p, k in storages.items() if p in previous_storages)
+        self.kept, self.kept_storages = outputs, storages
+        del previous
+        if reused:
+            raise Failure("RUNTIME_ERROR", f"a timed call returned {reused} in the storage of the previous call's "
+                                           "outputs (every call must write fresh buffers)")
+        return {"us": us}
+
+    def op_collect(self, msg, fds):
+        if self.kept is None:
+            raise Failure("RUNTIME_ERROR", "nothing to collect: no timed call returned outputs")
+        return self._deliver(self.kept, msg["outputs"], fds)
+
+    def op_drop(self, msg, fds):
+        if msg["set"] == "*":
+            self.sets.clear()
+        self.sets.pop(msg["set"], None)
+        self.kept, self.kept_storages = None, {}  # held outputs stay: a reuse across sets shows too
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        return {"ok": True}
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def _check_tamper(self) -> None:
+        patched = self.tamper.changed() if self.tamper is not None else []
+        if patched:
+            raise Failure("RUNTIME_ERROR", f"the kernel patched {patched[:5]}")
+
+    def _check_after(self, entry: dict, outputs) -> None:
+        self._check_tamper()
+        now = _tensors(entry["prepared"])
+        bad = [k for k, before in entry["prepared_bits"].items()
+               if k not in now or not torch.equal(_bits(now[k]), before)]
+        if bad:
+            raise Failure("RUNTIME_ERROR", f"run() modified prepared {bad} (state between calls)")
+        if not isinstance(outputs, dict):
+            return  # the judge names it (INCORRECT_SHAPE)
+        theirs = {**{_storage(t): k for k, t in _tensors(entry["inputs"]).items() if t.numel()},
+                  **{_storage(t): k for k, t in _tensors(entry["prepared"]).items() if t.numel()}}
+        for name, t in _tensors(outputs).items():
+            if t.numel() == 0:
+                continue
+            ptr = _storage(t)
+            if ptr in theirs:
+                raise Failure("RUNTIME_ERROR", f"output {name!r} aliases {theirs[ptr]!r} (outputs must be new tensors)")
+            for held in self.held:
+                if ptr in held:
+                    raise Failure("RUNTIME_ERROR", f"output {name!r} reuses the storage of {held[ptr]} returned by an "
+                                                   "earlier call (outputs must be new tensors)")
+
+    def _hold(self, outputs) -> None:
+        if not isinstance(outputs, dict):
+            return
+        self.held.append({_storage(t): f"an earlier call's {k!r}" for k, t in _tensors(outputs).items() if t.numel()})
+        self.held_outputs.append(outputs)
+        self.held, self.held_outputs = self.held[-HELD_CALLS:], self.held_outputs[-HELD_CALLS:]
+
+    def _deliver(self, outputs, buffers: list[dict], fds: list[int]) -> dict:
+        """Copy each returned output that fits its buffer (name, shape, dtype, device) into
+        the judge's buffer; describe every one, fitting or not."""
+        if not isinstance(outputs, dict):
+            return {"returned": type(outputs).__name__, "outputs": {}, "extra": []}
+        described = {}
+        for raw in buffers:
+            ref = channel.TensorRef(**raw)
+            value = outputs.get(ref.name)
+            if not isinstance(value, torch.Tensor):
+                described[ref.name] = {"kind": "missing" if value is None else type(value).__name__}
+                continue
+            info = {"kind": "tensor", "shape": list(value.shape), "dtype": channel.DTYPE_NAMES.get(value.dtype, str(value.dtype)),
+                    "device": value.device.type, "stride": list(value.stride()), "contiguous": value.is_contiguous(),
+                    "copied": False}
+            fits = (tuple(value.shape) == tuple(ref.shape) and info["dtype"] == ref.dtype
+                    and value.device.type == ref.device)
+            if fits:
+                channel.attach(ref, fds).copy_(value)
+                info["copied"] = True
+            described[ref.name] = info
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        wanted = {b["name"] for b in buffers}
+        extra = sorted(str(k) for k in outputs if k not in wanted)[:20]
+        return {"returned": "dict", "outputs": described, "extra": extra}
+
+
+def _profile(fn) -> tuple[list[tuple[str, int | None]], int | None]:
+    """(kernels fn launched in order with their stream ids, stream id of the marker kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    marker = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        marker.add_(1.0)  # on the current (timed) stream: names it
+        torch.cuda.synchronize()
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name
+               and "Memcpy" not in e.name and "Memset" not in e.name]
+    kernels.sort(key=lambda e: e.time_range.start)
+    if not kernels:
+        return [], None
+    stream = getattr(kernels[0], "device_resource_id", None)
+    return [(e.name, getattr(e, "device_resource_id", None)) for e in kernels[1:]], stream
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sock", type=int, required=True)
+    args = ap.parse_args(argv)
+    os.set_inheritable(args.sock, False)
+    Runner(socket.socket(fileno=args.sock)).serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # nothing of the kernel's (atexit, threads, CUDA teardown) runs after the last reply
+
+
+if __name__ == "__main__":
+    sys.exit(main())
