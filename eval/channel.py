@@ -6,10 +6,10 @@ A frame may carry file descriptors (SCM_RIGHTS) with its first bytes.
 
 Tensors: each shared tensor is its own allocation, described by a `TensorRef`:
   CPU   a memfd the judge creates and sends with the frame; both sides mmap it
-  CUDA  a CUDA IPC handle of a judge allocation (torch's own IPC: storage._share_cuda_ and
-        UntypedStorage._new_shared_cuda, without pickle). The judge allocates shared
-        tensors from a private memory pool (MemPool), so a runner that maps a handle's
-        whole segment finds only other shared tensors there, never the judge's references.
+  CUDA  a CUDA IPC handle of a judge allocation (the driver's cuIpcGetMemHandle, without
+        pickle) and the tensor's offset in it. The judge allocates shared tensors from a
+        private memory pool (MemPool), so a runner that maps a handle's whole segment finds
+        only other shared tensors there, never the judge's references.
 The judge owns every shared tensor (inputs it fills, output buffers the runner fills);
 the runner only attaches. Nothing the runner sends is unpickled or executed: replies are
 JSON checked against pydantic models by the judge (eval/remote.py).
@@ -17,6 +17,7 @@ JSON checked against pydantic models by the judge (eval/remote.py).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -161,6 +162,59 @@ def _pool():
     return _POOL
 
 
+class _CudaIpc:
+    """CUDA IPC through the driver API (libcuda), not torch's: torch's pairs every shared
+    storage with a reference-count file the consumer must open (root-only when the judge is
+    root and the runner is not) and keeps a producer's block until its consumer lets go."""
+
+    class Handle(ctypes.Structure):
+        _fields_ = [("reserved", ctypes.c_char * 64)]
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.opened: dict[str, int] = {}
+
+    def _ok(self, code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what} failed (CUresult {code})")
+
+    def export(self, ptr: int) -> tuple[str, int]:
+        """(handle of the allocation holding ptr, ptr's offset in it)."""
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        self._ok(self.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)),
+                 "cuMemGetAddressRange")
+        handle = self.Handle()
+        self._ok(self.lib.cuIpcGetMemHandle(ctypes.byref(handle), base), "cuIpcGetMemHandle")
+        return bytes(handle.reserved).hex().ljust(128, "0"), ptr - base.value
+
+    def open(self, handle_hex: str) -> int:
+        """The base address of another process's allocation in this one (opened once)."""
+        if handle_hex not in self.opened:
+            handle = self.Handle()
+            ctypes.memmove(handle.reserved, bytes.fromhex(handle_hex), 64)
+            ptr = ctypes.c_uint64()
+            self._ok(self.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, ctypes.c_uint(1)), "cuIpcOpenMemHandle")
+            self.opened[handle_hex] = ptr.value
+        return self.opened[handle_hex]
+
+
+_IPC: _CudaIpc | None = None
+
+
+def _ipc() -> _CudaIpc:
+    global _IPC
+    if _IPC is None:
+        _IPC = _CudaIpc()
+    return _IPC
+
+
+class _DeviceMemory:
+    """A raw device range as torch sees one (__cuda_array_interface__: no copy, no ownership)."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
 def shared_empty(shape, dtype: torch.dtype, device: str):
     """A new tensor the other process can map. Returns (tensor, handle): on the CPU the
     handle is the memfd (keep it to send; the mapping stays valid after it is closed)."""
@@ -182,10 +236,10 @@ def describe(name: str, tensor: torch.Tensor, fd: int | None, fd_index: int | No
     base = dict(name=name, dtype=DTYPE_NAMES[tensor.dtype], shape=list(tensor.shape))
     if tensor.device.type == "cpu":
         return TensorRef(**base, device="cpu", fd=fd_index)
-    device, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync = tensor.untyped_storage()._share_cuda_()
-    ipc = [int(device), _hex(handle), int(size), int(offset), _hex(rc_handle), int(rc_offset), _hex(ev_handle),
-           bool(ev_sync), int(tensor.storage_offset())]
-    return TensorRef(**base, device="cuda", ipc=ipc)
+    if tensor.numel() == 0:
+        return TensorRef(**base, device="cuda", ipc=None)
+    handle, offset = _ipc().export(tensor.data_ptr())
+    return TensorRef(**base, device="cuda", ipc=[handle, offset])
 
 
 def attach(ref: TensorRef, fds: list[int]) -> torch.Tensor:
@@ -198,26 +252,10 @@ def attach(ref: TensorRef, fds: list[int]) -> torch.Tensor:
         buf = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
         return flat[: n * dtype.itemsize].view(dtype).view(ref.shape)
-    device, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync, elem_offset = ref.ipc
-    torch.cuda._lazy_init()
-    storage = torch.UntypedStorage._new_shared_cuda(device, _unhex(handle), size, offset, _unhex(rc_handle), rc_offset,
-                                                    _unhex(ev_handle), ev_sync)
-    t = torch.empty(0, dtype=dtype, device=f"cuda:{device}")
-    stride = _contiguous_strides(ref.shape)
-    return t.set_(storage, elem_offset, ref.shape, stride)
-
-
-def _contiguous_strides(shape) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(s), 1)
-    return list(reversed(strides))
-
-
-def _hex(b) -> str | None:
-    return None if b is None else bytes(b).hex()
-
-
-def _unhex(s):
-    return None if s is None else bytes.fromhex(s)
+    if ref.ipc is None or n == 0:
+        return torch.empty(ref.shape, dtype=dtype, device="cuda")
+    handle, offset = str(ref.ipc[0]), int(ref.ipc[1])
+    torch.cuda.init()
+    base = _ipc().open(handle)
+    flat = torch.as_tensor(_DeviceMemory(base + offset, n * dtype.itemsize), device="cuda")
+    return flat.view(dtype).view(ref.shape)

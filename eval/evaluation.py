@@ -50,6 +50,7 @@ def evaluate(
     gpu_memory_gib: float | None = None,
     reps: int = 50,
     hidden_shapes: bool = True,
+    timing: bool = True,
     on_stage=None,
 ) -> Result:
     """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`.
@@ -59,7 +60,8 @@ def evaluate(
     seed: the master seed of the inputs and hidden shapes (default: a fresh secret one).
     timeout_s: the whole evaluation's limit (default 600 s on a CPU, 900 s on a GPU).
     memory_limit_gib: the runner's CPU address-space limit (CPU runs); gpu_memory_gib: its
-    share of the GPU. static_checks=False and hidden_shapes=False are for the evaluator's
+    share of the GPU. timing=False (GPU): numerics and launches only, nothing timed.
+    static_checks=False and hidden_shapes=False are for the evaluator's
     own tests of the layers behind them (tests/exploits); never turn them off for a real
     candidate. on_stage(name) hears each stage as it starts. Raises ValueError / TaskError
     / KernelError (one line) for bad arguments; everything about the kernel is the Result."""
@@ -87,7 +89,8 @@ def evaluate(
                "kernel_sha256": base["kernel_sha256"], "device": device, "shapes": shapes,
                "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
                "gpu_memory_gib": gpu_memory_gib, "memory_limit_gib": memory_limit_gib,
-               "static_checks": bool(static_checks), "hidden_shapes": bool(hidden_shapes), "runner_env": runner_env}
+               "static_checks": bool(static_checks), "hidden_shapes": bool(hidden_shapes), "timing": bool(timing),
+               "runner_env": runner_env}
     run = run_judge(request, timeout_s=timeout, on_stage=on_stage)
     return _from_judge(run, base, timeout)
 

@@ -1,5 +1,7 @@
-"""The GPU-only stages of one shape, in the judge, after its numerics passed (GPU-ONLY:
-exercised by the tests marked `gpu`; the pure parts are tested on the CPU).
+"""The timed stages of one shape, in the judge, after its numerics passed: on a GPU
+(tests marked `gpu`, on the H200). The same code also runs on a CPU, for the evaluator's
+own tests only: there the launch check reads the primitives' record (primitives/trace.py)
+instead of the profiler and every clock is the host's; evaluate() never times on a CPU.
 
 launches      one warm run() then one profiled run() in the runner: every kernel it
               launched is judged by eval/launches.py, streams included (a marker kernel
@@ -29,7 +31,7 @@ import time
 
 import torch
 
-from eval.launches import Launch, classify
+from eval.launches import Launch, classify, classify_recorded
 from eval.numerics import (
     InputSet,
     OutputBuffers,
@@ -58,8 +60,8 @@ class StageFailure(Exception):
         self.outcome, self.message = outcome, message
 
 
-def _put(task, kp: KernelProcess, name: str, dims, seed: int, stage: str) -> InputSet:
-    iset = make_input_set(name, task, task.make_inputs(dims, seed, "cuda"), "cuda")
+def _put(task, kp: KernelProcess, name: str, dims, seed: int, stage: str, device: str) -> InputSet:
+    iset = make_input_set(name, task, task.make_inputs(dims, seed, device), device)
     iset.put(kp, stage)
     consts = [t.name for t in task.inputs if t.constant]
     kp.ask({"op": "prepare", "set": name, "consts": consts}, stage=stage)
@@ -69,18 +71,22 @@ def _put(task, kp: KernelProcess, name: str, dims, seed: int, stage: str) -> Inp
 def check_launches(task, kp: KernelProcess, set_name: str, stage: str) -> tuple[bool, str, list[str]]:
     frame = kp.ask({"op": "profile", "set": set_name}, stage=stage)
     prof = kp.parse(Profiled, frame, stage)
+    if prof.recorded:
+        ok, line = classify_recorded([name for name, _ in prof.launches], task.launches)
+        return ok, line, [name for name, _ in prof.launches]
     launches = [Launch(name, s) for name, s in prof.launches]
     verdict = classify(launches, task.launches, prof.stream)
     return verdict.ok, verdict.message, [x.name for x in launches]
 
 
 def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int, *, reps: int, warmup: int,
-              rotate: int, stage) -> dict:
+              rotate: int, device: str = "cuda") -> dict:
     """Timings of the kernel and the baselines, every timed output checked (module docstring)."""
     dims = shape.dims()
-    sets = [_put(task, kp, f"b{shape_index}r{j}", dims, derive_seed(master_seed, shape_index, 100 + j), "benchmark")
-            for j in range(rotate)]
-    bufs = [OutputBuffers.for_task(task, dims, "cuda") for _ in sets]
+    sets = [_put(task, kp, f"b{shape_index}r{j}", dims, derive_seed(master_seed, shape_index, 100 + j), "benchmark",
+                 device) for j in range(rotate)]
+    bufs = [OutputBuffers.for_task(task, dims, device) for _ in sets]
+    clock = "cuda" if device == "cuda" else "wall"
     verified: dict[int, dict[str, torch.Tensor]] = {}
     rng = random.Random(derive_seed(master_seed, shape_index, 300))
     profile_at = rng.randrange(reps)
@@ -101,7 +107,7 @@ def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int
 
     def local_rep(name: str, j: int) -> tuple[float, float]:
         t0 = time.perf_counter()
-        us = timed_call(lambda: local[name](j))
+        us = timed_call(lambda: local[name](j), clock=clock)
         return us, (time.perf_counter() - t0) * 1e6
 
     names = ["kernel", *local]
@@ -185,26 +191,32 @@ def wall_check(samples: dict[str, list[float]], walls: dict[str, list[float]], r
 
 
 def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: int, shape_index: int, *, stage,
-                   ceilings: Ceilings, reps: int = 50, warmup: int = 5, shapes_name: str = "smoke") -> None:
-    """Fill shape_result (launches, timing, outcome) in place. `stage(name)` reports progress."""
+                   ceilings: Ceilings, reps: int = 50, warmup: int = 5, shapes_name: str = "smoke",
+                   device: str = "cuda", timed: bool = True) -> None:
+    """Fill shape_result (launches, timing, outcome) in place. `stage(name)` reports progress.
+    timed=False: the launch check only."""
     dims = shape.dims()
     try:
         stage("launches")
         name = f"l{shape_index}"
-        _put(task, kp, name, dims, derive_seed(master_seed, shape_index, 50), "launches")
+        _put(task, kp, name, dims, derive_seed(master_seed, shape_index, 50), "launches", device)
         ok, launch_line, names = check_launches(task, kp, name, "launches")
         kp.ask({"op": "drop", "set": name}, stage="launches")
         shape_result.launches = names
         if not ok:
             shape_result.outcome, shape_result.message = Outcome.EXTRA_LAUNCHES, launch_line
             return
+        if not timed:
+            shape_result.message = f"{launch_line}; not timed (asked for numerics and launches only)"
+            return
         stage("benchmark")
         summary = benchmark(task, kp, shape, master_seed, shape_index, reps=reps, warmup=warmup,
-                            rotate=ROTATE.get(shapes_name, 2), stage=stage)
+                            rotate=ROTATE.get(shapes_name, 2), device=device)
         kp.ask({"op": "drop", "set": "*"}, stage="benchmark")
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
         stage("recheck")
-        trial = run_trial(task, kp, dims, derive_seed(master_seed, shape_index, 200), "cuda", "kernel_first",
+        trial = run_trial(task, kp, dims, derive_seed(master_seed, shape_index, 200), device, "kernel_first",
                           f"r{shape_index}")
     except KernelFailure as f:
         shape_result.outcome, shape_result.message = Outcome(f.outcome), f.message

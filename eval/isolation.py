@@ -9,8 +9,11 @@ environment (no API keys or other secrets), no core dumps, a file-size limit, an
 parent-death signal: the judge gets SIGTERM when the harness dies (it then kills the
 runner's group and removes the evaluation's temp dir), the runner gets SIGKILL when the
 judge dies. The judge makes itself non-dumpable, so a runner of the same user cannot read
-or write its memory through /proc or ptrace. The runner also gets a CPU memory limit and
-PYTHONHASHSEED pinned (nothing of its behaviour may depend on a per-process hash seed).
+or write its memory through /proc or ptrace; the runner shuts itself in namespaces before
+anything else (sandbox(): no capability over processes outside, so not over a root
+judge either; a read-only filesystem but its own dir; no network). The runner also gets a
+CPU memory limit and PYTHONHASHSEED pinned (nothing of its behaviour may depend on a
+per-process hash seed).
 The harness reads the judge's frames (eval/judge.py) on a private pipe until it closes or
 the evaluation's time is up, then kills the judge's group, whatever happened; Ctrl-C
 (KeyboardInterrupt) does the same on its way out.
@@ -70,10 +73,13 @@ def clean_env(extra: dict | None = None, base: dict | None = None) -> dict:
     return env
 
 
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _prctl(option: int, value: int) -> bool:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, value, 0, 0, 0) == 0
+        return _libc().prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -83,21 +89,68 @@ def make_undumpable() -> bool:
     return _prctl(_PR_SET_DUMPABLE, 0)
 
 
-def child_setup(*, death_signal: int, cpu_bytes: int | None = None):
-    """preexec_fn for a child: limits, and death_signal when its parent dies (checked
-    against a parent that died before the signal was armed)."""
-    parent = os.getpid()
+def setup_child(parent: int, *, death_signal: int, cpu_bytes: int | None = None) -> None:
+    """A child's first act (the judge's and the runner's main): limits, and death_signal
+    when its parent dies; a parent that died before the signal was armed ends it now.
+    Done in the child itself, not in a preexec_fn (the parent may have threads)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+    if cpu_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (cpu_bytes, cpu_bytes))
+    _prctl(_PR_SET_PDEATHSIG, death_signal)
+    if os.getppid() != parent:
+        os._exit(1)
 
-    def apply():
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
-        if cpu_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (cpu_bytes, cpu_bytes))
-        _prctl(_PR_SET_PDEATHSIG, death_signal)
-        if os.getppid() != parent:
-            os._exit(1)
 
-    return apply
+_CLONE_NEWUSER, _CLONE_NEWNS, _CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
+_MS_REC, _MS_PRIVATE, _MS_BIND = 0x4000, 1 << 18, 4096
+_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
+_SYS_MOUNT_SETATTR = 442  # x86-64 and arm64
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def sandbox(writable: Path) -> str:
+    """Shut this (single-threaded, not yet torch-importing) process in: a user namespace of
+    its own (it keeps its uid for files, but holds no capability over the processes outside,
+    so it cannot read or write the judge's memory even when the judge is root), a mount
+    namespace where the whole filesystem is read-only except `writable` (the kernel cannot
+    change the repo, the tasks, a cache the next evaluation reads), and a network namespace
+    with no way out. Returns what it achieved, in words; where the kernel forbids
+    unprivileged namespaces it achieves less, and says so (the Result records it)."""
+    libc = _libc()
+    uid, gid = os.getuid(), os.getgid()
+    flags = None
+    for want in (_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET, _CLONE_NEWUSER | _CLONE_NEWNS):
+        if libc.unshare(want) == 0:
+            flags = want
+            break
+    if flags is None:
+        return f"none (unshare: {os.strerror(ctypes.get_errno())})"
+    try:
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    except OSError as e:
+        return f"user namespace without an id map ({e.strerror})"
+    target = str(writable).encode()
+    steps = [
+        lambda: libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None),
+        lambda: libc.mount(target, target, None, _MS_BIND | _MS_REC, None),
+        lambda: libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE,
+                             ctypes.byref(_MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)), ctypes.sizeof(_MountAttr)),
+        lambda: libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, target, _AT_RECURSIVE,
+                             ctypes.byref(_MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)), ctypes.sizeof(_MountAttr)),
+    ]
+    for step in steps:
+        if step() != 0:
+            return f"user namespace; the filesystem stays writable ({os.strerror(ctypes.get_errno())})"
+    os.chdir(writable)  # the old cwd is the directory under the new mount: enter through the new one
+    net = "no network" if flags & _CLONE_NEWNET else "the network reachable"
+    return f"user and mount namespaces: read-only filesystem but its own dir, {net}"
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -172,10 +225,10 @@ def run_judge(request: dict, *, timeout_s: float, extra_env: dict | None = None,
         with open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", module, "--result-fd", str(write_fd), "--tmp", tmp],
+                    [sys.executable, "-m", module, "--result-fd", str(write_fd), "--tmp", tmp,
+                     "--parent", str(os.getpid())],
                     stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=tmp, env=clean_env(extra_env),
                     pass_fds=(write_fd,), start_new_session=True,
-                    preexec_fn=child_setup(death_signal=signal.SIGTERM),
                 )
             finally:
                 os.close(write_fd)

@@ -30,7 +30,7 @@ import time
 import traceback
 from pathlib import Path
 
-from eval.isolation import make_undumpable
+from eval.isolation import make_undumpable, setup_child
 from eval.result import Outcome, Result, ShapeResult, worst_element
 
 _RUNNER = None  # the live KernelProcess, for the SIGTERM handler
@@ -159,6 +159,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
         cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
         kp = _RUNNER = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes,
                                      extra_env=request.get("runner_env") or {}, on_progress=at)
+        base["environment"]["runner_sandbox"] = kp.sandbox
         kp.ask({"op": "load", "path": str(kernel_copy), "device": device,
                 "gpu_memory_gib": request.get("gpu_memory_gib")}, stage="load")
         named = shape_sets()[request["shapes"]]
@@ -170,7 +171,8 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
             per_shape.append(res)
             if res.outcome == Outcome.PASSED and device == "cuda" and not is_hidden:
                 run_gpu_stages(task, kp, shape, res, request["seed"], i, stage=at, ceilings=ceilings,
-                               reps=request.get("reps", 50), shapes_name=request["shapes"])
+                               reps=request.get("reps", 50), shapes_name=request["shapes"],
+                               timed=request.get("timing", True))
             if res.outcome != Outcome.PASSED:
                 return result(res.outcome, f"{res.shape}: {res.message}")
         at("done")
@@ -209,7 +211,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--result-fd", type=int, required=True)
     ap.add_argument("--tmp", required=True)
+    ap.add_argument("--parent", type=int, required=True)
     args = ap.parse_args(argv)
+    setup_child(args.parent, death_signal=signal.SIGTERM)
     _TMP = Path(args.tmp)
     signal.signal(signal.SIGTERM, _on_term)
     os.set_inheritable(args.result_fd, False)

@@ -123,6 +123,8 @@ class OutputBuffers:
     def poison(self) -> None:
         for t in self.tensors.values():
             t.fill_(float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).max)
+        if any(t.is_cuda for t in self.tensors.values()):
+            torch.cuda.synchronize()  # done before the runner writes into them
 
     def wire(self) -> tuple[list[dict], list[int]]:
         """(TensorRefs, fds) for one message (the fds stay open here for the next one)."""

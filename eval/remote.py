@@ -9,18 +9,20 @@ the judge goes on to write its verdict.
 
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eval import channel
-from eval.isolation import STDERR_TAIL, child_setup, clean_env, kill_group
+from eval.isolation import STDERR_TAIL, clean_env, kill_group
 
 #: outcomes a runner may report for its kernel (anything else is read as RUNTIME_ERROR)
 RUNNER_FAILURES = frozenset({"COMPILE_ERROR", "RUNTIME_ERROR", "STATIC_REJECTED"})
@@ -76,6 +78,7 @@ class Delivered(_Reply):
 class Profiled(_Reply):
     launches: list[tuple[str, int | None]] = Field(max_length=10_000)
     stream: int | None = None
+    recorded: bool = False  # a CPU runner's primitives record, not a profiler's kernels
 
 
 class Timed(_Reply):
@@ -94,18 +97,18 @@ class KernelProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = workdir.parent / "runner.stderr"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = clean_env({"HOME": str(workdir), **(extra_env or {})})
+        env = clean_env({"HOME": str(workdir), **private_caches(workdir), **(extra_env or {})})
+        args = [sys.executable, "-m", "eval.runner", "--sock", str(theirs.fileno()), "--parent", str(os.getpid())]
+        if cpu_bytes:
+            args += ["--cpu-bytes", str(int(cpu_bytes))]
         with open(self.stderr_path, "wb") as err:
             try:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "eval.runner", "--sock", str(theirs.fileno())],
-                    stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd=workdir, env=env,
-                    pass_fds=(theirs.fileno(),), start_new_session=True,
-                    preexec_fn=child_setup(death_signal=signal.SIGKILL, cpu_bytes=cpu_bytes),
-                )
+                self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd=workdir,
+                                             env=env, pass_fds=(theirs.fileno(),), start_new_session=True)
             finally:
                 theirs.close()
         self.sock = ours
+        self.sandbox = str(self.ask({"op": "ping"}, stage="load").get("sandbox", "unknown"))[:200]
 
     # ---- asking -------------------------------------------------------------------------------
 
@@ -201,6 +204,40 @@ class KernelProcess:
             return self.stderr_path.read_bytes()[-STDERR_TAIL:].decode(errors="replace")
         except OSError:
             return ""
+
+
+def private_caches(workdir: Path) -> dict:
+    """The runner's compile caches, in its own (only writable) dir: every object of this
+    machine's quack and Triton caches linked in, so nothing is rebuilt, and whatever the
+    runner writes there is gone with the evaluation (no later one ever reads it)."""
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp)}
+    quack = Path(os.environ.get("QUACK_CACHE_DIR") or Path(tempfile.gettempdir()) / getpass.getuser() / "quack_cache")
+    env["QUACK_CACHE_DIR"] = str(_link_farm(quack, workdir / "quack-cache", depth=2))
+    triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    env["TRITON_CACHE_DIR"] = str(_link_farm(triton, workdir / "triton-cache", depth=1))
+    return env
+
+
+def _link_farm(source: Path, dest: Path, depth: int) -> Path:
+    """dest mirrors source's folders down to `depth`, with links to what lies below."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if depth == 0 or not source.is_dir():
+        return dest
+    try:
+        entries = list(source.iterdir())
+    except OSError:
+        return dest
+    for entry in entries:
+        if depth > 1 and entry.is_dir():
+            _link_farm(entry, dest / entry.name, depth - 1)
+        elif not (dest / entry.name).exists():
+            try:
+                (dest / entry.name).symlink_to(entry)
+            except OSError:
+                pass
+    return dest
 
 
 def remaining(deadline: float) -> float:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -32,12 +33,27 @@ from contextlib import nullcontext
 from pathlib import Path
 from types import MappingProxyType
 
-import torch
 
-from eval import channel
-from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
-from eval.kernel import load_kernel_module
-from primitives import trace
+def _shut_in() -> str:
+    """Before torch (threads) or any kernel exists: limits, the parent-death signal, the
+    sandbox (eval/isolation.py). Only when this module is the runner's entry point."""
+    from eval.isolation import sandbox, setup_child
+
+    args = sys.argv[1:]
+    parent = int(args[args.index("--parent") + 1])
+    cpu = args[args.index("--cpu-bytes") + 1] if "--cpu-bytes" in args else None
+    setup_child(parent, death_signal=signal.SIGKILL, cpu_bytes=int(cpu) if cpu else None)
+    return sandbox(Path.cwd())
+
+
+SANDBOX = _shut_in() if __name__ == "__main__" else "not a runner process"
+
+import torch  # noqa: E402  (after the sandbox, on purpose)
+
+from eval import channel  # noqa: E402
+from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations  # noqa: E402
+from eval.kernel import load_kernel_module  # noqa: E402
+from primitives import trace  # noqa: E402
 
 #: how long a runner may keep recently returned outputs alive (so a reuse of their storage shows)
 HELD_CALLS = 2
@@ -127,6 +143,7 @@ class Runner:
         self.kept_storages: dict[int, str] = {}
         self.compiled_seen = 0
         self.stage = "load"
+        self.sandbox = "not a runner process"
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -173,7 +190,7 @@ class Runner:
     # ---- operations --------------------------------------------------------------------------
 
     def op_ping(self, msg, fds):
-        return {"pong": True}
+        return {"pong": True, "sandbox": self.sandbox}
 
     def op_load(self, msg, fds):
         self.device = msg["device"]
@@ -241,6 +258,11 @@ class Runner:
         self.stage = "launches"
         entry = self.sets[msg["set"]]
         self.module.run(dict(entry["inputs"]), entry["prepared"])
+        if self.device == "cpu":  # no profiler: the primitives' own record (primitives/trace.py)
+            with trace.recording() as launched:
+                self.module.run(dict(entry["inputs"]), entry["prepared"])
+            self._check_tamper()
+            return {"launches": [[name, None] for name in launched], "stream": None, "recorded": True}
         torch.cuda.synchronize()
         launches, stream = _profile(lambda: self.module.run(dict(entry["inputs"]), entry["prepared"]))
         self._check_tamper()
@@ -260,7 +282,7 @@ class Runner:
         def call():
             box["out"] = self.module.run(dict(entry["inputs"]), entry["prepared"])
 
-        us = timed_call(call, flush=msg.get("flush", True))
+        us = timed_call(call, flush=msg.get("flush", True), clock="cuda" if self.device == "cuda" else "wall")
         outputs = box["out"]
         storages = {_storage(t): k for k, t in _tensors(outputs).items() if t.numel()} if isinstance(outputs, dict) else {}
         reused = sorted(k for p, k in storages.items() if p in previous_storages)
@@ -373,9 +395,13 @@ def _profile(fn) -> tuple[list[tuple[str, int | None]], int | None]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sock", type=int, required=True)
+    ap.add_argument("--parent", type=int, required=True)
+    ap.add_argument("--cpu-bytes", type=int, default=None)
     args = ap.parse_args(argv)
     os.set_inheritable(args.sock, False)
-    Runner(socket.socket(fileno=args.sock)).serve()
+    runner = Runner(socket.socket(fileno=args.sock))
+    runner.sandbox = SANDBOX
+    runner.serve()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # nothing of the kernel's (atexit, threads, CUDA teardown) runs after the last reply

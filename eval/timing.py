@@ -105,12 +105,20 @@ def _prepare_rep(flush: bool) -> None:
     torch.cuda._sleep(_LEAD_CYCLES)
 
 
-def timed_call(fn: Callable[[], object], *, flush: bool = True) -> float:
+def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cuda") -> float:
     """One timed call on the current stream, synchronized: L2 flushed and the spin queued
     first (outside the events), CUDA events around fn(). Returns microseconds. The judge
-    times its baselines and the kernel runner times the kernel with this same procedure."""
+    times its baselines and the kernel runner times the kernel with this same procedure.
+    clock="wall": the same call timed by the host's clock, no CUDA (the timed stages run
+    this way on a CPU in the evaluator's own tests; no CPU time is ever reported)."""
+    import time
+
     import torch
 
+    if clock == "wall":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
     _prepare_rep(flush)
     start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
     stream = torch.cuda.current_stream()

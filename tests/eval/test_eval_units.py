@@ -1,6 +1,7 @@
-"""The evaluator's pure logic and in-process guards, on a CPU: launch classification (from
-kernel names seen on the H200), plausibility math, timing aggregation, seeds, the result
-channel's framing, the worker's environment, the compute guard, poisoning, tamper checks."""
+"""The evaluator's pure logic and the runner's guards, on a CPU: launch classification (from
+kernel names seen on the H200, and the CPU's record of primitive calls), plausibility
+math, timing aggregation and the wall-clock check, seeds, hidden shapes, the judge's
+channel framing, the children's environment, the compute guard, poisoning, tamper checks."""
 
 import json
 import math
@@ -11,10 +12,13 @@ import pytest
 import torch
 
 from eval import isolation
+from eval.gpu_stages import wall_check
 from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
-from eval.launches import Launch, classify
-from eval.numerics import Breach, derive_seed, freeze_prepared, modified, snapshot
+from eval.launches import Launch, classify, classify_recorded
+from eval.numerics import derive_seed, make_input_set
 from eval.plausibility import Ceilings, check, floor_us
+from eval.runner import Failure, _freeze
+from eval.secret_shapes import hidden_shapes
 from eval.timing import paired_ratio, summarize
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +63,21 @@ K0 = ["gemm", "rstd_from_sumsq"]
 def test_launch_lists_that_fail(names, fragment):
     v = classify([Launch(n, 7) for n in names], K0, stream=7)
     assert not v.ok and fragment in v.message, v.message
+
+
+@pytest.mark.parametrize("record,fragment", [
+    (["gemm:row_scale", "finish:rstd_from_sumsq"], None),
+    (["gemm:row_scale"], None),  # at most the named finishing steps
+    (["gemm:a", "gemm:b", "finish:rstd_from_sumsq"], "2 fused GEMMs"),
+    (["finish:rstd_from_sumsq"], "no fused GEMM"),
+    ([], "no fused GEMM"),
+    (["gemm:a", "finish:rstd_from_sumsq", "finish:rstd_from_sumsq"], "outside the allowance"),
+    (["gemm:a", "finish:col_sum"], "outside the allowance"),
+    (["prepare:rope_freq_table", "gemm:a"], "P.prepare.rope_freq_table"),
+])
+def test_the_cpu_record_is_judged_like_the_profiler(record, fragment):
+    ok, line = classify_recorded(record, K0)
+    assert ok == (fragment is None) and (fragment is None or fragment in line), line
 
 
 def test_fewer_finishers_and_streams():
@@ -136,6 +155,32 @@ def test_paired_ratio_compares_repetition_by_repetition():
         paired_ratio(summarize([1.0, 2.0], keep=True), gemm)
 
 
+def test_the_wall_clock_check_catches_an_under_claimed_time():
+    walls_local = [1300.0, 1310.0, 1290.0]  # the judge's own calls: ~300 us of overhead each
+    local = [1000.0, 1010.0, 990.0]
+    honest = wall_check({"kernel": [2000.0] * 3, "gemm_only": local}, {"kernel": [2400.0] * 3, "gemm_only": walls_local},
+                        rtt_us=80.0)
+    assert honest["ok"] and honest["judge_gap_us"] == pytest.approx(300.0)
+    # a runner that claims half of what the GPU worked leaves 1000 us more unexplained
+    liar = wall_check({"kernel": [1000.0] * 3, "gemm_only": local}, {"kernel": [2400.0] * 3, "gemm_only": walls_local},
+                      rtt_us=80.0)
+    assert not liar["ok"] and liar["kernel_gap_us"] > liar["allowed_gap_us"]
+
+
+def test_hidden_shapes_are_ragged_reproducible_and_secret():
+    seen = set()
+    for seed in range(40):
+        for name in ("smoke", "paper"):
+            (s,) = hidden_shapes(name, seed)
+            assert s.M % 64 and s.M % s.seq == 0 and s.d % s.head_dim == 0
+            assert s.F % 8 == 0 and s.F % 64 and s.V % 8 == 0 and s.V % 64
+            assert hidden_shapes(name, seed) == [s]
+            seen.add((s.M, s.d, s.F, s.V))
+    assert len(seen) > 60  # they vary with the seed
+    named = {(x.M, x.d) for sets in __import__("tasks").shape_sets().values() for x in sets}
+    assert not any((m, d) in named for m, d, _, _ in seen)
+
+
 # ---- seeds, channel, environment -------------------------------------------------------------
 
 def test_trial_seeds_are_reproducible_and_distinct():
@@ -156,10 +201,9 @@ def test_channel_frames():
     assert isolation.parse_frames(forged, "n")[2] and isolation.parse_frames(forged, "n")[1] is None
     assert isolation.parse_frames(b"PASSED\n" + ok, "n")[2]
     assert isolation.parse_frames(ok + frame("n", stage="x"), "n")[2] == "frames after the result"
-    assert isolation.parse_frames(ok + b"junk", "n")[2] == "bytes after the result"
 
 
-def test_worker_environment_is_allowlisted():
+def test_the_childrens_environment_is_allowlisted():
     base = {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "0", "TRITON_CACHE_DIR": "/t", "LC_ALL": "C",
             "ANTHROPIC_API_KEY": "sk-x", "OPENAI_API_KEY": "sk-y", "GITHUB_PAT": "ghp", "AWS_SECRET_ACCESS_KEY": "a",
             "DATABASE_URL": "postgres://u:p@h/db", "HF_TOKEN": "hf", "EPIFORGE_API_TOKEN": "e", "SSH_AUTH_SOCK": "/s",
@@ -170,25 +214,33 @@ def test_worker_environment_is_allowlisted():
               "EPIFORGE_API_TOKEN", "SSH_AUTH_SOCK", "PYTHONSTARTUP", "LD_PRELOAD", "TORCH_HUB_TOKEN"} & set(env)
     assert not leaked
     assert env["PYTHONPATH"].split(":")[0] == str(REPO)
+    assert env["PYTHONHASHSEED"] == isolation.RUNNER_HASH_SEED  # nothing may vary with a per-process hash seed
 
 
 # ---- values, guard, poison, tamper ---------------------------------------------------------
 
 def test_prepared_must_be_plain_and_is_read_only():
-    frozen = freeze_prepared({"freq": torch.ones(3), "n": 4, "pair": (torch.ones(1), 2.0)})
+    frozen = _freeze({"freq": torch.ones(3), "n": 4, "pair": (torch.ones(1), 2.0)})
     with pytest.raises(TypeError):
         frozen["x"] = 1
     for bad in ({"cache": {}}, {"cache": []}, {"f": print}, [1]):
-        with pytest.raises(Breach):
-            freeze_prepared(bad)
+        with pytest.raises(Failure):
+            _freeze(bad)
 
 
-def test_modified_compares_bits_and_handles_nan():
-    vals = {"a": torch.tensor([1.0, float("nan")]), "b": torch.zeros(2, dtype=torch.bfloat16)}
-    before = snapshot(vals)
-    assert modified(before, vals) == []
-    vals["b"][0] = -0.0  # equal as numbers, not as bits
-    assert modified(before, vals) == ["b"]
+def test_a_modified_shared_input_is_seen_bit_for_bit():
+    import tasks
+
+    task = tasks.get_task("k1")
+    inputs = task.make_inputs(tasks.shape_sets()["smoke"][0].dims(), 3, "cpu")
+    iset = make_input_set("x", task, inputs, "cpu")
+    assert iset.modified() == []
+    iset.shared["rstd"][0] = -iset.shared["rstd"][0]
+    assert iset.modified() == ["rstd"]
+    iset.shared["rstd"][0] = -iset.shared["rstd"][0]
+    assert iset.modified() == []
+    iset.shared["w"].view(torch.int16)[0, 0] ^= 1  # one bit of one weight
+    assert iset.modified() == ["w"] and iset.modified(["rstd", "h"]) == []
 
 
 def fake_kernel(tmp_path, body):
@@ -218,6 +270,26 @@ def test_compute_guard(tmp_path):
     assert all(v.endswith("line 9") for v in g.violations)
 
 
+def test_the_compute_guard_sees_compute_in_an_epilogue_body_and_beyond_the_kernel(tmp_path):
+    src = tmp_path / "k.py"
+    src.write_text("import primitives as P\nimport tasks.common as common\n\n"
+                   "@P.epilogue(operands={'s': P.PerRow()})\ndef scale(acc, s):\n    return {'D': acc.sum() * 0 + acc * s}\n\n"
+                   "def run(inputs, prepared, config=None):\n"
+                   "    d = scale(inputs['a'], inputs['w'], s=inputs['s'])['D']\n"
+                   "    return {'out': common.swiglu_interleaved(d)}\n")
+    from eval.kernel import load_kernel_module
+
+    k = load_kernel_module(src)
+    a, w, s = torch.randn(8, 16).bfloat16(), torch.randn(24, 16).bfloat16(), torch.rand(8)
+    g = ComputeGuard(k.__file__)
+    with g:
+        k.run({"a": a, "w": w, "s": s}, {})
+    body = [v for v in g.violations if "inside an epilogue body" in v]
+    beyond = [v for v in g.violations if "reached from the kernel's line 10" in v]
+    assert body and body[0].startswith("Tensor.sum at line 6"), g.violations  # acc * s itself is allowed
+    assert beyond and "common.py" in beyond[0], g.violations
+
+
 def test_poisoned_allocations_are_nan_then_restored():
     with poisoned_allocations():
         assert torch.empty(4).isnan().all() and torch.empty(2, dtype=torch.bfloat16).isnan().all()
@@ -226,17 +298,17 @@ def test_poisoned_allocations_are_nan_then_restored():
 
 
 def test_tamper_check_sees_patches():
-    import tasks.tolerance
+    from eval import timing
 
     tc = TamperCheck()
     assert tc.changed() == []
-    orig_equal, orig_check = torch.equal, tasks.tolerance.check_output
+    orig_equal, orig_timed = torch.equal, timing.timed_call
     try:
         torch.equal = lambda a, b: True
-        tasks.tolerance.check_output = lambda *a: None
-        assert tc.changed() == ["tasks.tolerance.check_output", "torch.equal"]
+        timing.timed_call = lambda *a, **k: 0.0
+        assert tc.changed() == ["eval.timing.timed_call", "torch.equal"]
     finally:
-        torch.equal, tasks.tolerance.check_output = orig_equal, orig_check
+        torch.equal, timing.timed_call = orig_equal, orig_timed
     assert tc.changed() == []
     assert not math.isnan(0.0)
 

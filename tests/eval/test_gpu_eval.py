@@ -23,8 +23,9 @@ TASKS = [t.name for t in tasks.load_catalogue()[0]]
 def test_expert_kernel_passes_on_the_gpu(task):
     r = evaluate(task, "human", device="gpu", shapes="smoke", seed=5, reps=20)
     assert r.outcome.value == "PASSED", f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
-    assert r.stage == "done" and r.environment.get("gpu") and r.ranked
-    for s in r.per_shape:
+    assert r.stage == "done" and r.environment.get("gpu") and r.ranked and not r.provisional
+    assert [s.hidden for s in r.per_shape] == [False, False, True]  # the named shapes, then a hidden one
+    for s in [s for s in r.per_shape if not s.hidden]:
         assert s.trials == 2 and s.launches and "GemmMod" in s.launches[0]
         t = s.timing
         assert t["kernel"]["n"] == 20 and t["kernel"]["median_us"] > 0 and t["gemm_only"]["median_us"] > 0
@@ -38,7 +39,7 @@ def test_expert_kernel_passes_on_the_gpu(task):
 def test_expert_kernel_passes_at_paper_shapes(task):
     r = evaluate(task, "human", device="gpu", shapes="paper", seed=5, reps=20)
     assert r.passed, f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
-    assert all(s.timing["fused_over_gemm_only"] < 1.5 for s in r.per_shape)
+    assert all(s.timing["fused_over_gemm_only"] < 1.5 for s in r.per_shape if not s.hidden)
 
 
 @pytest.mark.parametrize("fault,kw", [
@@ -55,7 +56,7 @@ def test_the_next_candidate_passes_after_a_gpu_fault(fault, kw):
 
 
 def test_absurd_ceilings_make_an_honest_kernel_implausible(monkeypatch):
-    monkeypatch.setenv("EPIFORGE_PEAK_TFLOPS", "0.000001")  # read by the worker before the kernel loads
+    monkeypatch.setenv("EPIFORGE_PEAK_TFLOPS", "0.000001")  # read by the judge
     r = evaluate("k1", "human", device="gpu", seed=3, reps=10)
     assert r.outcome.value == "IMPLAUSIBLE" and "quarantined" in r.message
     assert r.timed and not r.ranked  # the timing is kept, never ranked

@@ -1,7 +1,8 @@
 """Isolation and faults on a CPU: after an infinite loop, a segfault, a Python exception, a
 memory blowup and a forged result channel, the harness is fine and the next candidate
-PASSES; the worker's environment holds no secrets; the timeout kills the whole process
-group; a death while compiling is a COMPILE_ERROR; the CLI answers in one line."""
+PASSES; the runner's environment holds no secrets; the timeout kills the whole process
+group; a death while compiling is a COMPILE_ERROR; a killed CLI leaves no process and no
+temp dir behind; the judge is out of the runner's reach; the CLI answers in one line."""
 
 import json
 import os
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from eval import evaluate
-from eval.evaluation import _from_worker
-from eval.isolation import WorkerRun
+from eval.evaluation import _from_judge
+from eval.isolation import TEMP_PREFIX, JudgeRun
+from eval.remote import KernelFailure, KernelProcess
 
 REPO = Path(__file__).resolve().parents[2]
 EXPLOITS = REPO / "tests" / "exploits"
@@ -52,16 +54,15 @@ def test_the_worker_sees_no_secrets(monkeypatch):
 
 
 def test_the_timeout_kills_the_whole_process_group(tmp_path):
-    pidfile = tmp_path / "child.pid"
     kernel = tmp_path / "k1_spawns.py"
     kernel.write_text(
-        '"""Leaves a child behind and hangs."""\nimport subprocess\nTASK = "k1_gemm_rmsnorm"\n\n'
+        '"""Leaves a child behind and hangs."""\nimport subprocess, sys\nTASK = "k1_gemm_rmsnorm"\n\n'
         "def run(inputs, prepared, config=None):\n"
-        f"    p = subprocess.Popen(['sleep', '300'])\n    open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "    p = subprocess.Popen(['sleep', '300'])\n    print(f'CHILD {p.pid}', file=sys.stderr)\n"
         "    while True:\n        pass\n")
     r = evaluate("k1", str(kernel), seed=1, timeout_s=10, static_checks=False)
-    assert r.outcome.value == "TIMEOUT"
-    pid = int(pidfile.read_text())
+    assert r.outcome.value == "TIMEOUT", r.message
+    pid = int(r.stderr_tail.split("CHILD ")[1].split()[0])
     for _ in range(50):  # killed with the group (a zombie until reaped by init counts as gone)
         try:
             state = Path(f"/proc/{pid}/stat").read_text().split()[2]
@@ -75,15 +76,115 @@ def test_the_timeout_kills_the_whole_process_group(tmp_path):
         pytest.fail("the kernel's child outlived the timeout")
 
 
-def test_a_death_while_compiling_is_a_compile_error():
+def test_a_death_while_compiling_is_a_compile_error(tmp_path):
+    kp = KernelProcess(tmp_path / "runner", deadline=time.monotonic() + 120)
+    try:
+        kp.ask({"op": "ping"}, stage="load")
+        kp.building = True  # as when the runner announced a kernel build (primitives/trace.py)
+        os.kill(kp.proc.pid, 11)
+        with pytest.raises(KernelFailure) as died:
+            kp.ask({"op": "ping"}, stage="compile")
+        assert died.value.outcome == "COMPILE_ERROR" and "SIGSEGV" in died.value.message
+    finally:
+        kp.close()
+
+
+def test_a_judge_that_ends_without_a_verdict_is_named():
     base = dict(task="k1_gemm_rmsnorm", kernel="k.py", kernel_sha256="0" * 64, track="candidate", device="cpu",
                 shapes="smoke", environment={})
-    crashed = _from_worker(WorkerRun(stage="compile", returncode=-11), base, 60)
-    assert crashed.outcome.value == "COMPILE_ERROR" and "SIGSEGV" in crashed.message
-    died = _from_worker(WorkerRun(stage="numerics", returncode=-6), base, 60)
+    died = _from_judge(JudgeRun(stage="numerics", returncode=-6), base, 60)
     assert died.outcome.value == "RUNTIME_ERROR" and "SIGABRT" in died.message and "numerics" in died.message
-    late = _from_worker(WorkerRun(stage="benchmark", timed_out=True), base, 60)
+    late = _from_judge(JudgeRun(stage="benchmark", timed_out=True), base, 60)
     assert late.outcome.value == "TIMEOUT" and "benchmark" in late.message
+
+
+def _ours(*markers: str) -> list[int]:
+    """Live (non-zombie) processes whose command line or environment names a marker."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "stat").read_text().split()[2] == "Z":
+                continue
+            blob = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(m.encode() in blob for m in markers):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_cli_leaves_nothing_behind(tmp_path, how):
+    """kill -9 (or Ctrl-C) the CLI while a spinning kernel runs: the judge and the runner
+    die with it, and the evaluation's temp dir is gone."""
+    marker = f"epiforge-test-{os.getpid()}-{how}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "EPIFORGE_TEST_MARKER": marker}
+    cli_proc = subprocess.Popen([sys.executable, str(REPO / "epiforge.py"), "eval", "--task", "k1", "--kernel",
+                                 str(EXPLOITS / "infinite_loop.py"), "--timeout", "300"], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):  # until the runner is up (three processes carry the marker)
+            if len(_ours(marker, str(tmp_path))) >= 3 and any(tmp_path.glob(f"{TEMP_PREFIX}*/runner")):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the evaluation did not start")
+        time.sleep(2)  # inside run() by now
+        cli_proc.send_signal(9 if how == "SIGKILL" else 2)
+        cli_proc.wait(timeout=30)
+        for _ in range(100):
+            if not _ours(marker, str(tmp_path)) and not list(tmp_path.glob(f"{TEMP_PREFIX}*")):
+                break
+            time.sleep(0.1)
+        left = _ours(marker, str(tmp_path))
+        for pid in left:
+            os.kill(pid, 9)
+        assert not left, f"processes left running: {left}"
+        assert not list(tmp_path.glob(f"{TEMP_PREFIX}*")), "a temp dir was left behind"
+    finally:
+        if cli_proc.poll() is None:
+            cli_proc.kill()
+
+
+SANDBOXED = "user and mount namespaces: read-only filesystem but its own dir, no network"
+
+
+def test_the_judge_and_the_repo_are_out_of_the_runners_reach(tmp_path):
+    """A kernel that escapes the static rules finds no way to the judge or the disk: it may
+    not read its parent's memory or environment (/proc/PPID/mem, environ: the judge is
+    non-dumpable, and the runner's user namespace holds no capability outside it, root or
+    not), write into the repo or the temp dir, or open a socket to the outside."""
+    probe = tmp_path / "probe-written"
+    kernel = tmp_path / "k1_escapes.py"
+    kernel.write_text(
+        '"""Tries to reach the judge and the disk."""\nimport os, socket\nTASK = "k1_gemm_rmsnorm"\n\n'
+        "def run(inputs, prepared, config=None):\n"
+        "    got = []\n"
+        "    for what in ('environ', 'mem', 'maps'):\n"
+        "        try:\n"
+        "            open(f'/proc/{os.getppid()}/{what}', 'rb').read(64)\n"
+        "            got.append(what)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        f"    for path in ({str(REPO / 'tasks' / 'escaped.txt')!r}, {str(probe)!r}):\n"
+        "        try:\n"
+        "            open(path, 'w').write('x')\n"
+        "            got.append(path)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    try:\n"
+        "        socket.create_connection(('127.0.0.1', 9), timeout=2)\n"
+        "        got.append('socket')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    open('mine.txt', 'w').write('its own dir is writable')\n"
+        "    raise RuntimeError(f'REACHED {got}')\n")
+    r = evaluate("k1", str(kernel), seed=1, static_checks=False)
+    assert r.environment.get("runner_sandbox") == SANDBOXED, r.environment
+    assert r.outcome.value == "RUNTIME_ERROR" and "REACHED []" in r.message, r.message + r.stderr_tail
+    assert not (REPO / "tasks" / "escaped.txt").exists() and not probe.exists()
 
 
 def cli(*args):
