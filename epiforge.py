@@ -92,8 +92,10 @@ def cmd_eval(args) -> int:
     else:
         con = _console()
         color = "green" if result.passed else "red"
-        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes}): "
-                  f"[{color}]{result.outcome.value}[/{color}] (stage: {result.stage})")
+        tag = " (provisional: CPU emulator only; a Hopper GPU run makes it final)" if result.provisional else ""
+        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes} + a hidden shape): "
+                  f"[{color}]{result.outcome.value}[/{color}]{tag} (stage: {result.stage})", markup=True,
+                  highlight=False)
         con.print(result.message, markup=False)
         for v in result.violations[:10]:
             con.print(f"  {v}", markup=False)
@@ -102,6 +104,8 @@ def cmd_eval(args) -> int:
             con.print(f"worst element: {w['shape']} {w['output']}{w['index']}: got {w['got']}, expected {w['expected']}, "
                       f"allowed {w['allowed']}", markup=False)
         for s in result.per_shape:
+            if s.hidden:
+                con.print(f"  hidden shape: {s.outcome.value}", markup=False)
             if s.timing:  # only timed kernels show a speed; IMPLAUSIBLE ones are quarantined
                 t = s.timing
                 tag = " (quarantined: faster than the roofline floor)" if s.outcome.value == "IMPLAUSIBLE" else ""
@@ -117,14 +121,17 @@ def cmd_compile(args) -> int:
     from eval import evaluate
 
     result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed)
+    compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
     if args.json:
         print(json.dumps({"task": result.task, "kernel": result.kernel, "outcome": result.outcome.value,
-                          "message": result.message, "compiled": result.compiled}, indent=1))
+                          "message": result.message, "compiled": result.compiled,
+                          "compiled_ok": compiled_ok}, indent=1))
     else:
         for c in result.compiled:
             print(f"{result.kernel}: {c['epilogue']} [{c['config']}] {'ok' if c['ok'] else 'FAILED'} in {c['seconds']} s")
+        if not result.compiled:
+            print(f"{result.kernel}: nothing was compiled for sm_90a (the kernel never launched a fused GEMM)")
         print(f"{result.outcome.value}: {result.message}")
-    compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
     return 0 if compiled_ok and result.outcome.value != "COMPILE_ERROR" else 1
 
 
@@ -156,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "cuda"])
     p.add_argument("--shapes", default="smoke", help="shape set: smoke | paper")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before the worker's process group is killed")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="the whole evaluation's limit in seconds (default: 600 on a CPU, 900 on a GPU)")
     p.add_argument("--compile", action="store_true", help="on a CPU, also cross-compile every epilogue for sm_90a")
     p.add_argument("--store", default=None, help="also record the result in this SQLite file")
     p.add_argument("--json", action="store_true")

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         print(f"check: {line}")
         _record(args.record, {"outcome": "UNUSABLE", "message": line})
         return 1
-    print(describe(result, what="check", seed=seed, workspace=kernel.parent))
+    print(describe(result, what="check", workspace=kernel.parent))
     _record(args.record, {"outcome": result.outcome.value, "kernel_sha256": result.kernel_sha256, "seed": seed,
                           "compile": args.compile, "wall_s": result.wall_s})
     return 0 if result.passed else 1

@@ -83,11 +83,18 @@ def speed_ratio(result) -> float | None:
 # ---- the text -----------------------------------------------------------------------------
 
 
-def describe(result, *, what: str, seed: int, workspace: Path | None = None) -> str:
-    """Feedback for the model on one evaluation."""
+def describe(result, *, what: str, workspace: Path | None = None) -> str:
+    """Feedback for the model on one evaluation. It never names the seed (the inputs and
+    the hidden shapes derive from it) nor a hidden shape's dims."""
     roots = (workspace,) if workspace else ()
-    where = f"{'GPU' if result.device == 'cuda' else 'CPU emulator'}, {result.shapes} shapes, seed {seed}"
-    lines = [f"{what}: {result.outcome.value} ({where}; {result.wall_s or 0:.1f} s)", scrub(result.message, *roots)]
+    if result.stage == "static":
+        where = "static checks of the source; nothing ran"
+    else:
+        where = f"{'GPU' if result.device == 'cuda' else 'CPU emulator'}, {result.shapes} shapes + a hidden one"
+    took = f"; {result.wall_s:.1f} s" if result.wall_s else ""
+    lines = [f"{what}: {result.outcome.value} ({where}{took})", scrub(result.message, *roots)]
+    if result.provisional:
+        lines.append("(provisional: correct on the CPU emulator; only a Hopper GPU run makes it final)")
     for shape in result.per_shape:
         for check in shape.outputs:
             if check.ok:

@@ -183,8 +183,9 @@ class ToolBox:
             return "not accepted.\n" + text
         if not self.gpu():
             self.finished = "passed"
-            return ("accepted: correct on the CPU emulator" + (" and compiles for sm_90a" if self.config.compile else "")
-                    + "; speed not measured (no GPU on this machine).\n" + text)
+            return ("accepted, provisionally: correct on the CPU emulator"
+                    + (" and compiles for sm_90a" if self.config.compile else "")
+                    + "; not yet run on a GPU, so neither final nor timed (no GPU on this machine).\n" + text)
         result, gpu_text = self._evaluate(sha, "submit", "cuda", "paper", False, step, call_id)
         text += "\n\n" + gpu_text
         if not result.passed:
@@ -228,7 +229,7 @@ class ToolBox:
         )
         self.record(self.last)
         self.best = update_best(self.best, step, sha, result.outcome.value, ratio)
-        text = describe(result, what=purpose, seed=seed, workspace=self.workspace)
+        text = describe(result, what=purpose, workspace=self.workspace)
         if reused is not None:
             text = f"(same kernel and settings as the passing evaluation of step {reused}: result reused)\n" + text
         return result, text
