@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 
 def main(argv=None) -> int:
@@ -20,6 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", nargs="*", default=None)
     ap.add_argument("--shapes", nargs="*", default=["smoke", "paper"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--jobs", type=int, default=4, help="evaluations at a time (nothing is timed)")
     args = ap.parse_args(argv)
 
     import tasks
@@ -27,28 +29,33 @@ def main(argv=None) -> int:
     from eval import evaluate
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
+    jobs = [(task, set_name) for task in tasks.load_catalogue()[0] if not args.tasks or task.id in args.tasks
+            for set_name in args.shapes]
+
+    def one(job):
+        task, set_name = job
+        t0 = time.monotonic()
+        return task, set_name, evaluate(task.name, "human", device="gpu", shapes=set_name, seed=1000, timing=False), \
+            round(time.monotonic() - t0, 1)
+
     rows, ok_all = [], True
-    for task in tasks.load_catalogue()[0]:
-        if args.tasks and task.id not in args.tasks:
-            continue
-        for set_name in args.shapes:
-            t0 = time.monotonic()
-            r = evaluate(task.name, "human", device="gpu", shapes=set_name, seed=1000, timing=False)
-            ok_all &= r.passed
-            for res in r.per_shape:
-                row = {"task": task.name, "shapes": set_name, "shape": res.shape, "hidden": res.hidden,
-                       "outcome": res.outcome.value, "message": res.message,
-                       "outputs": [c.model_dump() for c in res.outputs], "launch_names": res.launches,
-                       "launches_ok": res.outcome.value == "PASSED" and (res.hidden or bool(res.launches))}
-                rows.append(row)
-                worst = max((c.max_error / c.allowed for c in res.outputs if c.allowed and c.max_error is not None),
-                            default=float("nan"))
-                print(f"{task.id} {set_name}/{res.shape}: {res.outcome.value} worst/allowed={worst:.3f} "
-                      f"{res.message[:200]}", flush=True)
-            if not r.passed:
-                print(f"{task.id} {set_name}: {r.outcome.value} ({r.stage}): {r.message}\n{r.stderr_tail[-1500:]}",
-                      flush=True)
-            print(f"{task.id} {set_name}: {round(time.monotonic() - t0, 1)} s", flush=True)
+    # nothing is timed: evaluations may share the GPU (each is its own judge and runner)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        done = list(pool.map(one, jobs))
+    for task, set_name, r, seconds in done:
+        ok_all &= r.passed
+        for res in r.per_shape:
+            rows.append({"task": task.name, "shapes": set_name, "shape": res.shape, "hidden": res.hidden,
+                         "outcome": res.outcome.value, "message": res.message,
+                         "outputs": [c.model_dump() for c in res.outputs], "launch_names": res.launches,
+                         "launches_ok": res.outcome.value == "PASSED" and (res.hidden or bool(res.launches))})
+            worst = max((c.max_error / c.allowed for c in res.outputs if c.allowed and c.max_error is not None),
+                        default=float("nan"))
+            print(f"{task.id} {set_name}/{res.shape}: {res.outcome.value} worst/allowed={worst:.3f} "
+                  f"{res.message[:200]}", flush=True)
+        if not r.passed:
+            print(f"{task.id} {set_name}: {r.outcome.value} ({r.stage}): {r.message}\n{r.stderr_tail[-1500:]}", flush=True)
+        print(f"{task.id} {set_name}: {seconds} s; runner sandbox: {r.environment.get('runner_sandbox')}", flush=True)
     report = {"environment": fingerprint(command_line("bench.check_gpu", argv)), "all_passed": ok_all, "rows": rows}
     if args.out:
         with open(args.out, "w") as f:

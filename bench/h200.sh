@@ -7,6 +7,9 @@
 #   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain (tuned.tar: the new tables)
 #   bench/h200.sh rerun     # the final's command again (final-2.json): how far a rerun moves each ratio
 #   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
+#   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
+#   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
+#   bench/h200.sh judge-exploits # the exploit suite on the GPU, and the tolerance margins at the paper shapes
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -70,8 +73,29 @@ case "${1:-}" in
       > "$STATE/ncu-env.json"
     $PY -m bench.ncu_report "$OUT/ncu.txt" --environment "$STATE/ncu-env.json" --out "$OUT/ncu.json"
     ;;
+  judge-check)
+    mkdir -p "$OUT"
+    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout 420 $PY -m bench.check_gpu --jobs 4 --out "$OUT/check.json" > "$OUT/check.log" 2>&1 || true
+    grep -E "PASSED|FAIL|s; runner" "$OUT/check.log" | grep -vE "worst/allowed=0\.[0-8]" | tail -40
+    ;;
+  judge-tests)
+    mkdir -p "$OUT"
+    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout 540 $PY -m pytest -m gpu tests/eval -q -p no:cacheprovider > "$OUT/pytest-gpu-eval.log" 2>&1 || true
+    tail -25 "$OUT/pytest-gpu-eval.log"
+    ;;
+  judge-exploits)
+    mkdir -p "$OUT"
+    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout 200 $PY -m tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
+      > "$OUT/margins.log" 2>&1 || true
+    tail -3 "$OUT/margins.log"
+    timeout 360 $PY -m pytest -m gpu tests/exploits -q -p no:cacheprovider > "$OUT/pytest-gpu-exploits.log" 2>&1 || true
+    tail -25 "$OUT/pytest-gpu-exploits.log"
+    ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits" >&2
     exit 2
     ;;
 esac

@@ -72,8 +72,8 @@ def environment(device: str) -> dict:
 def static_stage(task, path: Path, base: dict, static_checks: bool) -> Result | dict:
     """The source's metadata and the static rules: a Result when the kernel stops here,
     else the Result fields learnt from its metadata."""
-    from eval.kernel import KernelError, SourceTooComplex, parse_bounded, read_kernel
-    from eval.static_checks import check_source, only_compile_errors, summarize
+    from eval.kernel import KernelError, read_kernel
+    from eval.static_checks import SourceTooComplex, check_source, only_compile_errors, parse_bounded, summarize
 
     text = path.read_bytes().decode(errors="replace")
     try:
@@ -82,7 +82,8 @@ def static_stage(task, path: Path, base: dict, static_checks: bool) -> Result | 
         return Result(**base, track="candidate", outcome=Outcome.COMPILE_ERROR, stage="static",
                       message=f"line {e.lineno}: syntax error: {e.msg}")
     except SourceTooComplex as e:
-        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static", message=str(e))
+        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=f"static checks: {e} [size]", violations=[f"line {e.line}: {e} [size]"])
     try:
         meta = read_kernel(path)
     except KernelError as e:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from eval.static_checks import SourceTooComplex, parse_bounded
+
 REPO = Path(__file__).resolve().parent.parent
 HUMAN_DIR = REPO / "human_kernels"
 GENERATED_DIR = REPO / "generated_kernels"
@@ -24,36 +26,6 @@ GENERATED_DIR = REPO / "generated_kernels"
 
 class KernelError(ValueError):
     """A kernel file that cannot be used (one clear line)."""
-
-
-#: a kernel's source is at most this long and its syntax tree at most this deep: beyond
-#: them the parser and the (recursive) checker could exhaust the stack or the memory
-MAX_SOURCE_BYTES = 256 * 1024
-MAX_AST_DEPTH = 100
-
-
-class SourceTooComplex(ValueError):
-    """A source over MAX_SOURCE_BYTES or nested deeper than MAX_AST_DEPTH (one line)."""
-
-
-def parse_bounded(source: str, filename: str = "<kernel>") -> ast.Module:
-    """ast.parse with bounds: SyntaxError for a syntax error, SourceTooComplex for a
-    source too long or too deep (depth measured without recursion), never anything else."""
-    if len(source.encode(errors="replace")) > MAX_SOURCE_BYTES:
-        raise SourceTooComplex(f"the source is over {MAX_SOURCE_BYTES // 1024} KiB")
-    try:
-        tree = ast.parse(source, filename=filename)
-    except SyntaxError:
-        raise
-    except (RecursionError, MemoryError, ValueError, OverflowError) as e:
-        raise SourceTooComplex(f"the source is nested too deeply or too large to parse ({type(e).__name__})") from None
-    stack = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_AST_DEPTH:
-            raise SourceTooComplex(f"the source nests deeper than {MAX_AST_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    return tree
 
 
 class Kernel(BaseModel):

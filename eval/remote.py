@@ -217,6 +217,9 @@ def private_caches(workdir: Path) -> dict:
     env["QUACK_CACHE_DIR"] = str(_link_farm(quack, workdir / "quack-cache", depth=2))
     triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     env["TRITON_CACHE_DIR"] = str(_link_farm(triton, workdir / "triton-cache", depth=1))
+    if os.environ.get("CUTE_DSL_CACHE_DIR"):
+        env["CUTE_DSL_CACHE_DIR"] = str(_link_farm(Path(os.environ["CUTE_DSL_CACHE_DIR"]), workdir / "cute-dsl-cache",
+                                                   depth=1))
     return env
 
 
