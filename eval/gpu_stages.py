@@ -132,9 +132,10 @@ def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int
         b.close()
     timing = {n: summarize(samples[n], keep=True) for n in names}
     summary = {name: t.model_dump(exclude={"samples_us"}) for name, t in timing.items()}
-    over = paired_ratio(timing["kernel"], timing["gemm_only"])
+    over = paired_ratio(timing["kernel"], timing["gemm_only"], ci=True)
     summary["fused_over_gemm_only"] = over.median
     summary["fused_over_gemm_only_iqr"] = [over.q1, over.q3]
+    summary["fused_over_gemm_only_ci95"] = [over.ci_low, over.ci_high]
     summary["gemm_fraction"] = 1 / over.median
     summary["speedup"] = {"gemm_only": 1 / over.median, "eager": paired_ratio(timing["eager"], timing["kernel"]).median}
     summary["wall_check"] = wall_check(samples, walls, rtt)

@@ -65,26 +65,51 @@ class Timing(BaseModel):
 
 
 class Ratio(BaseModel):
-    """The median and quartiles of per-repetition ratios a_i / b_i."""
+    """The median and quartiles of per-repetition ratios a_i / b_i, and a 95% bootstrap
+    confidence interval of that median (repetitions resampled with replacement)."""
 
     median: float
     q1: float
     q3: float
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
-def paired_ratio(a: Timing, b: Timing) -> Ratio:
+#: bootstrap resamples of a median ratio (seeded: the same samples give the same interval)
+BOOTSTRAP = 2000
+
+
+def paired_ratio(a: Timing, b: Timing, *, ci: bool = False) -> Ratio:
     """a / b measured repetition by repetition: the median and quartiles of a_i / b_i over
     the repetitions of one interleaved run. On the H200 at its power cap the clock wanders
     by several percent over seconds, which widens each function's own spread (IQR / median
     up to 13% at 70B); a and b run a fraction of a second apart within one repetition, so
-    the wander mostly cancels in their ratio while it stays in the ratio of their medians."""
+    the wander mostly cancels in their ratio while it stays in the ratio of their medians.
+    ci: also the bootstrap interval of the median (BOOTSTRAP resamples, ~0.1 s)."""
     if not a.samples_us or len(a.samples_us) != len(b.samples_us):
         raise ValueError(f"paired_ratio needs the samples of one interleaved run (got {len(a.samples_us)} "
                          f"and {len(b.samples_us)})")
     if min(b.samples_us) <= 0:
         raise ValueError("paired_ratio: a repetition of the denominator took no time")
-    r = summarize([x / y for x, y in zip(a.samples_us, b.samples_us)])
-    return Ratio(median=r.median_us, q1=r.q1_us, q3=r.q3_us)
+    ratios = [x / y for x, y in zip(a.samples_us, b.samples_us)]
+    r = summarize(ratios)
+    lo, hi = bootstrap_median_ci(ratios) if ci else (None, None)
+    return Ratio(median=r.median_us, q1=r.q1_us, q3=r.q3_us, ci_low=lo, ci_high=hi)
+
+
+def bootstrap_median_ci(values: Sequence[float], *, level: float = 0.95, resamples: int = BOOTSTRAP,
+                        seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of the median of `values` (one value: itself)."""
+    import random
+
+    vals = [float(v) for v in values]
+    if len(vals) < 2:
+        return vals[0], vals[0]
+    rng = random.Random(seed)
+    n = len(vals)
+    medians = sorted(statistics.median(rng.choices(vals, k=n)) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return medians[int(tail * (resamples - 1))], medians[int((1 - tail) * (resamples - 1))]
 
 
 def flush_l2() -> None:

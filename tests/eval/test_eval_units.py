@@ -19,7 +19,7 @@ from eval.numerics import derive_seed, make_input_set
 from eval.plausibility import Ceilings, check, floor_us
 from eval.runner import Failure, _freeze
 from eval.secret_shapes import hidden_shapes
-from eval.timing import paired_ratio, summarize
+from eval.timing import bootstrap_median_ci, paired_ratio, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 H200_CHECK = REPO / "bench" / "results" / "h200" / "check.json"
@@ -141,18 +141,34 @@ def test_paired_ratio_compares_repetition_by_repetition():
     drift = [1.0 + 0.02 * i for i in range(21)]
     gemm = summarize([100.0 * d for d in drift], keep=True)
     kernel = summarize([105.0 * d for d in drift], keep=True)
-    r = paired_ratio(kernel, gemm)
+    r = paired_ratio(kernel, gemm, ci=True)
     assert r.median == pytest.approx(1.05) and r.q1 == pytest.approx(1.05) and r.q3 == pytest.approx(1.05)
     # the same times, the kernel's repetitions in the other order: each repetition's ratio
     # now mixes early and late clocks, so the ratio spreads while the medians do not move
     shuffled = summarize([105.0 * d for d in reversed(drift)], keep=True)
     assert shuffled.median_us == kernel.median_us
-    s = paired_ratio(shuffled, gemm)
+    s = paired_ratio(shuffled, gemm, ci=True)
     assert s.q1 < 1.0 and s.q3 > 1.1
+    assert r.ci_low == pytest.approx(1.05) and r.ci_high == pytest.approx(1.05)
+    assert s.ci_low <= s.median <= s.ci_high and s.ci_high - s.ci_low > 0.01
     with pytest.raises(ValueError, match="samples of one interleaved run"):
         paired_ratio(summarize([1.0, 2.0]), gemm)
     with pytest.raises(ValueError, match="samples of one interleaved run"):
         paired_ratio(summarize([1.0, 2.0], keep=True), gemm)
+
+
+def test_the_bootstrap_interval_covers_the_median_and_narrows_with_more_repetitions():
+    import random
+
+    rng = random.Random(1)
+    few = [1.0 + rng.gauss(0, 0.02) for _ in range(10)]
+    many = [1.0 + rng.gauss(0, 0.02) for _ in range(200)]
+    lo_f, hi_f = bootstrap_median_ci(few)
+    lo_m, hi_m = bootstrap_median_ci(many)
+    assert lo_f <= statistics.median(few) <= hi_f and lo_m <= statistics.median(many) <= hi_m
+    assert hi_m - lo_m < hi_f - lo_f  # more repetitions, a tighter interval
+    assert bootstrap_median_ci(few) == (lo_f, hi_f)  # seeded
+    assert bootstrap_median_ci([2.5]) == (2.5, 2.5)
 
 
 def test_the_wall_clock_check_catches_an_under_claimed_time():
