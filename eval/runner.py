@@ -43,6 +43,8 @@ def _shut_in() -> str:
     parent = int(args[args.index("--parent") + 1])
     cpu = args[args.index("--cpu-bytes") + 1] if "--cpu-bytes" in args else None
     setup_child(parent, death_signal=signal.SIGKILL, cpu_bytes=int(cpu) if cpu else None)
+    if os.environ.get("EPIFORGE_RUNNER_SANDBOX") == "0":
+        return "off (EPIFORGE_RUNNER_SANDBOX=0)"
     return sandbox(Path.cwd())
 
 
