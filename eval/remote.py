@@ -211,7 +211,7 @@ def private_caches(workdir: Path) -> dict:
     machine's quack and Triton caches linked in, so nothing is rebuilt, and whatever the
     runner writes there is gone with the evaluation (no later one ever reads it)."""
     tmp = workdir / "tmp"
-    tmp.mkdir(exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
     env = {"TMPDIR": str(tmp)}
     quack = Path(os.environ.get("QUACK_CACHE_DIR") or Path(tempfile.gettempdir()) / getpass.getuser() / "quack_cache")
     env["QUACK_CACHE_DIR"] = str(_link_farm(quack, workdir / "quack-cache", depth=2))

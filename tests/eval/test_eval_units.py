@@ -334,3 +334,20 @@ def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
     rows = report["rows"]
     assert report["all_passed"] and len(rows) == 10 * 5  # ten tasks x (2 smoke + 3 paper shapes)
     assert all(r["outcome"] == "PASSED" and r["launches_ok"] and r["launch_names"] for r in rows)
+
+
+def test_the_runners_caches_are_private_links_to_the_shared_ones(tmp_path, monkeypatch):
+    from eval.remote import private_caches
+
+    shared = tmp_path / "shared-quack"
+    (shared / "fp1").mkdir(parents=True)
+    (shared / "fp1" / "k.o").write_bytes(b"object")
+    triton = tmp_path / "shared-triton"
+    (triton / "abc").mkdir(parents=True)
+    monkeypatch.setenv("QUACK_CACHE_DIR", str(shared))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton))
+    env = private_caches(tmp_path / "runner")
+    q = Path(env["QUACK_CACHE_DIR"])
+    assert q.is_relative_to(tmp_path / "runner") and (q / "fp1" / "k.o").is_symlink()
+    assert (q / "fp1" / "k.o").read_bytes() == b"object" and not (q / "fp1").is_symlink()  # new objects land here
+    assert (Path(env["TRITON_CACHE_DIR"]) / "abc").is_symlink() and Path(env["TMPDIR"]).is_dir()
