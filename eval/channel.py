@@ -185,13 +185,13 @@ class _CudaIpc:
                  "cuMemGetAddressRange")
         handle = self.Handle()
         self._ok(self.lib.cuIpcGetMemHandle(ctypes.byref(handle), base), "cuIpcGetMemHandle")
-        return bytes(handle.reserved).hex().ljust(128, "0"), ptr - base.value
+        return ctypes.string_at(ctypes.addressof(handle), 64).hex(), ptr - base.value
 
     def open(self, handle_hex: str) -> int:
         """The base address of another process's allocation in this one (opened once)."""
         if handle_hex not in self.opened:
             handle = self.Handle()
-            ctypes.memmove(handle.reserved, bytes.fromhex(handle_hex), 64)
+            ctypes.memmove(ctypes.addressof(handle), bytes.fromhex(handle_hex), 64)
             ptr = ctypes.c_uint64()
             self._ok(self.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, ctypes.c_uint(1)), "cuIpcOpenMemHandle")
             self.opened[handle_hex] = ptr.value

@@ -49,9 +49,11 @@ from eval.timing import paired_ratio, summarize, timed_call
 #: input sets the timed calls rotate through (more at small shapes: cheap, and they defeat the cache)
 ROTATE = {"smoke": 4, "paper": 2}
 #: the kernel's claimed time may leave unexplained at most this much of the judge's wall
-#: clock per repetition, beyond what the judge's own timed calls leave (IPC, Python)
-WALL_SLACK_FRACTION = 0.25
-WALL_SLACK_US = 500.0
+#: clock per repetition, beyond what the runner's procedure alone leaves (null calls)
+WALL_SLACK_FRACTION = 0.2
+WALL_SLACK_US = 1000.0
+#: the most the runner's own procedure may leave beyond the judge's (IPC, Python)
+RUNNER_OVERHEAD_CAP_US = 1500.0
 
 
 class StageFailure(Exception):
@@ -116,6 +118,11 @@ def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int
         for name in local:
             local_rep(name, i % rotate)
     rtt = _round_trip_us(kp)
+    null = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        us = kp.parse(Timed, kp.ask({"op": "time", "null": True}, stage="benchmark"), "benchmark").us
+        null.append((time.perf_counter() - t0) * 1e6 - us)
     samples = {n: [] for n in names}
     walls = {n: [] for n in names}
     for i in range(reps):
@@ -138,7 +145,7 @@ def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int
     summary["fused_over_gemm_only_ci95"] = [over.ci_low, over.ci_high]
     summary["gemm_fraction"] = 1 / over.median
     summary["speedup"] = {"gemm_only": 1 / over.median, "eager": paired_ratio(timing["eager"], timing["kernel"]).median}
-    summary["wall_check"] = wall_check(samples, walls, rtt)
+    summary["wall_check"] = wall_check(samples, walls, rtt, statistics.median(null))
     return summary
 
 
@@ -177,17 +184,24 @@ def _round_trip_us(kp: KernelProcess, n: int = 9) -> float:
     return statistics.median(times)
 
 
-def wall_check(samples: dict[str, list[float]], walls: dict[str, list[float]], rtt_us: float) -> dict:
-    """Does the kernel's claimed time account for the judge's wall clock? For each of the
-    judge's own timed calls, wall - events is the procedure's overhead (flush, spin, sync,
-    Python); the runner's repetitions may leave that much, plus one round trip and a slack,
-    unexplained. A runner that claims less than the GPU worked leaves more."""
+def wall_check(samples: dict[str, list[float]], walls: dict[str, list[float]], rtt_us: float,
+               runner_null_gap_us: float | None = None) -> dict:
+    """Does the kernel's claimed time account for the judge's wall clock? wall - claimed
+    for the kernel's repetitions may exceed what the runner's procedure alone leaves (its
+    null calls: flush, spin, sync, IPC and Python, timed by the judge too) by at most a
+    slack. A runner that claims less than the GPU worked leaves more. The null calls' own
+    overhead is believed only up to the judge's own (its timed calls of the baselines)
+    plus a round trip and RUNNER_OVERHEAD_CAP_US, so a runner cannot buy slack by being
+    slow on purpose."""
     kernel_gap = statistics.median(w - s for w, s in zip(walls["kernel"], samples["kernel"]))
     local = [n for n in samples if n != "kernel"]
     own_gap = statistics.median(w - s for n in local for w, s in zip(walls[n], samples[n]))
+    cap = own_gap + rtt_us + RUNNER_OVERHEAD_CAP_US
+    base = cap if runner_null_gap_us is None else min(runner_null_gap_us, cap)
     claimed = statistics.median(samples["kernel"])
-    allowed = own_gap + rtt_us + max(WALL_SLACK_US, WALL_SLACK_FRACTION * claimed)
+    allowed = base + max(WALL_SLACK_US, WALL_SLACK_FRACTION * claimed)
     return {"kernel_gap_us": round(kernel_gap, 1), "judge_gap_us": round(own_gap, 1), "round_trip_us": round(rtt_us, 1),
+            "runner_null_gap_us": None if runner_null_gap_us is None else round(runner_null_gap_us, 1),
             "allowed_gap_us": round(allowed, 1), "ok": kernel_gap <= allowed}
 
 

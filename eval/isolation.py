@@ -113,14 +113,16 @@ class _MountAttr(ctypes.Structure):
                 ("userns_fd", ctypes.c_uint64)]
 
 
-def sandbox(writable: Path) -> str:
+def sandbox(writable: Path, *, whole_fs: bool = True, readonly: list[str] = ()) -> str:
     """Shut this (single-threaded, not yet torch-importing) process in: a user namespace of
     its own (it keeps its uid for files, but holds no capability over the processes outside,
     so it cannot read or write the judge's memory even when the judge is root), a mount
-    namespace where the whole filesystem is read-only except `writable` (the kernel cannot
-    change the repo, the tasks, a cache the next evaluation reads), and a network namespace
-    with no way out. Returns what it achieved, in words; where the kernel forbids
-    unprivileged namespaces it achieves less, and says so (the Result records it)."""
+    namespace where the filesystem is read-only except `writable` (the kernel cannot change
+    the repo, the tasks, a cache the next evaluation reads), and a network namespace with no
+    way out. whole_fs=False (CUDA: its driver fails on a read-only root, seen on the H200):
+    only the `readonly` trees are made read-only (the repo, the Python paths, the shared
+    caches). Returns what it achieved, in words; where the kernel forbids unprivileged
+    namespaces it achieves less, and says so (the Result records it)."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
     flags = None
@@ -136,21 +138,34 @@ def sandbox(writable: Path) -> str:
         Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
     except OSError as e:
         return f"user namespace without an id map ({e.strerror})"
+
+    def set_ro(path: bytes, on: bool) -> int:
+        attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0) if on else _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
+        return libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path, _AT_RECURSIVE, ctypes.byref(attr),
+                            ctypes.sizeof(_MountAttr))
+
+    def bind(path: bytes) -> int:
+        return libc.mount(path, path, None, _MS_BIND | _MS_REC, None)
+
     target = str(writable).encode()
-    steps = [
-        lambda: libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None),
-        lambda: libc.mount(target, target, None, _MS_BIND | _MS_REC, None),
-        lambda: libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE,
-                             ctypes.byref(_MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)), ctypes.sizeof(_MountAttr)),
-        lambda: libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, target, _AT_RECURSIVE,
-                             ctypes.byref(_MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)), ctypes.sizeof(_MountAttr)),
-    ]
-    for step in steps:
-        if step() != 0:
-            return f"user namespace; the filesystem stays writable ({os.strerror(ctypes.get_errno())})"
+    failed = libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0
+    if whole_fs:
+        failed = failed or bind(target) != 0 or set_ro(b"/", True) != 0 or set_ro(target, False) != 0
+        what = "read-only filesystem but its own dir"
+    else:
+        trees = sorted({str(Path(p).resolve()) for p in readonly if p and Path(p).is_dir()})
+        trees = [t for t in trees if not str(writable.resolve()).startswith(t + "/") and t != str(writable.resolve())] \
+            + [t for t in trees if str(writable.resolve()).startswith(t + "/")]
+        for tree in trees:
+            failed = failed or bind(tree.encode()) != 0 or set_ro(tree.encode(), True) != 0
+        if any(str(writable.resolve()).startswith(t + "/") for t in trees):
+            failed = failed or bind(target) != 0 or set_ro(target, False) != 0
+        what = f"read-only repo, Python paths and shared caches ({len(trees)} trees)"
+    if failed:
+        return f"user namespace; the filesystem stays writable ({os.strerror(ctypes.get_errno())})"
     os.chdir(writable)  # the old cwd is the directory under the new mount: enter through the new one
     net = "no network" if flags & _CLONE_NEWNET else "the network reachable"
-    return f"user and mount namespaces: read-only filesystem but its own dir, {net}"
+    return f"user and mount namespaces: {what}, {net}"
 
 
 def kill_group(proc: subprocess.Popen) -> None:

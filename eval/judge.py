@@ -159,7 +159,8 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
         shutil.copyfile(path, kernel_copy)
         cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
         kp = _RUNNER = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes,
-                                     extra_env=request.get("runner_env") or {}, on_progress=at)
+                                     extra_env=request.get("runner_env") or {}, on_progress=at,
+                                     cuda=device == "cuda")
         base["environment"]["runner_sandbox"] = kp.sandbox
         kp.ask({"op": "load", "path": str(kernel_copy), "device": device,
                 "gpu_memory_gib": request.get("gpu_memory_gib")}, stage="load")

@@ -89,7 +89,7 @@ class KernelProcess:
     """One runner for one candidate, started in `workdir` (its private cwd and HOME)."""
 
     def __init__(self, workdir: Path, *, deadline: float, cpu_bytes: int | None = None,
-                 extra_env: dict | None = None, on_progress=None):
+                 extra_env: dict | None = None, on_progress=None, cuda: bool = False):
         self.deadline = deadline
         self.on_progress = on_progress or (lambda stage: None)
         self.compiled: list[dict] = []
@@ -101,6 +101,8 @@ class KernelProcess:
         args = [sys.executable, "-m", "eval.runner", "--sock", str(theirs.fileno()), "--parent", str(os.getpid())]
         if cpu_bytes:
             args += ["--cpu-bytes", str(int(cpu_bytes))]
+        if cuda:
+            args.append("--cuda")
         with open(self.stderr_path, "wb") as err:
             try:
                 self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd=workdir,
@@ -217,9 +219,13 @@ def private_caches(workdir: Path) -> dict:
     env["QUACK_CACHE_DIR"] = str(_link_farm(quack, workdir / "quack-cache", depth=2))
     triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     env["TRITON_CACHE_DIR"] = str(_link_farm(triton, workdir / "triton-cache", depth=1))
+    shared = [quack, triton]
     if os.environ.get("CUTE_DSL_CACHE_DIR"):
-        env["CUTE_DSL_CACHE_DIR"] = str(_link_farm(Path(os.environ["CUTE_DSL_CACHE_DIR"]), workdir / "cute-dsl-cache",
-                                                   depth=1))
+        dsl = Path(os.environ["CUTE_DSL_CACHE_DIR"])
+        env["CUTE_DSL_CACHE_DIR"] = str(_link_farm(dsl, workdir / "cute-dsl-cache", depth=1))
+        shared.append(dsl)
+    # what the runner's sandbox keeps read-only where it cannot make the whole filesystem so
+    env["EPIFORGE_SHARED_CACHES"] = os.pathsep.join(str(p) for p in shared)
     return env
 
 

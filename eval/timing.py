@@ -23,6 +23,9 @@ _FLUSH_BYTES = 256 * 1024 * 1024
 _flush_buf = None
 # ~100 us at the H200's 1.98 GHz boost clock, ~140 us at the ~1.45 GHz it holds at its power cap
 _LEAD_CYCLES = 200_000
+# timed_call starts from an idle host (it synchronizes after every call), so its spin must
+# outlast a whole run()'s host work (a quack launch's Python, ~0.5-1 ms): ~1.5-2 ms
+_SYNCED_LEAD_CYCLES = 3_000_000
 
 
 def _bind():
@@ -121,13 +124,13 @@ def flush_l2() -> None:
     _flush_buf.zero_()
 
 
-def _prepare_rep(flush: bool) -> None:
+def _prepare_rep(flush: bool, lead_cycles: int = _LEAD_CYCLES) -> None:
     """Before a timed repetition: evict L2, then queue a spin so the host runs ahead."""
     import torch
 
     if flush:
         flush_l2()
-    torch.cuda._sleep(_LEAD_CYCLES)
+    torch.cuda._sleep(lead_cycles)
 
 
 def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cuda") -> float:
@@ -144,7 +147,7 @@ def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cu
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    _prepare_rep(flush)
+    _prepare_rep(flush, lead_cycles=_SYNCED_LEAD_CYCLES)
     start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
     stream = torch.cuda.current_stream()
     start.record(stream)

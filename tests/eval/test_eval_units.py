@@ -174,13 +174,20 @@ def test_the_bootstrap_interval_covers_the_median_and_narrows_with_more_repetiti
 def test_the_wall_clock_check_catches_an_under_claimed_time():
     walls_local = [1300.0, 1310.0, 1290.0]  # the judge's own calls: ~300 us of overhead each
     local = [1000.0, 1010.0, 990.0]
-    honest = wall_check({"kernel": [2000.0] * 3, "gemm_only": local}, {"kernel": [2400.0] * 3, "gemm_only": walls_local},
-                        rtt_us=80.0)
+    both = {"gemm_only": local}, {"gemm_only": walls_local}
+    # the runner's null calls leave 700 us; an honest 2000 us kernel leaves about that
+    honest = wall_check({"kernel": [2000.0] * 3, **both[0]}, {"kernel": [2750.0] * 3, **both[1]}, rtt_us=80.0,
+                        runner_null_gap_us=700.0)
     assert honest["ok"] and honest["judge_gap_us"] == pytest.approx(300.0)
+    assert honest["allowed_gap_us"] == pytest.approx(700.0 + 400.0)  # + 20% of the claimed time
     # a runner that claims half of what the GPU worked leaves 1000 us more unexplained
-    liar = wall_check({"kernel": [1000.0] * 3, "gemm_only": local}, {"kernel": [2400.0] * 3, "gemm_only": walls_local},
-                      rtt_us=80.0)
+    liar = wall_check({"kernel": [1000.0] * 3, **both[0]}, {"kernel": [2750.0] * 3, **both[1]}, rtt_us=80.0,
+                      runner_null_gap_us=700.0)
     assert not liar["ok"] and liar["kernel_gap_us"] > liar["allowed_gap_us"]
+    # slow null calls on purpose buy no slack beyond the cap
+    greedy = wall_check({"kernel": [1000.0] * 3, **both[0]}, {"kernel": [9000.0] * 3, **both[1]}, rtt_us=80.0,
+                        runner_null_gap_us=8000.0)
+    assert not greedy["ok"] and greedy["allowed_gap_us"] < 300.0 + 80.0 + 1500.0 + 300.0
 
 
 def test_hidden_shapes_are_ragged_reproducible_and_secret():
