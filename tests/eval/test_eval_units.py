@@ -179,15 +179,18 @@ def test_the_wall_clock_check_catches_an_under_claimed_time():
     honest = wall_check({"kernel": [2000.0] * 3, **both[0]}, {"kernel": [2750.0] * 3, **both[1]}, rtt_us=80.0,
                         runner_null_gap_us=700.0)
     assert honest["ok"] and honest["judge_gap_us"] == pytest.approx(300.0)
-    assert honest["allowed_gap_us"] == pytest.approx(700.0 + 400.0)  # + 20% of the claimed time
-    # a runner that claims half of what the GPU worked leaves 1000 us more unexplained
-    liar = wall_check({"kernel": [1000.0] * 3, **both[0]}, {"kernel": [2750.0] * 3, **both[1]}, rtt_us=80.0,
+    assert honest["allowed_gap_us"] == pytest.approx(700.0 + 1000.0)  # + max(1 ms, 20% of the claimed time)
+    big = wall_check({"kernel": [20000.0] * 3, **both[0]}, {"kernel": [20750.0] * 3, **both[1]}, rtt_us=80.0,
+                     runner_null_gap_us=700.0)
+    assert big["ok"] and big["allowed_gap_us"] == pytest.approx(700.0 + 4000.0)
+    # a runner that claims a quarter of what the GPU worked leaves 1500 us more unexplained
+    liar = wall_check({"kernel": [500.0] * 3, **both[0]}, {"kernel": [2750.0] * 3, **both[1]}, rtt_us=80.0,
                       runner_null_gap_us=700.0)
     assert not liar["ok"] and liar["kernel_gap_us"] > liar["allowed_gap_us"]
     # slow null calls on purpose buy no slack beyond the cap
     greedy = wall_check({"kernel": [1000.0] * 3, **both[0]}, {"kernel": [9000.0] * 3, **both[1]}, rtt_us=80.0,
                         runner_null_gap_us=8000.0)
-    assert not greedy["ok"] and greedy["allowed_gap_us"] < 300.0 + 80.0 + 1500.0 + 300.0
+    assert not greedy["ok"] and greedy["allowed_gap_us"] == pytest.approx(300.0 + 80.0 + 1500.0 + 1000.0)
 
 
 def test_hidden_shapes_are_ragged_reproducible_and_secret():
@@ -339,22 +342,8 @@ def test_tamper_check_sees_patches():
 def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
     report = json.loads(H200_CHECK.read_text())
     rows = report["rows"]
-    assert report["all_passed"] and len(rows) == 10 * 5  # ten tasks x (2 smoke + 3 paper shapes)
-    assert all(r["outcome"] == "PASSED" and r["launches_ok"] and r["launch_names"] for r in rows)
-
-
-def test_the_runners_caches_are_private_links_to_the_shared_ones(tmp_path, monkeypatch):
-    from eval.remote import private_caches
-
-    shared = tmp_path / "shared-quack"
-    (shared / "fp1").mkdir(parents=True)
-    (shared / "fp1" / "k.o").write_bytes(b"object")
-    triton = tmp_path / "shared-triton"
-    (triton / "abc").mkdir(parents=True)
-    monkeypatch.setenv("QUACK_CACHE_DIR", str(shared))
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton))
-    env = private_caches(tmp_path / "runner")
-    q = Path(env["QUACK_CACHE_DIR"])
-    assert q.is_relative_to(tmp_path / "runner") and (q / "fp1" / "k.o").is_symlink()
-    assert (q / "fp1" / "k.o").read_bytes() == b"object" and not (q / "fp1").is_symlink()  # new objects land here
-    assert (Path(env["TRITON_CACHE_DIR"]) / "abc").is_symlink() and Path(env["TMPDIR"]).is_dir()
+    # ten tasks x (2 smoke + 3 paper shapes + the hidden shape of each set), through the judge
+    assert report["all_passed"] and len(rows) == 10 * 7
+    named = [r for r in rows if not r["hidden"]]
+    assert len(named) == 50 and all(r["outcome"] == "PASSED" and r["launches_ok"] and r["launch_names"] for r in named)
+    assert all(r["outcome"] == "PASSED" and r["shape"] == "hidden" for r in rows if r["hidden"])
