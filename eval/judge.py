@@ -114,7 +114,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
     """The whole evaluation (never raises: every failure is a Result)."""
     global _RUNNER
     from eval.gpu_stages import run_gpu_stages
-    from eval.numerics import check_shape
+    from eval.numerics import check_shape, mask_numbers
     from eval.plausibility import Ceilings
     from eval.remote import KernelFailure, KernelProcess
     from eval.secret_shapes import hidden_shapes
@@ -140,9 +140,11 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
     kp = None
 
     def result(outcome: Outcome, message: str) -> Result:
+        stderr = kp.stderr_tail() if kp else ""
+        if per_shape and per_shape[-1].hidden and outcome != Outcome.PASSED:
+            stderr = mask_numbers(stderr)  # a traceback may quote the hidden shape's sizes
         return Result(**base, outcome=outcome, message=message, stage=current["stage"], per_shape=per_shape,
-                      worst=worst_element(per_shape), compiled=kp.compiled if kp else [],
-                      stderr_tail=kp.stderr_tail() if kp else "")
+                      worst=worst_element(per_shape), compiled=kp.compiled if kp else [], stderr_tail=stderr)
 
     try:
         at("load")
@@ -158,12 +160,19 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
         kernel_copy = workdir / "kernel.py"
         shutil.copyfile(path, kernel_copy)
         cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
-        kp = _RUNNER = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes,
-                                     extra_env=request.get("runner_env") or {}, on_progress=at,
-                                     cuda=device == "cuda")
-        base["environment"]["runner_sandbox"] = kp.sandbox
-        kp.ask({"op": "load", "path": str(kernel_copy), "device": device,
-                "gpu_memory_gib": request.get("gpu_memory_gib")}, stage="load")
+        load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib")}
+        sandboxes = ["system", "trees"] if device == "cuda" else [None]
+        for i, mode in enumerate(sandboxes):
+            kp = _RUNNER = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes,
+                                         extra_env=request.get("runner_env") or {}, on_progress=at, cuda=mode)
+            base["environment"]["runner_sandbox"] = kp.sandbox
+            loaded = kp.ask(load, stage="load")
+            if loaded.get("cuda") is not False:
+                break
+            base["environment"]["runner_sandbox_blocked"] = f"{mode}: {loaded.get('why')}"[:300]
+            kp.close()
+            if i == len(sandboxes) - 1:
+                raise KernelFailure("RUNTIME_ERROR", f"CUDA does not start in the runner: {loaded.get('why')}")
         named = shape_sets()[request["shapes"]]
         hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
         for i, shape in enumerate([*named, *hidden]):

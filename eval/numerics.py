@@ -280,9 +280,11 @@ def withhold(res: ShapeResult) -> ShapeResult:
         failed = [c.detail for c in checks if not c.ok]
         message = "a hidden shape failed (its dims are withheld): " + ("; ".join(failed) or res.outcome.value)
     else:  # an error's own text may quote sizes: numbers that could be dims are masked
-        message = f"a hidden shape failed (its dims are withheld): {_mask_numbers(res.message)}"
+        message = f"a hidden shape failed (its dims are withheld): {mask_numbers(res.message)}"
     return res.model_copy(update={"shape": "hidden", "dims": {}, "hidden": True, "outputs": checks, "message": message})
 
 
-def _mask_numbers(text: str) -> str:
-    return re.sub(r"\d{2,}", "N", text)
+def mask_numbers(text: str) -> str:
+    """Every number of two digits or more as N (what a hidden shape's failure may quote),
+    except a traceback's line numbers."""
+    return re.sub(r"(?<!line )(?<![\w.])\d{2,}", "N", text)

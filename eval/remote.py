@@ -89,7 +89,7 @@ class KernelProcess:
     """One runner for one candidate, started in `workdir` (its private cwd and HOME)."""
 
     def __init__(self, workdir: Path, *, deadline: float, cpu_bytes: int | None = None,
-                 extra_env: dict | None = None, on_progress=None, cuda: bool = False):
+                 extra_env: dict | None = None, on_progress=None, cuda: str | None = None):
         self.deadline = deadline
         self.on_progress = on_progress or (lambda stage: None)
         self.compiled: list[dict] = []
@@ -102,7 +102,7 @@ class KernelProcess:
         if cpu_bytes:
             args += ["--cpu-bytes", str(int(cpu_bytes))]
         if cuda:
-            args.append("--cuda")
+            args += ["--cuda", cuda]
         with open(self.stderr_path, "wb") as err:
             try:
                 self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd=workdir,

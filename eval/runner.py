@@ -49,7 +49,16 @@ def _shut_in() -> str:
         return sandbox(Path.cwd())
     repo = Path(__file__).resolve().parent.parent
     trees = [str(repo), str(Path.cwd().parent), *sys.path, *os.environ.get("EPIFORGE_SHARED_CACHES", "").split(os.pathsep)]
+    if args[args.index("--cuda") + 1] == "system":  # also the system's own trees (not yet seen on a GPU)
+        trees += list(SYSTEM_TREES)
     return sandbox(Path.cwd(), whole_fs=False, readonly=trees)
+
+
+#: trees a root runner must not write (e.g. /etc/ld.so.preload reaches every later process);
+#: /dev, /proc, /sys, /run and /tmp stay as they are for the CUDA driver, the runner's own
+#: dir writable
+SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/root", "/home",
+                "/var", "/boot", "/srv", "/mnt", "/media")
 
 
 SANDBOX = _shut_in() if __name__ == "__main__" else "not a runner process"
@@ -202,7 +211,11 @@ class Runner:
         self.device = msg["device"]
         self.kernel_file = str(Path(msg["path"]).resolve())
         if self.device == "cuda":
-            torch.cuda.init()
+            try:
+                torch.cuda.init()
+            except Exception as e:  # the sandbox kept the driver from starting: the judge retries with less
+                traceback.print_exc()
+                return {"cuda": False, "why": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
             if msg.get("gpu_memory_gib"):
                 total = torch.cuda.get_device_properties(0).total_memory
                 torch.cuda.set_per_process_memory_fraction(min(1.0, msg["gpu_memory_gib"] * 2**30 / total))
@@ -362,8 +375,8 @@ class Runner:
         for raw in buffers:
             ref = channel.TensorRef(**raw)
             value = outputs.get(ref.name)
-            if not isinstance(value, torch.Tensor):
-                described[ref.name] = {"kind": "missing" if value is None else type(value).__name__}
+            if type(value) is not torch.Tensor:  # a subclass could answer shape or layout questions falsely
+                described[ref.name] = {"kind": "missing" if value is None else type(value).__name__[:100]}
                 continue
             info = {"kind": "tensor", "shape": list(value.shape), "dtype": channel.DTYPE_NAMES.get(value.dtype, str(value.dtype)),
                     "device": value.device.type, "stride": list(value.stride()), "contiguous": value.is_contiguous(),
@@ -406,7 +419,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sock", type=int, required=True)
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--cpu-bytes", type=int, default=None)
-    ap.add_argument("--cuda", action="store_true", help="the kernel runs on the GPU (the sandbox keeps the driver working)")
+    ap.add_argument("--cuda", choices=["system", "trees"], default=None,
+                    help="the kernel runs on the GPU: the sandbox keeps the driver working (system: the repo, Python "
+                         "paths, caches and the system's trees read-only; trees: without the system's trees)")
     args = ap.parse_args(argv)
     os.set_inheritable(args.sock, False)
     runner = Runner(socket.socket(fileno=args.sock))

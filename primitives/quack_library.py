@@ -33,8 +33,14 @@ _COMBINE = {"add": "sum", "max": "max", "max_abs": "absmax"}
 
 def from_quack(mod, operands: dict | None = None) -> Epilogue:
     """Wrap a quack EpiMod. `operands` declares the kinds of parameters quack would infer
-    from tensor shapes (those the mod does not pin), e.g. {"y": Tile()}."""
+    from tensor shapes (those the mod does not pin), e.g. {"y": Tile()}. Only a real one:
+    anything else with the same fields (a namedtuple whose gemm does nothing) is refused,
+    or a kernel could "compile" and "launch" nothing."""
     from quack.epilogue import ops as q
+    from quack.epilogue.frontend import EpiMod
+
+    if type(mod) is not EpiMod or not (getattr(mod.fn, "__module__", "") or "").startswith("quack.epilogue."):
+        raise EpilogueError(f"from_quack: {type(mod).__name__} is not one of quack's own library epilogues")
 
     pinned = {
         q.ColVecLoad: PerRow,
@@ -97,6 +103,8 @@ class LazyQuackEpilogue:
             import importlib
 
             module, _, attr = self.target.partition(":")
+            if not module.startswith("quack.epilogue."):
+                raise EpilogueError(f"from_quack: {self.target} is not in quack.epilogue")
             mod = getattr(importlib.import_module(module), attr, None)
             if mod is None:
                 raise EpilogueError(f"from_quack: {self.target} does not exist in quack")

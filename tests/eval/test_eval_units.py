@@ -194,17 +194,23 @@ def test_the_wall_clock_check_catches_an_under_claimed_time():
 
 
 def test_hidden_shapes_are_ragged_reproducible_and_secret():
+    import tasks
+
     seen = set()
     for seed in range(40):
         for name in ("smoke", "paper"):
-            (s,) = hidden_shapes(name, seed)
-            assert s.M % 64 and s.M % s.seq == 0 and s.d % s.head_dim == 0
-            assert s.F % 8 == 0 and s.F % 64 and s.V % 8 == 0 and s.V % 64
-            assert hidden_shapes(name, seed) == [s]
-            seen.add((s.M, s.d, s.F, s.V))
-    assert len(seen) > 60  # they vary with the seed
-    named = {(x.M, x.d) for sets in __import__("tasks").shape_sets().values() for x in sets}
+            shapes = hidden_shapes(name, seed)
+            assert len(shapes) == 2 and hidden_shapes(name, seed) == shapes
+            for s in shapes:
+                assert s.M % 64 and s.M % s.seq == 0 and s.d % s.head_dim == 0
+                assert s.F % 8 == 0 and s.F % 64 and s.V % 8 == 0 and s.V % 64
+                seen.add((s.M, s.d, s.F, s.V))
+            # the second never has a width of the named set: a kernel right only there fails it
+            assert shapes[1].d not in {x.d for x in tasks.shape_sets()[name]}
+    assert len(seen) > 120  # they vary with the seed
+    named = {(x.M, x.d) for sets in tasks.shape_sets().values() for x in sets}
     assert not any((m, d) in named for m, d, _, _ in seen)
+    assert len({d for _, d, _, _ in seen}) > 8  # many widths, not the named ones only
 
 
 # ---- seeds, channel, environment -------------------------------------------------------------
