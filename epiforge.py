@@ -108,9 +108,11 @@ def cmd_eval(args) -> int:
                 con.print(f"  hidden shape: {s.outcome.value}", markup=False)
             if s.timing:  # only timed kernels show a speed; IMPLAUSIBLE ones are quarantined
                 t = s.timing
-                tag = " (quarantined: faster than the roofline floor)" if s.outcome.value == "IMPLAUSIBLE" else ""
-                con.print(f"  {s.shape}: {t['kernel']['median_us']:.1f} us = {t['fused_over_gemm_only']:.3f}x GEMM-only, "
-                          f"{t['speedup']['eager']:.2f}x faster than eager PyTorch{tag}", markup=False)
+                tag = " (quarantined: implausible)" if s.outcome.value == "IMPLAUSIBLE" else ""
+                over = t.fused_over_gemm_only
+                ci = f" (95% interval {over.ci_low:.3f}-{over.ci_high:.3f})" if over.ci_low is not None else ""
+                con.print(f"  {s.shape}: {t.kernel.median_us:.1f} us = {over.median:.3f}x GEMM-only{ci}, "
+                          f"{t.speedup['eager'].median:.2f}x faster than eager PyTorch{tag}", markup=False)
         if not result.passed and result.stderr_tail:
             con.print("[dim]--- stderr (tail) ---[/dim]")
             con.print(result.stderr_tail[-1500:], markup=False)

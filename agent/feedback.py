@@ -2,7 +2,8 @@
 
 Feedback is plain text: the outcome, the worst numeric mismatch per output, the sm_90a
 compile log (which epilogue, which tile config, ok or the error), the traceback tail of a
-failure, and on a GPU the time against GEMM-only and the other baselines. Paths of this
+failure, and on a GPU the time against GEMM-only and the other baselines (eval.result
+ShapeTiming). Paths of this
 machine are scrubbed from everything that reaches the model or a log.
 """
 
@@ -15,8 +16,6 @@ from pathlib import Path
 from eval.kernel import REPO
 
 _STDERR_CHARS = 1500
-#: names the evaluator may give the candidate's own time in a shape's timing dict
-_KERNEL_KEYS = ("kernel", "candidate", "fused", "median")
 
 
 def scrub(text: str, *extra_roots: Path) -> str:
@@ -47,36 +46,10 @@ def scrub_tree(value, *extra_roots: Path):
 # ---- timing -------------------------------------------------------------------------------
 
 
-def shape_times(timing: dict) -> tuple[float | None, float | None, dict[str, float]]:
-    """(kernel us, GEMM-only us, {baseline: us}) from one shape's timing dict. Times are
-    entries holding {"median_us": ...} (eval.timing.Timing) or numbers under keys ending in
-    _us; the GEMM-only time is "gemm_only", else the fastest "gemm*" entry (quack, cuBLAS)."""
-    times = {}
-    for key, value in timing.items():
-        if isinstance(value, dict) and isinstance(value.get("median_us"), (int, float)):
-            times[key] = float(value["median_us"])
-        elif key.endswith("_us") and isinstance(value, (int, float)) and not isinstance(value, bool):
-            times[key.removesuffix("_us")] = float(value)
-    kernel_key = next((k for k in _KERNEL_KEYS if k in times), None)
-    gemm_keys = [k for k in times if k.startswith("gemm")]
-    gemm = times.get("gemm_only", min((times[k] for k in gemm_keys), default=None))
-    baselines = {k: v for k, v in times.items() if k != kernel_key and k not in gemm_keys}
-    return (times[kernel_key] if kernel_key else None), gemm, baselines
-
-
-def shape_ratio(timing: dict) -> float | None:
-    """kernel / GEMM-only for one shape: the evaluator's own per-repetition ratio
-    (eval.timing.paired_ratio) where it gave one, else the ratio of the medians."""
-    given = timing.get("fused_over_gemm_only")
-    if isinstance(given, (int, float)) and not isinstance(given, bool):
-        return float(given)
-    kernel, gemm, _ = shape_times(timing)
-    return kernel / gemm if kernel and gemm else None
-
-
 def speed_ratio(result) -> float | None:
-    """The worst kernel / GEMM-only ratio over the timed shapes; None when nothing was timed."""
-    ratios = [r for s in result.per_shape if s.timing and (r := shape_ratio(s.timing)) is not None]
+    """The worst kernel / GEMM-only ratio over the timed shapes (the evaluator's
+    per-repetition median); None when nothing was timed."""
+    ratios = [s.timing.fused_over_gemm_only.median for s in result.per_shape if s.timing]
     return max(ratios) if ratios else None
 
 
@@ -124,14 +97,11 @@ def describe(result, *, what: str, workspace: Path | None = None) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _timing_line(timing: dict) -> str:
-    kernel, gemm, baselines = shape_times(timing)
-    parts = []
-    if kernel is not None:
-        parts.append(f"kernel {kernel:.1f} us")
-    if gemm is not None:
-        ratio, iqr = shape_ratio(timing), timing.get("fused_over_gemm_only_iqr")
-        spread = f", quartiles {iqr[0]:.3f}-{iqr[1]:.3f}" if isinstance(iqr, list) and len(iqr) == 2 else ""
-        parts.append(f"GEMM-only {gemm:.1f} us" + (f" (ratio {ratio:.3f}{spread})" if ratio else ""))
-    parts += [f"{name} {us:.1f} us" for name, us in baselines.items()]
-    return ", ".join(parts) or str(timing)
+def _timing_line(timing) -> str:
+    over = timing.fused_over_gemm_only
+    ci = f", 95% interval {over.ci_low:.3f}-{over.ci_high:.3f}" if over.ci_low is not None else ""
+    parts = [f"kernel {timing.kernel.median_us:.1f} us",
+             f"{over.median:.3f}x GEMM-only (quartiles {over.q1:.3f}-{over.q3:.3f}{ci})"]
+    parts += [f"{name} {t.median_us:.1f} us ({timing.speedup[name].median:.2f}x slower than the kernel)"
+              if name in timing.speedup else f"{name} {t.median_us:.1f} us" for name, t in timing.baselines.items()]
+    return ", ".join(parts)

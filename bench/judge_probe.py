@@ -30,8 +30,9 @@ def main() -> int:
         for s in r.per_shape:
             if s.timing:
                 t = s.timing
-                print(f"  {s.shape}: kernel {t['kernel']['median_us']:.1f} us, {t['fused_over_gemm_only']:.3f}x GEMM-only "
-                      f"ci95 {t.get('fused_over_gemm_only_ci95')}, wall check {t['wall_check']}")
+                over = t.fused_over_gemm_only
+                print(f"  {s.shape}: kernel {t.kernel.median_us:.1f} us, {over.median:.3f}x GEMM-only "
+                      f"(95% {over.ci_low:.3f}-{over.ci_high:.3f}), wall check {t.wall_check}")
         if r.outcome.value != want:
             print(r.stderr_tail[-3000:])
     return 0 if ok else 1

@@ -45,8 +45,8 @@ from eval.numerics import (
 )
 from eval.plausibility import Ceilings, check as plausible
 from eval.remote import Delivered, KernelFailure, KernelProcess, Profiled, Timed
-from eval.result import Outcome
-from eval.timing import paired_ratio, summarize, timed_call
+from eval.result import Outcome, ShapeTiming
+from eval.timing import summarize, timed_call
 
 #: input sets (their own weights, each with its own prepare()) the timed calls rotate through
 ROTATE = {"smoke": 4, "paper": 2}
@@ -167,17 +167,11 @@ def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int
             samples[name].append(us)
             walls[name].append(wall)
     bufs.close()
-    timing = {n: summarize(samples[n], keep=True) for n in names}
-    summary = {name: t.model_dump(exclude={"samples_us"}) for name, t in timing.items()}
-    over = paired_ratio(timing["kernel"], timing["gemm_only"], ci=True)
-    summary["fused_over_gemm_only"] = over.median
-    summary["fused_over_gemm_only_iqr"] = [over.q1, over.q3]
-    summary["fused_over_gemm_only_ci95"] = [over.ci_low, over.ci_high]
-    summary["gemm_fraction"] = 1 / over.median
-    summary["speedup"] = {"gemm_only": 1 / over.median, "eager": paired_ratio(timing["eager"], timing["kernel"]).median}
-    summary["wall_check"] = wall_check(samples, walls, rtt, statistics.median(null))
-    summary["checked_calls"] = len(checked)
-    return summary
+    return ShapeTiming.measured({n: summarize(samples[n], keep=True) for n in names},
+                                wall_check=wall_check(samples, walls, rtt, statistics.median(null)),
+                                checked_calls=len(checked),
+                                notes={"gemm_only": "cuBLAS torch.mm of the task's GEMM (shape and layouts)",
+                                       "eager": "the task's unfused PyTorch, eager"})
 
 
 def _collect(kp: KernelProcess, bufs: OutputBuffers) -> Delivered:
@@ -255,12 +249,13 @@ def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: in
         shape_result.outcome, shape_result.message = trial.outcome, f"after timing, on new inputs: {trial.message}"
         return
     stage("plausibility")
-    good, line, floor = plausible(summary["kernel"]["median_us"], task.flops(dims), task.min_bytes(dims), ceilings)
-    base_ok, _, _ = plausible(summary["gemm_only"]["median_us"], task.flops(dims), task.min_bytes(dims), ceilings)
-    summary["roofline"] = {"floor_us": floor, "peak_tflops": ceilings.peak_tflops,
-                           "bandwidth_tbs": ceilings.bandwidth_tbs, "baseline_below_floor": not base_ok}
+    good, line, floor = plausible(summary.kernel.median_us, task.flops(dims), task.min_bytes(dims), ceilings)
+    base_ok, _, _ = plausible(summary.baselines["gemm_only"].median_us, task.flops(dims), task.min_bytes(dims),
+                              ceilings)
+    summary.roofline = {"floor_us": floor, "peak_tflops": ceilings.peak_tflops,
+                        "bandwidth_tbs": ceilings.bandwidth_tbs, "baseline_below_floor": not base_ok}
     shape_result.timing = summary
-    wall = summary["wall_check"]
+    wall = summary.wall_check
     if not good:
         shape_result.outcome, shape_result.message = Outcome.IMPLAUSIBLE, line
         return
@@ -270,6 +265,6 @@ def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: in
                                 f"{wall['kernel_gap_us']:.0f} us per call unexplained, at most "
                                 f"{wall['allowed_gap_us']:.0f} us expected")
         return
-    shape_result.message = (f"{summary['fused_over_gemm_only']:.3f}x GEMM-only; {launch_line}; {line}" +
+    shape_result.message = (f"{summary.fused_over_gemm_only.median:.3f}x GEMM-only; {launch_line}; {line}" +
                             ("; note: cuBLAS ran below the floor, the ceilings look low" if not base_ok else ""))
 

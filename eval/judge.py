@@ -191,7 +191,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
         msg = (f"all {len(shown)} shapes within tolerance ({shown[0].trials if shown else 0} trials each)"
                + (f", and {len(per_shape) - len(shown)} hidden shape(s)" if len(per_shape) > len(shown) else ""))
         if device == "cuda":
-            ratios = ", ".join(f"{r.shape} {r.timing['fused_over_gemm_only']:.3f}" for r in shown if r.timing)
+            ratios = ", ".join(f"{r.shape} {r.timing.fused_over_gemm_only.median:.3f}" for r in shown if r.timing)
             msg += f"; fused / GEMM-only: {ratios}"
         return result(Outcome.PASSED, msg)
     except KernelFailure as f:

@@ -7,6 +7,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field, computed_field
 
+from eval.stats import Timing, paired_ratio
 from tasks.tolerance import OutputCheck
 
 
@@ -27,6 +28,55 @@ class Outcome(str, Enum):
 STAGES = ("static", "load", "compile", "numerics", "launches", "benchmark", "recheck", "plausibility", "done")
 
 
+class RatioStat(BaseModel):
+    """A ratio taken repetition by repetition in one interleaved run (eval.timing.paired_ratio):
+    the median of a_i / b_i, its quartiles, and where computed its 95% bootstrap interval."""
+
+    median: float = Field(gt=0)
+    q1: float = Field(gt=0)
+    q3: float = Field(gt=0)
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+    @classmethod
+    def of(cls, ratio) -> "RatioStat":
+        return cls(median=ratio.median, q1=ratio.q1, q3=ratio.q3, ci_low=ratio.ci_low, ci_high=ratio.ci_high)
+
+
+class ShapeTiming(BaseModel):
+    """One shape's times from ONE interleaved run and the ratios taken from them, made by
+    ShapeTiming.measured (the evaluator's timed phase; bench's results are imported the
+    same way). Times are microseconds; "gemm_only" is the speed of light the kernel is held
+    to (the fastest plain GEMM of the same shape and layouts that was timed)."""
+
+    kernel: Timing
+    baselines: dict[str, Timing] = Field(description="every baseline timed beside the kernel, by registry name")
+    fused_over_gemm_only: RatioStat = Field(description="kernel_i / gemm_only_i: 1.0 is the speed of light")
+    speedup: dict[str, RatioStat] = Field(default_factory=dict, description="baseline_i / kernel_i, per baseline")
+    notes: dict[str, str] = Field(default_factory=dict, description="what a baseline computes, where it is not obvious")
+    roofline: dict | None = Field(None, description="floor_us and the ceilings it came from (eval/plausibility.py)")
+    wall_check: dict | None = Field(None, description="the judge's wall clock against the claimed times")
+    checked_calls: int | None = Field(None, description="timed calls whose outputs were checked against references")
+    source: str = Field("eval", description="eval: the evaluator's timed phase; bench: imported from bench/results")
+
+    @property
+    def fraction_of_speed_of_light(self) -> float:
+        return 1.0 / self.fused_over_gemm_only.median
+
+    @classmethod
+    def measured(cls, timings: dict[str, Timing], **extra) -> "ShapeTiming":
+        """The one factory: from Timings with samples of one interleaved run ("kernel",
+        "gemm_only" and any other baselines), every ratio taken per repetition; the
+        samples themselves are not kept (results stay small)."""
+        kernel = timings["kernel"]
+        baselines = {k: v for k, v in timings.items() if k != "kernel"}
+        over = paired_ratio(kernel, baselines["gemm_only"], ci=True)
+        speedup = {k: RatioStat.of(paired_ratio(v, kernel, ci=True)) for k, v in baselines.items()}
+        return cls(kernel=kernel.model_copy(update={"samples_us": []}),
+                   baselines={k: v.model_copy(update={"samples_us": []}) for k, v in baselines.items()},
+                   fused_over_gemm_only=RatioStat.of(over), speedup=speedup, **extra)
+
+
 class ShapeResult(BaseModel):
     """The checks (and, when timed, the timings) of one shape."""
 
@@ -38,10 +88,7 @@ class ShapeResult(BaseModel):
     trials: int = Field(0, description="checked calls on fresh inputs (both orders of reference and kernel)")
     launches: list[str] = Field([], description="GPU: the kernels one run() launched (torch profiler)")
     hidden: bool = Field(False, description="a shape drawn from the secret seed: its dims, indices and values are withheld")
-    # timings exist only when the kernel was timed: never for a failed check. Keys:
-    # "kernel" and each baseline ("gemm_only", "eager") hold eval.timing.Timing dicts;
-    # "fused_over_gemm_only", "speedup" ({baseline: x}), "gemm_fraction", "roofline" ({floor_us, ...})
-    timing: dict | None = None
+    timing: ShapeTiming | None = Field(None, description="only when the kernel was timed: never for a failed check")
 
 
 class Result(BaseModel):

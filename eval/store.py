@@ -2,19 +2,18 @@
 
     store = ResultStore()                      # $EPIFORGE_RESULTS or .epiforge/results.sqlite
     store.add(result)                          # -> row id
-    store.rows(task="k1_gemm_rmsnorm")         # dicts, newest first
-    store.leaderboard("k1_gemm_rmsnorm")       # ranked (PASSED and timed) rows, fastest first
+    store.rows(task="k1_gemm_rmsnorm")         # StoredResults (id, recorded_at, the Result), newest first
 
 Tables: `evaluations` (task, kernel hash, track, backend/model when generated, shapes,
 outcome, stage, message, errors, worst element, environment fingerprint, the whole Result
 as JSON, summary speed columns) and `shape_timings` (per shape: median, IQR and n of the
 kernel, the GEMM-only baseline, fused / GEMM-only, the fraction of GEMM-only time, the
 speedup against each baseline, the roofline floor). IMPLAUSIBLE results keep their timings
-(quarantined) but are never `ranked`.
+(quarantined) but are never `ranked`; the leaderboard (eval/leaderboard.py) ranks.
 
 Concurrency: WAL journal (readers never block the writer), a busy timeout, and each add()
 one short BEGIN IMMEDIATE transaction, so writers queue instead of failing. This module
-does not import torch: a reader needs only the standard library and pydantic.
+reads and writes eval.result.Result, nothing else.
 """
 
 from __future__ import annotations
@@ -25,11 +24,15 @@ import sqlite3
 import time
 from pathlib import Path
 
+from pydantic import BaseModel, ValidationError
+
+from eval.result import Result
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PATH = REPO / ".epiforge" / "results.sqlite"  # git-ignored
 ENV_PATH = "EPIFORGE_RESULTS"
 BUSY_TIMEOUT_MS = 30_000
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -82,12 +85,24 @@ class StoreError(RuntimeError):
     """The store file cannot be used (one line)."""
 
 
+class StoredResult(BaseModel):
+    """One row of the store: a Result, and where and when it was recorded."""
+
+    id: int
+    recorded_at: str
+    result: Result
+
+
 class ResultStore:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path or os.environ.get(ENV_PATH) or DEFAULT_PATH)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connect() as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version not in (0, SCHEMA_VERSION):
+                    raise StoreError(f"{self.path}: written by another epiforge (store schema {version}, this one reads "
+                                     f"{SCHEMA_VERSION}); move it aside or name another file")
                 db.execute("PRAGMA journal_mode=WAL")
                 db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -103,26 +118,25 @@ class ResultStore:
 
     # ---- writing -----------------------------------------------------------------------
 
-    def add(self, result) -> int:
-        """Record one eval.Result (or its JSON dict); returns the new row's id."""
-        r = result if isinstance(result, dict) else result.model_dump(mode="json")
-        timings = [(s["shape"], s["timing"]) for s in r.get("per_shape", []) if s.get("timing")]
-        ratios = [t.get("fused_over_gemm_only") for _, t in timings if t.get("fused_over_gemm_only")]
-        speedups = sorted(t["speedup"]["gemm_only"] for _, t in timings if t.get("speedup", {}).get("gemm_only"))
-        timed = bool(timings)
+    def add(self, result: Result) -> int:
+        """Record one Result; returns the new row's id."""
+        if not isinstance(result, Result):
+            result = Result.model_validate(result)
+        timed = [(sh.shape, sh.timing) for sh in result.per_shape if sh.timing is not None]
+        ratios = [t.fused_over_gemm_only.median for _, t in timed]
         row = {
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "started_at": r.get("started_at"), "task": r["task"], "kernel": r["kernel"],
-            "kernel_sha256": r["kernel_sha256"], "track": r["track"], "author": r.get("author"),
-            "backend": r.get("backend"), "model": r.get("model"), "session": r.get("session"),
-            "device": r["device"], "shapes": r["shapes"], "outcome": r["outcome"], "stage": r.get("stage"),
-            "message": r.get("message"), "stderr_tail": r.get("stderr_tail"),
-            "violations": json.dumps(r.get("violations", [])), "worst": json.dumps(r.get("worst")),
-            "timed": int(timed), "ranked": int(timed and r["outcome"] == "PASSED"),
+            "started_at": result.started_at, "task": result.task, "kernel": result.kernel,
+            "kernel_sha256": result.kernel_sha256, "track": result.track, "author": result.author,
+            "backend": result.backend, "model": result.model, "session": result.session,
+            "device": result.device, "shapes": result.shapes, "outcome": result.outcome.value, "stage": result.stage,
+            "message": result.message, "stderr_tail": result.stderr_tail,
+            "violations": json.dumps(result.violations), "worst": json.dumps(result.worst),
+            "timed": int(result.timed), "ranked": int(result.ranked),
             "worst_fused_over_gemm_only": max(ratios) if ratios else None,
-            "median_speedup_vs_gemm_only": speedups[len(speedups) // 2] if speedups else None,
-            "wall_s": r.get("wall_s"), "environment": json.dumps(r.get("environment", {}), sort_keys=True),
-            "result": json.dumps(r),
+            "median_speedup_vs_gemm_only": sorted(1 / r for r in ratios)[len(ratios) // 2] if ratios else None,
+            "wall_s": result.wall_s, "environment": json.dumps(result.environment, sort_keys=True),
+            "result": result.model_dump_json(),
         }
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
@@ -131,13 +145,12 @@ class ResultStore:
             db.execute("BEGIN IMMEDIATE")  # take the write lock now: writers queue, never deadlock
             cur = db.execute(f"INSERT INTO evaluations ({cols}) VALUES ({marks})", row)
             eid = cur.lastrowid
-            for shape, t in timings:
-                k = t["kernel"]
+            for shape, t in timed:
                 db.execute(
                     "INSERT INTO shape_timings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (eid, shape, k["median_us"], k["q3_us"] - k["q1_us"], k["n"],
-                     (t.get("gemm_only") or {}).get("median_us"), t.get("fused_over_gemm_only"),
-                     t.get("gemm_fraction"), json.dumps(t.get("speedup", {})), (t.get("roofline") or {}).get("floor_us")),
+                    (eid, shape, t.kernel.median_us, t.kernel.q3_us - t.kernel.q1_us, t.kernel.n,
+                     t.baselines["gemm_only"].median_us, t.fused_over_gemm_only.median, t.fraction_of_speed_of_light,
+                     json.dumps({k: v.median for k, v in t.speedup.items()}), (t.roofline or {}).get("floor_us")),
                 )
             db.execute("COMMIT")
             return eid
@@ -150,37 +163,31 @@ class ResultStore:
 
     # ---- reading -----------------------------------------------------------------------
 
-    def rows(self, task: str | None = None, outcome: str | None = None, limit: int | None = None) -> list[dict]:
-        sql, args = "SELECT * FROM evaluations WHERE 1=1", []
+    def rows(self, task: str | None = None, outcome: str | None = None, limit: int | None = None) -> list[StoredResult]:
+        """The stored Results, newest first."""
+        sql, args = "SELECT id, recorded_at, result FROM evaluations WHERE 1=1", []
         if task:
             sql, args = sql + " AND task = ?", [*args, task]
         if outcome:
             sql, args = sql + " AND outcome = ?", [*args, outcome]
         sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
         with self._connect() as db:
-            return [_decode(dict(r)) for r in db.execute(sql, args)]
+            found = list(db.execute(sql, args))
+        out = []
+        for r in found:
+            try:
+                out.append(StoredResult(id=r["id"], recorded_at=r["recorded_at"],
+                                        result=Result.model_validate_json(r["result"])))
+            except ValidationError:
+                raise StoreError(f"{self.path}: row {r['id']} is not a Result of this version (schema "
+                                 f"{SCHEMA_VERSION}); start a new store") from None
+        return out
 
     def shape_timings(self, evaluation_id: int) -> list[dict]:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM shape_timings WHERE evaluation_id = ? ORDER BY shape", (evaluation_id,))
             return [{**dict(r), "speedups": json.loads(r["speedups"] or "{}")} for r in rows]
 
-    def leaderboard(self, task: str, device: str = "cuda", shapes: str = "paper") -> list[dict]:
-        """Ranked rows (PASSED and timed) of a task, best (lowest worst fused / GEMM-only) first."""
-        with self._connect() as db:
-            rows = db.execute(
-                "SELECT * FROM evaluations WHERE task = ? AND device = ? AND shapes = ? AND ranked = 1 "
-                "ORDER BY worst_fused_over_gemm_only ASC, id DESC", (task, device, shapes))
-            return [_decode(dict(r)) for r in rows]
-
     def count(self) -> int:
         with self._connect() as db:
             return db.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
-
-
-def _decode(row: dict) -> dict:
-    for key in ("violations", "worst", "environment", "result"):
-        if row.get(key) is not None:
-            row[key] = json.loads(row[key])
-    row["timed"], row["ranked"] = bool(row["timed"]), bool(row["ranked"])
-    return row

@@ -1,40 +1,43 @@
-"""The agent reads the evaluator's GPU timing (eval/gpu_stages.py's per-shape summary) and
-applies the speed target to it."""
+"""The agent reads the evaluator's GPU timing (eval.result.ShapeTiming, made by its one
+factory from the samples of an interleaved run) and applies the speed target to it."""
 
-from agent.feedback import shape_times, speed_ratio
-from eval.result import Outcome, Result, ShapeResult
-from eval.timing import Timing
+import statistics
+
+from agent.feedback import describe, speed_ratio
+from eval.result import Outcome, Result, ShapeResult, ShapeTiming
+from eval.stats import summarize
 
 
-def _summary(kernel_us, gemm_us, eager_us):
-    """The shape of eval.gpu_stages' timing summary."""
-    t = {name: Timing(median_us=v, q1_us=v, q3_us=v, min_us=v, n=5).model_dump()
-         for name, v in (("kernel", kernel_us), ("gemm_only", gemm_us), ("eager", eager_us))}
-    t["fused_over_gemm_only"] = kernel_us / gemm_us
-    t["gemm_fraction"] = gemm_us / kernel_us
-    t["speedup"] = {"gemm_only": gemm_us / kernel_us, "eager": eager_us / kernel_us}
-    return t
+def _timing(kernel_us, gemm_us, eager_us, drift=(1.0, 1.02, 0.98, 1.01, 0.99)):
+    """ShapeTiming.measured from five repetitions whose clock drifts alike for all three."""
+    return ShapeTiming.measured({
+        "kernel": summarize([kernel_us * d for d in drift], keep=True),
+        "gemm_only": summarize([gemm_us * d for d in drift], keep=True),
+        "eager": summarize([eager_us * d for d in drift], keep=True),
+    })
 
 
 def test_speed_ratio_from_the_evaluators_timing():
-    shapes = [ShapeResult(shape=s, dims={}, outcome=Outcome.PASSED, timing=_summary(k, g, e))
+    shapes = [ShapeResult(shape=s, dims={}, outcome=Outcome.PASSED, timing=_timing(k, g, e))
               for s, k, g, e in (("1B", 110.0, 100.0, 150.0), ("7B", 404.0, 400.0, 500.0))]
     r = Result(task="k1_gemm_rmsnorm", kernel="x.py", kernel_sha256="0", track="candidate", device="cuda",
                shapes="paper", outcome=Outcome.PASSED, per_shape=shapes)
-    kernel, gemm, baselines = shape_times(shapes[0].timing)
-    assert (kernel, gemm) == (110.0, 100.0) and baselines == {"eager": 150.0}
+    t = shapes[0].timing
+    assert abs(t.fused_over_gemm_only.median - 1.10) < 1e-9 and abs(t.speedup["eager"].median - 150 / 110) < 1e-9
+    assert t.kernel.samples_us == [] and t.fraction_of_speed_of_light == 1 / t.fused_over_gemm_only.median
     assert abs(speed_ratio(r) - 1.10) < 1e-9  # the worst shape
-    from agent.feedback import describe
-
     shapes[0].launches = ["kernel_cutlass_kernel_quackepiloguefrontendGemmMod_row_scale", "_row_fold"]
     text = describe(r, what="check")
     assert "1B launches: kernel_cutlass_kernel_quackepiloguefrontendGemmMod_row_scale, _row_fold" in text
-    assert "1B timing:" in text
-    # the evaluator's per-repetition ratio, where it gave one, wins over the ratio of medians
-    shapes[1].timing.update(fused_over_gemm_only=1.2, fused_over_gemm_only_iqr=[1.15, 1.25])
-    assert abs(speed_ratio(r) - 1.2) < 1e-9
-    assert "(ratio 1.200, quartiles 1.150-1.250)" in describe(r, what="check")
-    del shapes[1].timing["fused_over_gemm_only"]
-    assert abs(speed_ratio(r) - 1.10) < 1e-9  # 404 / 400 from the medians
+    assert "1B timing: kernel 110.0 us, 1.100x GEMM-only" in text and "95% interval" in text
     untimed = r.model_copy(update={"per_shape": [ShapeResult(shape="s", dims={}, outcome=Outcome.PASSED)]})
     assert speed_ratio(untimed) is None
+
+
+def test_the_ratios_are_taken_repetition_by_repetition():
+    # the kernel is 5% slower than the GEMM in every repetition while the clock wanders by 20%
+    drift = [1.0, 1.2, 0.9, 1.1, 0.95, 1.15, 1.05]
+    t = _timing(105.0, 100.0, 130.0, drift)
+    assert abs(t.fused_over_gemm_only.median - 1.05) < 1e-9
+    assert t.fused_over_gemm_only.q1 == t.fused_over_gemm_only.q3 == t.fused_over_gemm_only.median
+    assert abs(t.baselines["gemm_only"].median_us - 100.0 * statistics.median(drift)) < 1e-9

@@ -28,10 +28,11 @@ def test_expert_kernel_passes_on_the_gpu(task):
     for s in [s for s in r.per_shape if not s.hidden]:
         assert s.trials == 2 and s.launches and "GemmMod" in s.launches[0]
         t = s.timing
-        assert t["kernel"]["n"] == 20 and t["kernel"]["median_us"] > 0 and t["gemm_only"]["median_us"] > 0
-        lo, hi = t["fused_over_gemm_only_iqr"]  # per-repetition ratios (eval.timing.paired_ratio)
-        assert 0 < lo <= t["fused_over_gemm_only"] <= hi and "samples_us" not in t["kernel"]
-        assert t["roofline"]["floor_us"] < t["kernel"]["median_us"]
+        assert t.kernel.n == 20 and t.kernel.median_us > 0 and t.baselines["gemm_only"].median_us > 0
+        over = t.fused_over_gemm_only  # per-repetition ratios (eval.stats.paired_ratio)
+        assert 0 < over.q1 <= over.median <= over.q3 and over.ci_low <= over.median <= over.ci_high
+        assert t.kernel.samples_us == [] and t.roofline["floor_us"] < t.kernel.median_us
+        assert t.wall_check["ok"] and t.checked_calls >= 1
 
 
 @pytest.mark.slow
@@ -39,7 +40,7 @@ def test_expert_kernel_passes_on_the_gpu(task):
 def test_expert_kernel_passes_at_paper_shapes(task):
     r = evaluate(task, "human", device="gpu", shapes="paper", seed=5, reps=20)
     assert r.passed, f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
-    assert all(s.timing["fused_over_gemm_only"] < 1.5 for s in r.per_shape if not s.hidden)
+    assert all(s.timing.fused_over_gemm_only.median < 1.5 for s in r.per_shape if not s.hidden)
 
 
 @pytest.mark.parametrize("fault,kw", [

@@ -203,6 +203,6 @@ def test_cli_eval_records_and_answers(tmp_path):
     from eval.store import ResultStore
 
     rows = ResultStore(db).rows()
-    assert [x["outcome"] for x in rows] == ["INCORRECT_NUMERICS", "STATIC_REJECTED"]
+    assert [x.result.outcome.value for x in rows] == ["INCORRECT_NUMERICS", "STATIC_REJECTED"]
     bad = cli("eval", "--task", "k1", "--kernel", "human", "--shapes", "huge")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown shape set" in bad.stderr

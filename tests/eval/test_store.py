@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from eval.result import Outcome, Result, ShapeResult
+from eval.result import Outcome, Result, ShapeResult, ShapeTiming
+from eval.stats import summarize
 from eval.store import ResultStore, StoreError
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def timing(median, gemm):
-    t = {"median_us": median, "q1_us": median * 0.98, "q3_us": median * 1.03, "min_us": median * 0.9, "n": 50}
-    g = {"median_us": gemm, "q1_us": gemm, "q3_us": gemm, "min_us": gemm, "n": 50}
-    return {"kernel": t, "gemm_only": g, "eager": {**g, "median_us": gemm * 2}, "fused_over_gemm_only": median / gemm,
-            "gemm_fraction": gemm / median, "speedup": {"gemm_only": gemm / median, "eager": 2 * gemm / median},
-            "roofline": {"floor_us": 1.0}}
+    """A ShapeTiming from three repetitions of one run: the kernel at `median`, GEMM-only at `gemm`."""
+    return ShapeTiming.measured({"kernel": summarize([median * 0.98, median, median * 1.03], keep=True),
+                                 "gemm_only": summarize([gemm, gemm, gemm], keep=True),
+                                 "eager": summarize([2 * gemm] * 3, keep=True)}, roofline={"floor_us": 1.0})
 
 
 def result(outcome="PASSED", kernel="k.py", sha="a" * 64, medians=(110.0, 220.0), track="generated", **kw):
@@ -31,33 +31,40 @@ def result(outcome="PASSED", kernel="k.py", sha="a" * 64, medians=(110.0, 220.0)
 
 def test_add_and_read_back(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
-    eid = store.add(result())
-    row = store.rows()[0]
-    assert row["id"] == eid and row["task"] == "k1_gemm_rmsnorm" and row["kernel_sha256"] == "a" * 64
-    assert row["track"] == "generated" and row["backend"] == "anthropic" and row["model"] == "m"
-    assert row["ranked"] and row["timed"] and row["worst_fused_over_gemm_only"] == pytest.approx(1.1)
-    assert row["environment"] == {"gpu": "H200"} and row["result"]["per_shape"][0]["shape"] == "s0"
+    given = result()
+    eid = store.add(given)
+    (row,) = store.rows()
+    assert row.id == eid and row.result == given  # the row IS the Result
+    assert row.result.ranked and row.result.timed
     t = store.shape_timings(eid)
     assert [x["shape"] for x in t] == ["s0", "s1"]
-    assert t[0]["median_us"] == 110.0 and t[0]["iqr_us"] == pytest.approx(110 * 0.05) and t[0]["n"] == 50
+    assert t[0]["median_us"] == 110.0 and t[0]["iqr_us"] == pytest.approx(given.per_shape[0].timing.kernel.iqr_us)
     assert t[1]["gemm_only_median_us"] == 200.0 and t[1]["speedups"]["eager"] == pytest.approx(400 / 220)
-    assert t[0]["floor_us"] == 1.0
+    assert t[0]["floor_us"] == 1.0 and t[0]["fused_over_gemm_only"] == pytest.approx(1.1)
 
 
-def test_only_passed_and_timed_results_are_ranked(tmp_path):
+def test_the_rows_say_what_is_ranked(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
-    fast = store.add(result(medians=(105.0, 210.0), sha="f" * 64))
-    slow = store.add(result(medians=(150.0, 210.0), sha="s" * 64))
+    store.add(result(medians=(105.0, 210.0), sha="f" * 64))
     store.add(result("IMPLAUSIBLE", medians=(1.0, 1.0), sha="i" * 64))  # quarantined: timings kept, not ranked
     store.add(result("INCORRECT_NUMERICS", medians=(None, None), sha="n" * 64, worst={"index": [1, 2]}))
-    store.add(result(medians=(None, None), sha="c" * 64))  # passed on a CPU: never timed, never ranked
-    board = store.leaderboard("k1_gemm_rmsnorm")
-    assert [r["id"] for r in board] == [fast, slow]
-    imp = store.rows(outcome="IMPLAUSIBLE")[0]
-    assert imp["timed"] and not imp["ranked"] and store.shape_timings(imp["id"])
-    bad = store.rows(outcome="INCORRECT_NUMERICS")[0]
-    assert not bad["timed"] and bad["worst"] == {"index": [1, 2]} and bad["worst_fused_over_gemm_only"] is None
-    assert store.count() == 5
+    store.add(result(medians=(None, None), sha="c" * 64))  # passed but never timed: never ranked
+    assert [r.result.kernel_sha256 for r in store.rows() if r.result.ranked] == ["f" * 64]
+    (imp,) = store.rows(outcome="IMPLAUSIBLE")
+    assert imp.result.timed and not imp.result.ranked and store.shape_timings(imp.id)
+    (bad,) = store.rows(outcome="INCORRECT_NUMERICS")
+    assert not bad.result.timed and bad.result.worst == {"index": [1, 2]}
+    assert store.count() == 4
+
+
+def test_a_store_of_another_schema_is_refused_in_one_line(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version=1")
+    with pytest.raises(StoreError, match="store schema 1"):
+        ResultStore(path)
 
 
 def test_path_from_the_environment(tmp_path, monkeypatch):
@@ -73,7 +80,7 @@ def test_unusable_path_is_one_line(tmp_path):
     assert "\n" not in str(e.value) and "dir.sqlite" in str(e.value)
 
 
-# a writer imports eval.store only (no torch): many can start at once, cheaply
+# many writer processes at once
 WRITER = """
 import json, sys
 from eval.store import ResultStore
@@ -97,7 +104,7 @@ def test_several_writer_processes_at_once(tmp_path):
     store = ResultStore(path)
     rows = store.rows()
     assert len(rows) == n_proc * n_each == store.count()
-    assert len({r["kernel_sha256"] for r in rows}) == n_proc * n_each and len({r["id"] for r in rows}) == len(rows)
+    assert len({r.result.kernel_sha256 for r in rows}) == n_proc * n_each and len({r.id for r in rows}) == len(rows)
     with store._connect() as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.execute("SELECT COUNT(*) FROM shape_timings").fetchone()[0] == 2 * n_proc * n_each
