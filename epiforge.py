@@ -137,6 +137,41 @@ def cmd_compile(args) -> int:
     return 0 if compiled_ok and result.outcome.value != "COMPILE_ERROR" else 1
 
 
+# ---- leaderboard -------------------------------------------------------------------------
+
+
+def cmd_leaderboard(args) -> int:
+    from pathlib import Path
+
+    from eval import leaderboard as lb
+    from eval.store import DEFAULT_PATH, ENV_PATH, ResultStore
+
+    import os
+
+    results, sources = [], []
+    if not args.no_shipped:
+        shipped = lb.load_shipped()
+        results += shipped
+        sources.append(lb.describe_source(shipped, f"shipped ({lb.SHIPPED.relative_to(lb.REPO)})"))
+    path = Path(args.store or os.environ.get(ENV_PATH) or DEFAULT_PATH)
+    if path.is_file() or args.store:
+        stored = [row.result for row in ResultStore(path).rows()]
+        results += stored
+        sources.append(f"the store {path}: {len(stored)} results")
+    logs = [Path(d) for d in (args.logs or [])]
+    for d in logs:
+        if not d.is_dir():
+            raise ValueError(f"--logs {d}: not a directory")
+    board = lb.build(results, lb.agent_rows(logs), sources)
+    if args.html:
+        from eval.leaderboard_html import write_html
+
+        write_html(board, Path(args.html))
+        print(f"wrote {args.html}", file=sys.stderr)
+    print(lb.render_markdown(board), end="")
+    return 0
+
+
 # ---- demo (the main job) ---------------------------------------------------------------
 
 
@@ -179,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("leaderboard", help="tasks x tracks and agents, from the store and the shipped H200 results",
+                       description="Tasks x tracks (expert; generated per backend and model) from the results store "
+                                   "and the H200 results shipped in eval/data, and pass@k per backend and model from "
+                                   "agent session logs. Markdown on stdout.")
+    p.add_argument("--store", default=None, help="a results file (default: $EPIFORGE_RESULTS or .epiforge/results.sqlite)")
+    p.add_argument("--no-shipped", action="store_true", help="leave out the H200 results shipped with the repo")
+    p.add_argument("--logs", nargs="*", default=None, help="folders of agent session logs (JSONL) for pass@k")
+    p.add_argument("--html", default=None, help="also write a static HTML page with plots to this file")
+    p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("demo", help="the main job on its embedded default: no API key, no GPU")
     p.set_defaults(func=cmd_demo)

@@ -4,7 +4,8 @@ It replays the example session shipped in logs/examples/ offline: the recorded m
 responses drive the real loop, and every kernel the session wrote is re-evaluated here on
 the CPU (emulator numerics and the sm_90a cross-compile), so the demo shows the agent
 loop, its feedback and the evaluator at work, and whether this machine reproduces the
-recorded verdicts. `--experts` also evaluates every task's expert kernel.
+recorded verdicts. `--experts` also evaluates every task's expert kernel. It ends with the
+leaderboard of the H200 results shipped in eval/data (`epiforge leaderboard`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,18 @@ def run_demo(args) -> int:
     ok = report.reproduced
     if getattr(args, "experts", False):
         ok &= _experts()
+    _leaderboard()
     return 0 if ok else 1
+
+
+def _leaderboard() -> None:
+    """The last thing the demo shows: the leaderboard of the H200 results shipped in the repo."""
+    from eval import leaderboard as lb
+
+    shipped = lb.load_shipped()
+    board = lb.build(shipped, sources=[lb.describe_source(shipped, f"shipped ({lb.SHIPPED.relative_to(lb.REPO)})")])
+    print()
+    print(lb.render_markdown(board), end="")
 
 
 def _experts() -> bool:

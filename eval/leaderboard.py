@@ -1,0 +1,291 @@
+"""The leaderboard: tasks x tracks from Results (the store's and the shipped H200 ones), and
+per backend and model from agent session logs.
+
+A track is where a kernel came from: "expert" (human_kernels/), "generated:<backend>/<model>"
+(an agent session's kernel), or "candidate" (any other file). Only Results that are
+`ranked` (PASSED, timed on a GPU, not quarantined) enter the tables; quarantined
+(IMPLAUSIBLE) and provisional (CPU-only) ones are listed apart. Of several ranked Results of
+one task and track the best (lowest worst fused / GEMM-only) stands for the cell.
+
+Every number comes from a Result's ShapeTiming, i.e. from ratios taken repetition by
+repetition within one interleaved run. The one cross-run figure, generated / expert, is a
+ratio of each run's fused / GEMM-only (each against its own run's speed of light) and is
+labelled so; `epiforge compare` measures it in one run.
+
+    render_markdown(build(results, sessions))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.result import Result
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "eval" / "data" / "h200-expert.jsonl"
+#: the speedup columns, in this order, where a Result has them (eval/baselines.py names)
+BASELINE_COLUMNS = ("torch_compile", "liger", "quack_library", "eager", "cublas")
+FAST_P = (1.0, 1.2, 1.5)
+
+
+def track_of(r: Result) -> str:
+    if r.track == "generated":
+        return f"generated:{r.backend or '?'}/{r.model or '?'}"
+    return r.track
+
+
+def load_shipped(path: Path = SHIPPED) -> list[Result]:
+    """The Results shipped with the repo (bench/import_results.py made them)."""
+    if not path.is_file():
+        return []
+    return [Result.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Cell:
+    task: str
+    track: str
+    result: Result  # the best ranked Result of this task and track
+
+    def shapes(self):
+        return [s for s in self.result.per_shape if s.timing is not None and not s.hidden]
+
+    @property
+    def worst_over_sol(self) -> float:
+        return max(s.timing.fused_over_gemm_only.median for s in self.shapes())
+
+    def speedup_geomean(self, baseline: str) -> float | None:
+        vals = [s.timing.speedup[baseline].median for s in self.shapes() if baseline in s.timing.speedup]
+        return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+@dataclass
+class Board:
+    cells: list[Cell] = field(default_factory=list)
+    apart: list[tuple[str, Result]] = field(default_factory=list)  # (why, result): quarantined, provisional
+    failed: list[Result] = field(default_factory=list)
+    unsolved: dict[tuple[str, str], str] = field(default_factory=dict)  # (task, track) -> an outcome, nothing ranked
+    sources: list[str] = field(default_factory=list)
+    agents: list["AgentRow"] = field(default_factory=list)
+
+    def tracks(self) -> list[str]:
+        order = {"expert": 0, "candidate": 2}
+        found = {c.track for c in self.cells} | {track for _, track in self.unsolved}
+        return sorted(found, key=lambda t: (order.get(t, 1), t))
+
+    def cell(self, task: str, track: str) -> Cell | None:
+        return next((c for c in self.cells if c.task == task and c.track == track), None)
+
+    def fast_p(self, track: str, baseline: str, p: float) -> tuple[int, int]:
+        """(shapes of the track's correct cells at least p times faster than the baseline,
+        shapes of the track's cells timed against that baseline)."""
+        hit = total = 0
+        for c in self.cells:
+            if c.track != track:
+                continue
+            for s in c.shapes():
+                if baseline in s.timing.speedup:
+                    total += 1
+                    hit += s.timing.speedup[baseline].median >= p
+        return hit, total
+
+
+def build(results: list[Result], agents: list["AgentRow"] | None = None, sources: list[str] | None = None) -> Board:
+    board = Board(sources=list(sources or []), agents=list(agents or []))
+    best: dict[tuple[str, str], Result] = {}
+    for r in results:
+        if r.provisional:
+            board.apart.append(("provisional: passed on the CPU emulator only", r))
+        elif r.outcome.value == "IMPLAUSIBLE":
+            board.apart.append(("quarantined: implausible timing", r))
+        elif r.ranked:
+            key = (r.task, track_of(r))
+            if key not in best or _worst(r) < _worst(best[key]):
+                best[key] = r
+        else:
+            board.failed.append(r)
+    board.cells = [Cell(task, track, r) for (task, track), r in sorted(best.items())]
+    for r in board.failed:
+        board.unsolved.setdefault((r.task, track_of(r)), r.outcome.value)
+    for key in best:
+        board.unsolved.pop(key, None)
+    return board
+
+
+def _worst(r: Result) -> float:
+    return max(s.timing.fused_over_gemm_only.median for s in r.per_shape if s.timing is not None)
+
+
+# ---- agents ----------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float | None:
+    """The unbiased pass@k estimator (Chen et al. 2021): 1 - C(n-c, k) / C(n, k); None when
+    fewer than k sessions were run."""
+    if n < k:
+        return None
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class AgentRow:
+    """One backend and model over the agent sessions found."""
+
+    backend: str
+    model: str
+    tasks: dict[str, tuple[int, int]]  # task -> (sessions, passed)
+    solved: int = 0
+    turns: int = 0
+    tokens: int = 0
+    usd: float | None = 0.0
+    first_correct_s: list[float] = field(default_factory=list)
+
+    def pass_at(self, k: int) -> float | None:
+        vals = [pass_at_k(n, c, k) for n, c in self.tasks.values()]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+
+def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
+    """Per backend and model: sessions and passes per task, and for the solved sessions the
+    turns, tokens, dollars and the wall time to the first correct kernel."""
+    from agent.session import Evaluation, SessionEnded, SessionStarted, read_events
+
+    rows: dict[tuple[str, str], AgentRow] = {}
+    for d in log_dirs:
+        for path in sorted(Path(d).glob("*.jsonl")):
+            try:
+                events, _ = read_events(path)
+            except Exception:  # not a session log
+                continue
+            start = next((e for e in events if isinstance(e, SessionStarted)), None)
+            end = next((e for e in events if isinstance(e, SessionEnded)), None)
+            if start is None or end is None or start.replay_of is not None:
+                continue
+            key = (start.config.backend, start.config.model)
+            row = rows.setdefault(key, AgentRow(backend=key[0], model=key[1], tasks={}))
+            n, c = row.tasks.get(start.config.task, (0, 0))
+            ok = end.outcome in ("passed", "passed_slow")
+            row.tasks[start.config.task] = (n + 1, c + ok)
+            if ok:
+                row.solved += 1
+                row.turns += end.totals.turns
+                row.tokens += end.totals.usage.input_tokens + end.totals.usage.output_tokens
+                row.usd = None if row.usd is None or end.totals.cost_usd is None else row.usd + end.totals.cost_usd
+                first = next((e for e in events if isinstance(e, Evaluation) and e.outcome == "PASSED"), None)
+                if first is not None:
+                    row.first_correct_s.append(_seconds_between(start.t, first.t))
+    return sorted(rows.values(), key=lambda r: (r.backend, r.model))
+
+
+def _seconds_between(a: str, b: str) -> float:
+    import datetime as dt
+
+    return (dt.datetime.fromisoformat(b) - dt.datetime.fromisoformat(a)).total_seconds()
+
+
+# ---- text ------------------------------------------------------------------------------------
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def render_markdown(board: Board) -> str:
+    lines = ["# epiforge leaderboard", ""]
+    for s in board.sources:
+        lines.append(f"- {s}")
+    if board.sources:
+        lines.append("")
+    if not board.cells and not board.unsolved:
+        lines += ["No ranked results yet: a Result is ranked once it PASSED and was timed on a Hopper GPU "
+                  "(`epiforge eval --device gpu --store FILE`, `epiforge compare`).", ""]
+    else:
+        lines += _tasks_table(board)
+    lines += _agents_table(board)
+    if board.apart:
+        lines += ["## Not ranked", "", "| task | track | outcome | why |", "|---|---|---|---|"]
+        lines += [f"| {r.task} | {track_of(r)} | {r.outcome.value} | {why} |" for why, r in board.apart]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _tasks_table(board: Board) -> list[str]:
+    present = [b for b in BASELINE_COLUMNS if any(c.speedup_geomean(b) is not None for c in board.cells)]
+    shapes = []
+    for c in board.cells:
+        for s in c.shapes():
+            if s.shape not in shapes:
+                shapes.append(s.shape)
+    gpu = sorted({c.result.environment.get("gpu", "?") for c in board.cells})
+    out = [f"## Tasks x tracks ({', '.join(gpu)}, {' / '.join(shapes)})", "",
+           "| task | track | correct | fraction of the speed of light | "
+           + " | ".join(f"x {b} (geomean)" for b in present) + " | generated / expert |",
+           "|---|---|---|---|" + "---|" * len(present) + "---|"]
+    tasks = sorted({c.task for c in board.cells} | {t for t, _ in board.unsolved}, key=lambda t: int(t.split("_")[0][1:]))
+    for task in tasks:
+        expert = board.cell(task, "expert")
+        for track in board.tracks():
+            c = board.cell(task, track)
+            if c is None:
+                if (task, track) in board.unsolved:
+                    out.append(f"| {task.split('_')[0]} | {track} | no ({board.unsolved[task, track]}) | - | "
+                               + " | ".join("-" for _ in present) + " | - |")
+                continue
+            by_shape = {s.shape: s.timing for s in c.shapes()}
+            sol = " / ".join(_f(by_shape[s].fraction_of_speed_of_light) if s in by_shape else "-" for s in shapes)
+            vs = [_f(c.speedup_geomean(b)) + "x" if c.speedup_geomean(b) is not None else "-" for b in present]
+            ge = "-"
+            if expert is not None and c is not expert:
+                ge = _f(c.worst_over_sol / expert.worst_over_sol, "{:.3f}") + " (each run's speed of light)"
+            out.append(f"| {task.split('_')[0]} | {track} | yes | {sol} | " + " | ".join(vs) + f" | {ge} |")
+    out.append("")
+    out.append("fraction of the speed of light: GEMM-only time / the kernel's (1.00 = as fast as the plain GEMM). "
+               "x baseline: how many times faster than it (median of per-repetition ratios, geometric mean over "
+               "the shapes).")
+    out.append("")
+    out += ["fast_p (shapes at least p times faster than the baseline / shapes timed against it):", ""]
+    out += ["| track | baseline | " + " | ".join(f"p = {p}" for p in FAST_P) + " |",
+            "|---|---|" + "---|" * len(FAST_P)]
+    for track in board.tracks():
+        for b in present:
+            counts = [board.fast_p(track, b, p) for p in FAST_P]
+            if counts[0][1]:
+                out.append(f"| {track} | {b} | " + " | ".join(f"{h}/{t}" for h, t in counts) + " |")
+    out.append("")
+    return out
+
+
+def _agents_table(board: Board) -> list[str]:
+    if not board.agents:
+        return ["## Agents", "", "No agent sessions found (`epiforge generate` writes them).", ""]
+    out = ["## Agents", "", "| backend | model | tasks | sessions | pass@1 | pass@5 | turns / solved | tokens / solved "
+           "| $ / solved | time to first correct (median) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for a in board.agents:
+        n = sum(x for x, _ in a.tasks.values())
+        per = (lambda v: _f(v / a.solved, "{:.1f}") if a.solved else "-")
+        usd = "-" if a.usd is None or not a.solved else f"{a.usd / a.solved:.3f}"
+        first = sorted(a.first_correct_s)
+        med = f"{first[len(first) // 2]:.0f} s" if first else "-"
+        out.append(f"| {a.backend} | {a.model} | {len(a.tasks)} | {n} | {_f(a.pass_at(1))} | {_f(a.pass_at(5))} | "
+                   f"{per(a.turns)} | {per(a.tokens)} | {usd} | {med} |")
+    out += ["", "pass@k: the unbiased estimator over each task's sessions, averaged over tasks ('-': fewer than k "
+                "sessions).", ""]
+    return out
+
+
+def describe_source(results: list[Result], where: str) -> str:
+    """One line naming where results came from and their environment."""
+    if not results:
+        return f"{where}: no results"
+    env = results[0].environment
+    bits = [env.get("gpu"), f"driver {env['driver']}" if env.get("driver") else None,
+            f"torch {env['torch']}" if env.get("torch") else None,
+            f"quack {env['quack-kernels']}" if env.get("quack-kernels") else None,
+            (env.get("date") or results[0].started_at or "")[:10] or None,
+            f"commit {str(env['commit'])[:12]}" if env.get("commit") else None]
+    return f"{where}: {len(results)} results ({', '.join(b for b in bits if b)})"

@@ -1,0 +1,94 @@
+"""eval/leaderboard.py: what is ranked and what is listed apart, fast_p, pass@k, the shipped
+H200 results as a machine with no GPU reads them, and the CLI's speed."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eval import leaderboard as lb
+from eval.result import Outcome, Result, ShapeResult, ShapeTiming
+from eval.stats import summarize
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def timing(kernel, gemm, compile_):
+    reps = (1.0, 1.01, 0.99)
+    return ShapeTiming.measured({"kernel": summarize([kernel * r for r in reps], keep=True),
+                                 "gemm_only": summarize([gemm * r for r in reps], keep=True),
+                                 "torch_compile": summarize([compile_ * r for r in reps], keep=True)})
+
+
+def result(task="k1_gemm_rmsnorm", track="expert", outcome="PASSED", device="cuda", times=((110, 100, 150),), **kw):
+    shapes = [ShapeResult(shape=f"s{i}", dims={}, outcome=Outcome.PASSED, timing=timing(*t) if t else None)
+              for i, t in enumerate(times)]
+    return Result(task=task, kernel="k.py", kernel_sha256="0", track=track, device=device, shapes="paper",
+                  outcome=Outcome(outcome), per_shape=shapes, **kw)
+
+
+def test_only_ranked_results_make_cells_and_the_best_stands_for_a_cell():
+    slow = result(times=((150, 100, 150),))
+    fast = result(times=((105, 100, 150),))
+    gen = result(track="generated", backend="anthropic", model="m", times=((210, 100, 300),))
+    board = lb.build([slow, fast, gen, result(outcome="IMPLAUSIBLE"), result(device="cpu", times=(None,)),
+                      result(task="k2_gemm_rmsnorm_swiglu", outcome="INCORRECT_NUMERICS", times=(None,))])
+    assert [(c.task, c.track) for c in board.cells] == [("k1_gemm_rmsnorm", "expert"),
+                                                         ("k1_gemm_rmsnorm", "generated:anthropic/m")]
+    assert board.cell("k1_gemm_rmsnorm", "expert").result is fast
+    assert sorted(why.split(":")[0] for why, _ in board.apart) == ["provisional", "quarantined"]
+    assert board.unsolved == {("k2_gemm_rmsnorm_swiglu", "expert"): "INCORRECT_NUMERICS"}
+    text = lb.render_markdown(board)
+    assert "| k1 | expert | yes | 0.95 |" in text and "| k2 | expert | no (INCORRECT_NUMERICS) |" in text
+    assert "2.000 (each run's speed of light)" in text  # generated / expert: 2.10 / 1.05
+    assert "## Not ranked" in text and "provisional" in text
+
+
+def test_fast_p_counts_shapes_and_states_the_denominator():
+    board = lb.build([result(times=((100, 100, 130), (100, 100, 110), (100, 100, 160)))])
+    assert [board.fast_p("expert", "torch_compile", p) for p in lb.FAST_P] == [(3, 3), (2, 3), (1, 3)]
+    assert "| expert | torch_compile | 3/3 | 2/3 | 1/3 |" in lb.render_markdown(board)
+    c = board.cells[0]
+    assert c.speedup_geomean("torch_compile") == pytest.approx((1.3 * 1.1 * 1.6) ** (1 / 3))
+
+
+@pytest.mark.parametrize("n,c,k,want", [(5, 2, 1, 0.4), (5, 2, 5, 1.0), (10, 3, 5, 1 - math.comb(7, 5) / math.comb(10, 5)),
+                                        (4, 0, 1, 0.0), (3, 1, 5, None)])
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k, want):
+    got = lb.pass_at_k(n, c, k)
+    assert got == want if want is None else got == pytest.approx(want)
+
+
+def test_agent_sessions_give_pass_at_k_and_costs():
+    rows = lb.agent_rows([REPO / "logs" / "examples"])
+    (row,) = rows
+    assert row.backend == "anthropic" and row.tasks == {"k8_gemm_swiglu": (1, 1)} and row.solved == 1
+    assert row.pass_at(1) == 1.0 and row.pass_at(5) is None and row.turns > 0 and row.first_correct_s[0] > 0
+
+
+def test_the_shipped_h200_results_are_the_bench_files_numbers():
+    shipped = lb.load_shipped()
+    assert len(shipped) == 10 and all(r.ranked and r.environment["gpu"] == "NVIDIA H200" for r in shipped)
+    final = json.loads((REPO / "bench" / "results" / "h200" / "final.json").read_text())
+    for row in final["rows"]:
+        (r,) = [x for x in shipped if x.task == row["task"]]
+        (s,) = [x for x in r.per_shape if x.shape == row["shape"]]
+        assert s.timing.fused_over_gemm_only.median == pytest.approx(row["fused_over_gemm_only"], rel=1e-9)
+        assert s.timing.speedup["torch_compile"].median == pytest.approx(row["speedup_vs_compile"], rel=1e-9)
+
+
+def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--store", str(tmp_path / "none.sqlite")],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    assert "NVIDIA H200" in out.stdout and "| k7 | expert | yes | 0.80 / 0.91 / 0.98 |" in out.stdout
+    assert took < 5, f"{took:.1f} s"
+    bad = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--logs", str(tmp_path / "nope")],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a directory" in bad.stderr
