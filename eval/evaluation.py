@@ -4,10 +4,11 @@ and never holds what judges it for longer than it takes to hand it over.
     harness (here)  ->  judge process (eval/judge.py: static rules, references, verdict)
                     ->  runner process (eval/runner.py: the candidate's code, nothing else)
 
-Stages, all in the judge: static -> load -> compile -> numerics -> on a GPU launches ->
-benchmark -> recheck -> plausibility -> done. This module validates the arguments, draws
-the secret seed, starts the judge (eval/isolation.py) and turns whatever happened to it
-into one typed Result.
+Stages: static (here: the source read once, parsed with bounds, checked; nothing of it
+runs) -> in the judge: load -> compile -> numerics -> on a GPU launches -> benchmark ->
+recheck -> plausibility -> done. This module validates the arguments, draws the secret
+seed, starts the judge (eval/isolation.py) with the checked text, and turns whatever
+happened to it into one typed Result.
 """
 
 from __future__ import annotations
@@ -79,20 +80,65 @@ def evaluate(
     except OSError as e:
         raise KernelError(f"{path}: cannot read: {e.strerror}") from None
     base = dict(task=task.name, kernel=str(kernel), kernel_sha256=hashlib.sha256(source).hexdigest(), device=device,
-                shapes=shapes, track="candidate", environment={"python": platform.python_version(),
-                                                                "machine": platform.machine()})
+                shapes=shapes, environment={"python": platform.python_version(), "machine": platform.machine()})
+    text = source.decode(errors="replace")
+    early = static_stage(task, path, text, base, static_checks)
+    if isinstance(early, Result):
+        return early
+    base = {**early, "track": early.get("track", "candidate")}
     timeout = float(timeout_s or DEFAULT_TIMEOUT_S[device])
     runner_env = {}
     if compile and device == "cpu":
         runner_env = {"EPIFORGE_CROSS_COMPILE": "1", "CUTE_DSL_ARCH": "sm_90a", "QUACK_ARCH": "90"}
-    request = {"task": task.name, "kernel": str(kernel), "kernel_path": str(path.resolve()),
-               "kernel_sha256": base["kernel_sha256"], "device": device, "shapes": shapes,
+    request = {"task": task.name, "source": text, "base": {k: v for k, v in base.items() if k != "environment"},
+               "device": device, "shapes": shapes,
                "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
                "gpu_memory_gib": gpu_memory_gib, "memory_limit_gib": memory_limit_gib,
                "static_checks": bool(static_checks), "hidden_shapes": bool(hidden_shapes), "timing": bool(timing),
                "runner_env": runner_env}
     run = run_judge(request, timeout_s=timeout, on_stage=on_stage)
     return _from_judge(run, base, timeout)
+
+
+def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -> Result | dict:
+    """The source's metadata and the static rules, on the text as read once: a Result when
+    the kernel stops here, else the Result fields learnt from its metadata. Only parsing
+    (bounded in size and depth): nothing of the source runs here."""
+    from eval.kernel import read_kernel
+    from eval.static_checks import SourceTooComplex, check_source, only_compile_errors, parse_bounded, summarize
+
+    try:
+        parse_bounded(text, str(path))
+    except SyntaxError as e:
+        return Result(**base, track="candidate", outcome=Outcome.COMPILE_ERROR, stage="static",
+                      message=f"line {e.lineno}: syntax error: {e.msg}")
+    except SourceTooComplex as e:
+        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=f"static checks: {e} [size]", violations=[f"line {e.line}: {e} [size]"])
+    try:
+        meta = read_kernel(path, source=text)
+    except KernelError as e:
+        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=str(e).splitlines()[0])
+    base = {**base, "track": meta.track, "author": meta.author, "backend": meta.backend, "model": meta.model,
+            "session": meta.session}
+    if meta.task != task.name:
+        return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
+                      message=f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
+    if static_checks:
+        try:
+            violations = check_source(text, str(path))
+        except SyntaxError as e:
+            return Result(**base, outcome=Outcome.COMPILE_ERROR, stage="static",
+                          message=f"line {e.lineno}: syntax error: {e.msg}")
+        except (RecursionError, MemoryError, ValueError) as e:
+            return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
+                          message=f"the source is too large or too deeply nested to check ({type(e).__name__})")
+        if violations:
+            outcome = Outcome.COMPILE_ERROR if only_compile_errors(violations) else Outcome.STATIC_REJECTED
+            return Result(**base, outcome=outcome, stage="static", message=summarize(violations),
+                          violations=[str(v) for v in violations])
+    return base
 
 
 def _from_judge(run, base: dict, timeout: float) -> Result:

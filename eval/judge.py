@@ -7,7 +7,7 @@ the expected outputs and the timings of the baselines. It is non-dumpable (no pr
 its user can read or write its memory) and starts the candidate in a runner process of
 its own (eval/runner.py, via eval/remote.py), which sees only inputs and output buffers.
 
-Stages: static (here, on the source: bounded parse, eval/static_checks.py) -> load ->
+Stages (after the harness's static stage on the source, eval/evaluation.py): load ->
 compile -> numerics -> on a GPU, per named shape: launches -> benchmark -> recheck ->
 plausibility -> done. Every named shape set is followed by a hidden shape drawn from the
 seed (eval/secret_shapes.py), checked for numerics only, whose dims are never reported.
@@ -69,47 +69,6 @@ def environment(device: str) -> dict:
     return env
 
 
-def static_stage(task, path: Path, base: dict, static_checks: bool) -> Result | dict:
-    """The source's metadata and the static rules: a Result when the kernel stops here,
-    else the Result fields learnt from its metadata."""
-    from eval.kernel import KernelError, read_kernel
-    from eval.static_checks import SourceTooComplex, check_source, only_compile_errors, parse_bounded, summarize
-
-    text = path.read_bytes().decode(errors="replace")
-    try:
-        parse_bounded(text, str(path))
-    except SyntaxError as e:
-        return Result(**base, track="candidate", outcome=Outcome.COMPILE_ERROR, stage="static",
-                      message=f"line {e.lineno}: syntax error: {e.msg}")
-    except SourceTooComplex as e:
-        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
-                      message=f"static checks: {e} [size]", violations=[f"line {e.line}: {e} [size]"])
-    try:
-        meta = read_kernel(path)
-    except KernelError as e:
-        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
-                      message=str(e).splitlines()[0])
-    base = {**base, "track": meta.track, "author": meta.author, "backend": meta.backend, "model": meta.model,
-            "session": meta.session}
-    if meta.task != task.name:
-        return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
-                      message=f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
-    if static_checks:
-        try:
-            violations = check_source(text, str(path))
-        except SyntaxError as e:
-            return Result(**base, outcome=Outcome.COMPILE_ERROR, stage="static",
-                          message=f"line {e.lineno}: syntax error: {e.msg}")
-        except (RecursionError, MemoryError, ValueError) as e:
-            return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
-                          message=f"the source is too large or too deeply nested to check ({type(e).__name__})")
-        if violations:
-            outcome = Outcome.COMPILE_ERROR if only_compile_errors(violations) else Outcome.STATIC_REJECTED
-            return Result(**base, outcome=outcome, stage="static", message=summarize(violations),
-                          violations=[str(v) for v in violations])
-    return base
-
-
 def judge(request: dict, channel: Channel, tmp: Path) -> Result:
     """The whole evaluation (never raises: every failure is a Result)."""
     global _RUNNER
@@ -129,13 +88,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
         channel.stage(name)
 
     task = get_task(request["task"])
-    path = Path(request["kernel_path"])
-    base = dict(task=task.name, kernel=request["kernel"], kernel_sha256=request["kernel_sha256"], device=device,
-                shapes=request["shapes"], environment={})
-    early = static_stage(task, path, base, request.get("static_checks", True))
-    if isinstance(early, Result):
-        return early
-    base = early
+    base = {**request["base"], "environment": {}}  # what the harness learnt from the source (evaluation.py)
     per_shape: list[ShapeResult] = []
     kp = None
 
@@ -155,10 +108,10 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
             torch.cuda.init()
         base["environment"] = environment(device)
         workdir = tmp / "runner"
-        # the kernel file travels as a copy in the runner's own dir
+        # the kernel runs from the very text the harness checked, written into the runner's own dir
         workdir.mkdir(parents=True, exist_ok=True)
         kernel_copy = workdir / "kernel.py"
-        shutil.copyfile(path, kernel_copy)
+        kernel_copy.write_text(request["source"])
         cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
         load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib")}
         sandboxes = ["system", "trees"] if device == "cuda" else [None]

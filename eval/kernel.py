@@ -40,13 +40,15 @@ class Kernel(BaseModel):
     has_prepare: bool = False
 
 
-def read_kernel(path: Path, track: str | None = None) -> Kernel:
-    """Parse a kernel file's metadata (never imports it)."""
+def read_kernel(path: Path, track: str | None = None, source: str | None = None) -> Kernel:
+    """Parse a kernel file's metadata (never imports it); `source`: its text, when already
+    read (the evaluator reads a file once, so what it checks is what runs)."""
     path = Path(path)
-    try:
-        source = path.read_text()
-    except OSError as e:
-        raise KernelError(f"{path}: cannot read: {e.strerror}") from None
+    if source is None:
+        try:
+            source = path.read_text()
+        except OSError as e:
+            raise KernelError(f"{path}: cannot read: {e.strerror}") from None
     try:
         tree = parse_bounded(source, str(path))
     except SyntaxError as e:
