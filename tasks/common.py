@@ -3,6 +3,11 @@
 Scales follow a trained LLM's: activations ~ N(0, 1), linear weights ~ N(0, 1/K) (so
 outputs stay O(1)), norm weights around 1, rstd computed from a real residual stream,
 positions 0..seq-1 per sequence, RoPE frequencies theta**(-2j/head_dim), gradients small.
+
+Every reference is `reference(inputs, dims, mm=torch.matmul)` and computes its fused GEMM
+as `mm(a, b)`. Task.reference passes `mm` below (the GEMM as a fused kernel computes it);
+Task.unfused and bench's torch.compile baseline leave the default, plain `a @ b`, whose
+bf16 result is rounded to bf16 as an unfused pipeline's is.
 """
 
 from __future__ import annotations
@@ -56,6 +61,18 @@ def targets(m: int, vocab: int, gen, device) -> torch.Tensor:
 
 
 # ---- reference pieces (plain torch; they run in whatever dtype they are given) ---------
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The fused GEMM a @ b as an honest kernel computes it: the products of the operands
+    as given, accumulated in float32, the result float32 and not rounded (on CUDA a
+    tensor-core GEMM, as CODA v0.1's references do with torch.mm(..., out_dtype=float32)).
+    Float64 operands stay float64 (the exact reference)."""
+    if a.dtype == torch.float64:
+        return a @ b.to(torch.float64)
+    if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16) and b.dtype == a.dtype:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()  # the CPU has no mm with out_dtype; bf16 products are exact in float32
 
 
 def swiglu_interleaved(z: torch.Tensor) -> torch.Tensor:

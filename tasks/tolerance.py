@@ -1,4 +1,8 @@
-"""The correctness rule: compare a kernel's outputs with the task's references."""
+"""The correctness rule: compare a kernel's outputs with the task's two references, the
+exact one and the low-precision one, whose error sets the allowance. The latter is what an
+honest fused kernel computes (float32 GEMM accumulation and epilogue, one rounding per
+output; tasks/spec.py Tolerance, after CODA v0.1's test rule), so a float32 output is held
+to float32 accuracy and a bf16 output to about one rounding."""
 
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ class OutputCheck(BaseModel):
 
 def check_output(spec: OutputSpec, out, exact: torch.Tensor, lowprec: torch.Tensor) -> OutputCheck:
     """max|out - exact| <= factor * max|lowprec - exact| + atol, the same on the RMS error
-    (rms_factor), and every element finite."""
+    (rms_factor), and every element finite; lowprec is Task.reference(exact=False)."""
     name = spec.name
     if not isinstance(out, torch.Tensor):
         return OutputCheck(name=name, ok=False, problem="missing", detail=f"{name} missing or not a tensor")

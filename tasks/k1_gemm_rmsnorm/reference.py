@@ -1,3 +1,5 @@
+import torch
+
 from tasks import common
 
 
@@ -11,5 +13,5 @@ def make_inputs(dims, gen, device):
     }
 
 
-def reference(inputs, dims):
-    return {"out": inputs["rstd"][:, None] * (inputs["h"] @ inputs["w"].T)}
+def reference(inputs, dims, mm=torch.matmul):
+    return {"out": inputs["rstd"][:, None] * mm(inputs["h"], inputs["w"].T)}

@@ -1,3 +1,5 @@
+import torch
+
 from tasks import common
 
 EPS = 1e-6
@@ -24,9 +26,9 @@ def make_inputs(dims, gen, device):
     }
 
 
-def reference(inputs, dims):
+def reference(inputs, dims, mm=torch.matmul):
     d = dims["d"]
-    g = inputs["dz"] @ inputs["w_gu"]
+    g = mm(inputs["dz"], inputs["w_gu"])
     rstd = inputs["rstd"][:, None]
     xhat = inputs["x"] * rstd
     w = inputs["norm_weight"]

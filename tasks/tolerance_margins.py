@@ -1,0 +1,181 @@
+"""How close the expert kernels come to the tolerance: for every task x shape x output, the
+worst error, the allowance (tasks/tolerance.py against Task.reference's exact and
+low-precision references) and their ratio, the margin (at most 1 passes), on the max and
+on the RMS error.
+
+    python -m tasks.tolerance_margins --shapes smoke --device cpu --out tasks/results/tolerance-margins-cpu-smoke.json
+    python -m tasks.tolerance_margins --shapes paper --device cuda --out margins.json
+
+The expert kernels are trusted, so they run in this process (on a CPU through the
+emulator). Cases run from the smallest GEMM to the largest and the file is rewritten after
+each one, so a run cut short still holds every case it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.util
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import tasks
+from tasks.tolerance import check_output
+
+REPO = Path(__file__).resolve().parent.parent
+HUMAN_DIR = REPO / "human_kernels"
+
+
+def load_expert(task):
+    """The task's expert kernel module (human_kernels/<name>.py), imported afresh."""
+    path = HUMAN_DIR / f"{task.name}.py"
+    spec = importlib.util.spec_from_file_location(f"expert_{task.id}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_expert(task, module, inputs: dict) -> dict:
+    """prepare(consts) if the kernel has one, then run(inputs, prepared), on copies."""
+    consts = {t.name: inputs[t.name].clone() for t in task.inputs if t.constant}
+    prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
+    given = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = module.run(given, prepared)
+    if given and next(iter(given.values())).is_cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def check_case(task, module, dims: dict, seed: int, device: str) -> dict:
+    """One kernel call on fresh inputs, judged output by output: {name: margins and verdict}."""
+    inputs = task.make_inputs(dims, seed, device)
+    out = run_expert(task, module, inputs)
+    exact = task.reference(inputs, dims, exact=True)
+    lowprec = task.reference(inputs, dims, exact=False)
+    rows = {}
+    for o in task.outputs:
+        c = check_output(o, out.get(o.name), exact[o.name], lowprec[o.name])
+        rows[o.name] = {
+            "dtype": o.dtype, "ok": c.ok, "problem": c.problem,
+            "max_error": c.max_error, "allowed": c.allowed,
+            "margin": c.max_error / c.allowed if c.allowed else None,
+            "rms_error": c.rms_error, "rms_allowed": c.rms_allowed,
+            "rms_margin": c.rms_error / c.rms_allowed if c.rms_allowed else None,
+        }
+    return rows
+
+
+def environment(device: str, argv: list[str]) -> dict:
+    def git(*args):
+        try:
+            r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20, cwd=REPO)
+            return r.stdout.strip() if r.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name()
+    else:
+        cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+        models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+        name = f"{models[0] if models else platform.processor()} ({torch.get_num_threads()} threads)"
+    return {
+        "command": " ".join(["python -m tasks.tolerance_margins", *argv]),
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit or os.environ.get("EPIFORGE_COMMIT"),
+    }
+
+
+def worst(cases: list[dict]) -> dict:
+    """Per task and output, the largest margins over shapes and seeds."""
+    table: dict = {}
+    for case in cases:
+        for name, r in case.get("outputs", {}).items():
+            w = table.setdefault(case["task"], {}).setdefault(name, {"margin": 0.0, "rms_margin": 0.0, "ok": True})
+            w["margin"] = max(w["margin"], r["margin"] or 0.0)
+            w["rms_margin"] = max(w["rms_margin"], r["rms_margin"] or 0.0)
+            w["ok"] = w["ok"] and r["ok"]
+    return {t: table[t] for t in sorted(table, key=lambda t: int(t[1:]))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="smoke", help="a shape set of tasks/shapes.toml: smoke or paper")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--out", required=True, help="the JSON file to (re)write after every case")
+    ap.add_argument("--tasks", nargs="*", default=None, help="task ids (default: all)")
+    ap.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 for smoke, 0 otherwise")
+    ap.add_argument("--max-gib", type=float, default=None,
+                    help="CPU: cap this process's address space; a case that needs more is recorded as an error")
+    args = ap.parse_args(argv)
+    seeds = args.seeds if args.seeds is not None else ([0, 1, 2] if args.shapes == "smoke" else [0])
+    if args.max_gib:
+        limit = int(args.max_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if args.device.startswith("cuda"):
+        try:  # the carried compiled kernels, so that the run does not compile (bench/README)
+            from bench.gpu_env import install_precompiled
+
+            install_precompiled()
+        except Exception as e:  # noqa: BLE001 - without them it compiles, slower but the same
+            print(f"no precompiled kernels installed: {e}", flush=True)
+
+    catalogue = [t for t in tasks.load_catalogue()[0] if not args.tasks or t.id in args.tasks or t.name in args.tasks]
+    todo = [(task, shape) for task in catalogue for shape in tasks.shape_sets()[args.shapes]]
+    todo.sort(key=lambda ts: (ts[0].flops(ts[1].dims()), int(ts[0].id[1:])))
+    report = {"environment": environment(args.device, argv), "shapes": args.shapes, "seeds": seeds,
+              "complete": False, "worst": {}, "cases": []}
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write():
+        report["worst"] = worst(report["cases"])
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.replace(out_path)
+
+    write()
+    modules = {}
+    for task, shape in todo:
+        module = modules.setdefault(task.name, load_expert(task))
+        for seed in seeds:
+            case = {"task": task.id, "shape": shape.name, "seed": seed, "gemm_mnk": list(task.gemm_shape(shape.dims()))}
+            t0 = time.monotonic()
+            try:
+                case["outputs"] = check_case(task, module, shape.dims(), seed, args.device)
+            except (RuntimeError, MemoryError) as e:
+                case["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            case["seconds"] = round(time.monotonic() - t0, 1)
+            report["cases"].append(case)
+            write()
+            gc.collect()
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            summary = case.get("error") or "  ".join(
+                f"{n}: {r['margin']:.3f}/{r['rms_margin']:.3f}{'' if r['ok'] else ' FAIL'}" for n, r in case["outputs"].items())
+            print(f"{task.id} {shape.name} seed {seed} ({case['seconds']} s)  margin max/rms  {summary}", flush=True)
+    report["complete"] = True
+    write()
+    failed = [c for c in report["cases"] if "error" in c or not all(r["ok"] for r in c["outputs"].values())]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

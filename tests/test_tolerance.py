@@ -1,0 +1,189 @@
+"""The tolerance's low-precision reference is what an honest fused kernel computes (float32
+GEMM accumulation and epilogue, one rounding per output; tasks/spec.py Tolerance), so:
+every reference's outputs are rounded exactly once; reductions taken from bf16-rounded
+values and 0.1% systematic errors in float32 outputs, which the old reference (the unfused
+bf16 pipeline) let through, are rejected; every expert kernel still passes."""
+
+import json
+
+import pytest
+import torch
+
+import tasks
+from tasks import common, tolerance_margins
+from tasks.spec import ShapeSet
+from tasks.tolerance import check_output
+
+CATALOGUE = tasks.load_catalogue()[0]
+SMOKE = tasks.shape_sets()["smoke"]
+MID = ShapeSet(name="mid", M=2048, seq=1024, d=1024, F=2816, V=8192, head_dim=128)
+
+
+def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+    """bf16's unit in the last place at |x| (8 significant bits)."""
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0**-126))) - 7)
+
+
+def rounding_problems(task, exact: dict, lowprec: dict) -> list[str]:
+    """Where the low-precision reference is not one rounding of a float32 computation: a
+    bf16 output more than half an ulp (plus float32 noise) from the exact value, or a
+    float32 output off by more than float32 noise (an input of its reduction was rounded)."""
+    problems = []
+    for o in task.outputs:
+        e, low = exact[o.name].double(), lowprec[o.name].double()
+        err = (low - e).abs()
+        if o.dtype == "bfloat16":
+            # the float32 computation's own error is ~1e-6 of the largest value: more than a
+            # fraction of an ulp only where |e| is small; a second rounding adds up to half an ulp
+            excess = err - 0.5 * ulp_bf16(e) * (1 + 2**-6) - 1e-5 * e.abs().max()
+            if excess.max() > 0:
+                problems.append(f"{o.name}: {excess.max().item():.3g} over half an ulp")
+        else:
+            rel = (err / e.abs().clamp_min(1.0)).max().item()
+            if rel >= 1e-5:
+                problems.append(f"{o.name}: relative error {rel:.3g}, not float32 noise")
+    return problems
+
+
+@pytest.mark.parametrize("task", CATALOGUE, ids=lambda t: t.id)
+def test_lowprec_reference_rounds_each_output_once(task):
+    for shape in SMOKE:
+        dims = shape.dims()
+        inputs = task.make_inputs(dims, seed=5)
+        exact = task.reference(inputs, dims, exact=True)
+        lowprec = task.reference(inputs, dims, exact=False)
+        assert rounding_problems(task, exact, lowprec) == [], shape.name
+        for o in task.outputs:
+            assert lowprec[o.name].dtype == o.torch_dtype
+
+
+@pytest.mark.parametrize("task", CATALOGUE, ids=lambda t: t.id)
+def test_a_reference_that_rounds_its_gemm_is_caught(task, monkeypatch):
+    """The check above has teeth: with the GEMM's result rounded to bf16 (what `@` on bf16
+    operands does), some output of every task is off by more than one rounding."""
+    fused = common.mm
+    monkeypatch.setattr(common, "mm", lambda a, b: fused(a, b) if a.dtype == torch.float64 else fused(a, b).bfloat16())
+    dims = SMOKE[0].dims()
+    inputs = task.make_inputs(dims, seed=5)
+    problems = rounding_problems(task, task.reference(inputs, dims, exact=True), task.reference(inputs, dims, exact=False))
+    assert problems, f"{task.id}: a rounded GEMM went unnoticed"
+
+
+def test_the_gemm_helper():
+    a = torch.randn(8, 64).bfloat16()
+    b = torch.randn(64, 4).bfloat16()
+    assert common.mm(a, b).dtype == torch.float32
+    assert torch.equal(common.mm(a, b), a.float() @ b.float())
+    assert common.mm(a.double(), b.double()).dtype == torch.float64
+    # the plain pipeline keeps what `@` gives: bf16
+    assert torch.matmul(a, b).dtype == torch.bfloat16
+
+
+# ---- what the old reference let through ---------------------------------------------------
+
+
+def _unrounded(task, inputs, dims) -> dict:
+    """The low-precision reference before its rounding: float32 values."""
+    operands = {task.gemm.a, task.gemm.b}
+    f32 = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in operands else v
+           for k, v in inputs.items()}
+    return task._module.reference(f32, dims, mm=common.mm)
+
+
+def _logits(i):
+    """k5's and k9's logits in float32 (k5: h @ w_lm^T scaled by rstd)."""
+    if "rstd" in i:
+        return common.mm(i["h"], i["w_lm"].T) * i["rstd"][:, None]
+    return common.mm(i["a"], i["w_lm"].T)
+
+
+def _ce(logits, targets, which):
+    loss, lse = common.cross_entropy_rows(logits, targets)
+    return {"loss": loss, "lse": lse}[which]
+
+
+def _r(t):
+    return t.bfloat16().float()
+
+
+# (task, output, the cheat's output from (inputs, lowprec, unrounded), the old rule passed it in full)
+CHEATS = {
+    "k0 rstd from bf16 x": ("k0", "rstd", lambda i, low, un: torch.rsqrt(low["x"].float().pow(2).mean(-1) + i["eps"]), True),
+    "k7 zdz from bf16 dz": ("k7", "zdz", lambda i, low, un: (i["z"].float() * low["dz"].float()).sum(-1), True),
+    "k7 zdz from bf16 z*dz": ("k7", "zdz", lambda i, low, un: _r(i["z"].float() * un["dz"]).sum(-1), True),
+    "k6 dw from bf16 g": ("k6", "dw", lambda i, low, un: (_r(common.mm(i["dz"], i["w_gu"])) * i["x"].float() * i["rstd"][:, None]).sum(0), True),
+    "k5 lse from bf16 logits": ("k5", "lse", lambda i, low, un: _ce(_r(_logits(i)), i["targets"], "lse"), True),
+    "k5 loss from bf16 logits": ("k5", "loss", lambda i, low, un: _ce(_r(_logits(i)), i["targets"], "loss"), True),
+    "k9 lse from bf16 logits": ("k9", "lse", lambda i, low, un: _ce(_r(_logits(i)), i["targets"], "lse"), True),
+    "k9 loss from bf16 logits": ("k9", "loss", lambda i, low, un: _ce(_r(_logits(i)), i["targets"], "loss"), True),
+    "k0 rstd * 1.001": ("k0", "rstd", lambda i, low, un: low["rstd"] * 1.001, True),
+    "k6 dw * 1.001": ("k6", "dw", lambda i, low, un: low["dw"] * 1.001, True),
+    "k7 zdz * 1.001": ("k7", "zdz", lambda i, low, un: low["zdz"] * 1.001, True),
+    "k9 lse * 1.001": ("k9", "lse", lambda i, low, un: low["lse"] * 1.001, True),
+    "k9 loss + 0.1%": ("k9", "loss", lambda i, low, un: low["loss"] + 1e-3 * low["loss"].abs(), True),
+    # k5's lse is larger (rstd scales its logits): here the old RMS guard already caught
+    # some draws; the old max rule passed them all
+    "k5 lse * 1.001": ("k5", "lse", lambda i, low, un: low["lse"] * 1.001, False),
+    "k5 loss + 0.1%": ("k5", "loss", lambda i, low, un: low["loss"] + 1e-3 * low["loss"].abs(), False),
+}
+
+_CASES: dict = {}
+
+
+def _case(task_id: str, shape: ShapeSet):
+    """Inputs and the three references of one task at one shape (seed 0), computed once."""
+    key = (task_id, shape.name)
+    if key not in _CASES:
+        _CASES.clear()  # one task x shape at a time: the mid shape's references are large
+        task, dims = tasks.get_task(task_id), shape.dims()
+        i = task.make_inputs(dims, seed=0)
+        _CASES[key] = (task, i, task.reference(i, dims, exact=True), task.reference(i, dims, exact=False),
+                       task.unfused(i, dims), _unrounded(task, i, dims))
+    return _CASES[key]
+
+
+# grouped by shape and task, so that each task x shape's references are computed once
+ORDER = [pytest.param(c, s, id=f"{c}-{s.name}") for s in [*SMOKE, MID] for c in sorted(CHEATS, key=lambda c: CHEATS[c][0])]
+
+
+@pytest.mark.parametrize("cheat,shape", ORDER)
+def test_rounded_reductions_and_systematic_errors_are_rejected(cheat, shape):
+    task_id, name, make, old_passed = CHEATS[cheat]
+    task, inputs, exact, lowprec, old_lowprec, unrounded = _case(task_id, shape)
+    spec = next(o for o in task.outputs if o.name == name)
+    bad = make(inputs, lowprec, unrounded).float()
+    new = check_output(spec, bad, exact[name], lowprec[name])
+    assert not new.ok and new.problem in ("tolerance", "rms"), new.detail
+    assert new.max_error > 10 * new.allowed or new.rms_error > 10 * new.rms_allowed, new.detail  # not a near miss
+    old = check_output(spec, bad, exact[name], old_lowprec[name])
+    assert old.max_error <= old.allowed, old.detail  # the old reference's allowance held it
+    if old_passed:
+        assert old.ok, old.detail
+    # the honest output beside it passes the new rule
+    assert check_output(spec, lowprec[name], exact[name], lowprec[name]).ok
+
+
+# ---- the expert kernels pass ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", CATALOGUE, ids=lambda t: t.id)
+def test_expert_kernels_pass_the_rule_in_process(task, record_property):
+    module = tolerance_margins.load_expert(task)
+    for shape in SMOKE:
+        for seed in (0, 1, 2):
+            rows = tolerance_margins.check_case(task, module, shape.dims(), seed, "cpu")
+            for name, r in rows.items():
+                record_property(f"{shape.name}/{seed}/{name}", f"{r['margin']:.3f}/{r['rms_margin']:.3f}")
+                print(f"{task.id} {shape.name} seed {seed} {name}: margin {r['margin']:.3f}, rms {r['rms_margin']:.3f}")
+                assert r["ok"], (task.id, shape.name, seed, name, r)
+
+
+def test_margins_script_writes_its_report(tmp_path):
+    out = tmp_path / "m.json"
+    assert tolerance_margins.main(["--shapes", "smoke", "--device", "cpu", "--tasks", "k1", "--seeds", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["complete"] and {"torch", "device", "date", "commit"} <= set(report["environment"])
+    assert [(c["task"], c["shape"]) for c in report["cases"]] == [("k1", s.name) for s in SMOKE]
+    r = report["cases"][0]["outputs"]["out"]
+    assert r["ok"] and r["margin"] == r["max_error"] / r["allowed"] and 0 < r["margin"] <= 1
+    assert report["worst"]["k1"]["out"]["ok"]
