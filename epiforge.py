@@ -137,6 +137,74 @@ def cmd_compile(args) -> int:
     return 0 if compiled_ok and result.outcome.value != "COMPILE_ERROR" else 1
 
 
+# ---- compare ---------------------------------------------------------------------------------
+
+
+def cmd_compare(args) -> int:
+    import tasks
+    from eval.compare import compare, select_kernels
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    device = args.device
+    if device == "auto":
+        import torch
+
+        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+        device = "gpu" if hopper else "cpu"
+    names = [t.name for t in tasks.load_catalogue()[0]] if args.all else [tasks.get_task(args.task).name]
+    plans = [(name, select_kernels(name, args.kernels)) for name in names]
+    store = None
+    if args.store:
+        from eval.store import ResultStore
+
+        store = ResultStore(args.store)
+    comparisons = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True,
+                  disable=args.json) as progress:
+        job = progress.add_task("compare", total=len(plans))
+        for name, kernels in plans:
+            progress.update(job, description=f"{name}: {len(kernels)} kernel(s) on {device}")
+            cmp = compare(name, kernels, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu",
+                          reps=args.reps, on_stage=lambda st, n=name: progress.update(job, description=f"{n}: {st}"))
+            comparisons.append(cmp)
+            if store is not None:
+                for r in cmp.results:
+                    store.add(r)
+            progress.advance(job)
+    if args.json:
+        print(json.dumps([c.model_dump(mode="json") for c in comparisons], indent=1))
+    else:
+        for cmp in comparisons:
+            print(render_comparison(cmp))
+    return 0 if all(r.passed for c in comparisons for r in c.results) else 1
+
+
+def render_comparison(cmp) -> str:
+    """One task's comparison as a Markdown table."""
+    lines = [f"## {cmp.task} on {'the GPU' if cmp.device == 'cuda' else 'the CPU'} ({cmp.shapes} shapes)", "",
+             "| kernel | track | outcome | sm_90a build | shape | fraction of the speed of light | x eager | "
+             "vs expert (time, 95% interval) |", "|---|---|---|---|---|---|---|---|"]
+    for label, r in zip(cmp.labels, cmp.results):
+        build = ("-" if not r.compiled else "ok" if all(c.get("ok") for c in r.compiled) else "FAILED")
+        outcome = r.outcome.value + (" (provisional)" if r.provisional else "")
+        shapes = [s for s in r.per_shape if not s.hidden] or [None]
+        for s in shapes:
+            t = s.timing if s else None
+            sol = f"{t.fraction_of_speed_of_light:.3f}" if t else "-"
+            eager = f"{t.speedup['eager'].median:.2f}x" if t and "eager" in t.speedup else "-"
+            vs = cmp.versus(label, "expert", s.shape) if s and label != "expert" else None
+            vs_text = f"{vs.median:.3f} ({vs.ci_low:.3f}-{vs.ci_high:.3f})" if vs and vs.ci_low else "-"
+            lines.append(f"| {label} | {r.track} | {outcome} | {build} | {s.shape if s else '-'} | {sol} | {eager} | "
+                         f"{vs_text} |")
+        if not r.passed:
+            lines.append(f"|  |  | {r.message[:160].replace('|', '/')} |  |  |  |  |  |")
+    if cmp.device == "cpu":
+        lines += ["", "Timing: absent. Nothing is timed on a CPU (the emulator's speed says nothing about the GPU's); "
+                      "run `epiforge compare --device gpu` on a Hopper GPU for one interleaved run of these kernels "
+                      "beside the baselines."]
+    return "\n".join(lines) + "\n"
+
+
 # ---- leaderboard -------------------------------------------------------------------------
 
 
@@ -214,6 +282,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("compare", help="expert and generated kernels of a task judged (on a GPU: timed) together",
+                       description="Judge several kernels of a task together: correctness and the sm_90a build on a "
+                                   "CPU; on a Hopper GPU also ONE interleaved run per shape of all of them beside the "
+                                   "baselines, so generated / expert is measured repetition by repetition.")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--task", help="a task id or name, e.g. k8")
+    where.add_argument("--all", action="store_true", help="every task")
+    p.add_argument("--kernels", nargs="+", default=["expert", "generated"],
+                   help="expert | generated | generated:<ID> | generated:backend=<b> | generated:model=<m> | "
+                        "generated:session=<s> | a path (default: expert generated)")
+    p.add_argument("--shapes", default="smoke", help="shape set: smoke | paper (default: smoke)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
+                   help="auto (default): a Hopper GPU when there is one, else the CPU")
+    p.add_argument("--reps", type=int, default=50, help="timed repetitions per shape on a GPU (default: 50)")
+    p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
+    p.add_argument("--store", default=None, help="also record every Result in this SQLite file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("leaderboard", help="tasks x tracks and agents, from the store and the shipped H200 results",
                        description="Tasks x tracks (expert; generated per backend and model) from the results store "

@@ -90,8 +90,8 @@ def evaluate(
     runner_env = {}
     if compile and device == "cpu":
         runner_env = {"EPIFORGE_CROSS_COMPILE": "1", "CUTE_DSL_ARCH": "sm_90a", "QUACK_ARCH": "90"}
-    request = {"task": task.name, "source": text, "base": {k: v for k, v in base.items() if k != "environment"},
-               "device": device, "shapes": shapes,
+    request = {"task": task.name, "device": device, "shapes": shapes,
+               "kernels": [{"label": "kernel", "source": text, "base": {k: v for k, v in base.items() if k != "environment"}}],
                "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
                "gpu_memory_gib": gpu_memory_gib, "memory_limit_gib": memory_limit_gib,
                "static_checks": bool(static_checks), "hidden_shapes": bool(hidden_shapes), "timing": bool(timing),
@@ -143,7 +143,7 @@ def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -
 
 def _from_judge(run, base: dict, timeout: float) -> Result:
     if run.result is not None and run.broken is None:
-        result = Result.model_validate(run.result)
+        (result,) = [Result.model_validate(r) for r in run.result["results"]]
         return result.model_copy(update={"wall_s": run.wall_s} if result.wall_s is None and result.stage != "static"
                                  else {})
     base = {**base, "stderr_tail": run.stderr_tail, "wall_s": run.wall_s}

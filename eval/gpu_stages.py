@@ -86,55 +86,79 @@ def check_launches(task, kp: KernelProcess, set_name: str, stage: str) -> tuple[
     return verdict.ok, verdict.message, [x.name for x in launches]
 
 
-def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int, *, reps: int, warmup: int,
-              rotate: int, device: str = "cuda") -> dict:
-    """Timings of the kernel and the baselines, the timed outputs checked (module docstring)."""
+class KernelStageFailure(StageFailure):
+    """StageFailure of one of several kernels timed together."""
+
+    def __init__(self, name: str, outcome: Outcome, message: str):
+        super().__init__(outcome, message)
+        self.name = name
+
+
+def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, shape_index: int, *, reps: int,
+              warmup: int, rotate: int, device: str = "cuda") -> dict[str, ShapeTiming]:
+    """Timings of every kernel and the baselines in ONE interleaved run, the timed outputs
+    checked (module docstring). Each kernel's ShapeTiming has the baselines and, under
+    "kernel:<name>", every other kernel, so their ratios are per repetition too. A kernel
+    that fails raises KernelStageFailure naming it."""
     dims = shape.dims()
-    sets = [_put(task, kp, f"b{shape_index}r{j}", dims, derive_seed(master_seed, shape_index, 100 + j), "benchmark",
-                 device) for j in range(rotate)]
-    bufs = OutputBuffers.for_task(task, dims, device)
+    seeds = [derive_seed(master_seed, shape_index, 100 + j) for j in range(rotate)]
+    sets = {}
+    for name, kp in kernels.items():
+        try:
+            sets[name] = [_put(task, kp, f"b{shape_index}r{j}", dims, seeds[j], "benchmark", device)
+                          for j in range(rotate)]
+        except KernelFailure as f:
+            raise KernelStageFailure(name, Outcome(f.outcome), f.message) from None
+    private = [sets[next(iter(kernels))][j].private for j in range(rotate)]  # the same values for every kernel
+    bufs = {name: OutputBuffers.for_task(task, dims, device) for name in kernels}
     clock = "cuda" if device == "cuda" else "wall"
     order = random.Random(derive_seed(master_seed, shape_index, 300))  # the order, the profiled call's place
     draws = random.Random(derive_seed(master_seed, shape_index, 301))  # which calls are checked, drawn after they ran
     profile_at = order.randrange(reps)
     p_check = min(1.0, CHECKED_REPS / reps)
     variable = [t.name for t in task.inputs if not t.constant]
-    checked = []
+    checked = {name: 0 for name in kernels}
 
     def refresh(i: int, j: int) -> None:
-        """New values of every non-constant input of set j for repetition i, for the kernel
-        (the shared copy) and the baselines (the judge's): nothing a kernel saw before."""
+        """New values of every non-constant input of set j for repetition i, for every kernel
+        (its shared copy) and the baselines (the judge's): nothing a kernel saw before."""
         fresh = task.make_inputs(dims, derive_seed(master_seed, shape_index, 1000 + i), device)
         for name in variable:
-            sets[j].private[name].copy_(fresh[name])
-            sets[j].shared[name].copy_(fresh[name])
+            for kernel_sets in sets.values():
+                kernel_sets[j].private[name].copy_(fresh[name])
+                kernel_sets[j].shared[name].copy_(fresh[name])
         del fresh
         if device == "cuda":
             torch.cuda.synchronize()
 
-    def kernel_rep(i: int, j: int) -> tuple[float, float]:
-        t0 = time.perf_counter()
-        frame = kp.ask({"op": "time", "set": sets[j].name}, stage="benchmark")
-        wall = (time.perf_counter() - t0) * 1e6
-        us = kp.parse(Timed, frame, "benchmark").us
-        delivered = _collect(kp, bufs)
-        if draws.random() < p_check or (i == reps - 1 and not checked):
-            checked.append(i)
-            exact, lowprec = references(task, sets[j].private, dims)
-            trial = judge_delivery(task, delivered, dims, bufs, exact, lowprec)
+    def kernel_rep(name: str, i: int, j: int) -> tuple[float, float]:
+        kp = kernels[name]
+        try:
+            t0 = time.perf_counter()
+            frame = kp.ask({"op": "time", "set": sets[name][j].name}, stage="benchmark")
+            wall = (time.perf_counter() - t0) * 1e6
+            us = kp.parse(Timed, frame, "benchmark").us
+            delivered = _collect(kp, bufs[name])
+        except KernelFailure as f:
+            raise KernelStageFailure(name, Outcome(f.outcome), f.message) from None
+        if draws.random() < p_check or (i == reps - 1 and not checked[name]):
+            checked[name] += 1
+            exact, lowprec = references(task, private[j], dims)
+            trial = judge_delivery(task, delivered, dims, bufs[name], exact, lowprec)
             del exact, lowprec
             if trial.outcome != Outcome.PASSED:
-                raise StageFailure(trial.outcome, f"the outputs of timed call {i + 1} are wrong (it behaves differently "
-                                                  f"while timed): {trial.message}")
+                raise KernelStageFailure(name, trial.outcome, f"the outputs of timed call {i + 1} are wrong (it "
+                                                              f"behaves differently while timed): {trial.message}")
         elif delivered.returned != "dict" or not all(o.copied for o in delivered.outputs.values()) \
                 or len(delivered.outputs) != len(task.outputs):
-            raise StageFailure(Outcome.INCORRECT_SHAPE, f"timed call {i + 1} returned outputs that do not fit the task")
+            raise KernelStageFailure(name, Outcome.INCORRECT_SHAPE,
+                                     f"timed call {i + 1} returned outputs that do not fit the task")
         return us, wall
 
-    ab = [task.gemm_operands(s.private) for s in sets]
+    ab = [task.gemm_operands(x) for x in private]
     local = {
         "gemm_only": lambda j: torch.mm(ab[j][0], ab[j][1].T),
-        "eager": lambda j: task.unfused(sets[j].private, dims),
+        "eager": lambda j: task.unfused(private[j], dims),
     }
 
     def local_rep(name: str, j: int) -> tuple[float, float]:
@@ -142,36 +166,60 @@ def benchmark(task, kp: KernelProcess, shape, master_seed: int, shape_index: int
         us = timed_call(lambda: local[name](j), clock=clock)
         return us, (time.perf_counter() - t0) * 1e6
 
-    names = ["kernel", *local]
+    names = [*(f"kernel:{k}" for k in kernels), *local]
+    rtt, null = {}, {}
+    for name, kp in kernels.items():
+        try:
+            for i in range(warmup):
+                kp.ask({"op": "time", "set": sets[name][i % rotate].name}, stage="benchmark")
+            rtt[name] = _round_trip_us(kp)
+            null[name] = statistics.median(_null_gaps(kp))
+        except KernelFailure as f:
+            raise KernelStageFailure(name, Outcome(f.outcome), f.message) from None
     for i in range(warmup):
-        kp.ask({"op": "time", "set": sets[i % rotate].name}, stage="benchmark")
         for name in local:
             local_rep(name, i % rotate)
-    rtt = _round_trip_us(kp)
-    null = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        us = kp.parse(Timed, kp.ask({"op": "time", "null": True}, stage="benchmark"), "benchmark").us
-        null.append((time.perf_counter() - t0) * 1e6 - us)
     samples = {n: [] for n in names}
     walls = {n: [] for n in names}
     for i in range(reps):
         j = i % rotate
         refresh(i, j)
         if i == profile_at:
-            ok, line, _ = check_launches(task, kp, sets[j].name, "benchmark")
-            if not ok:
-                raise StageFailure(Outcome.EXTRA_LAUNCHES, f"a call during the timed phase: {line}")
+            for name, kp in kernels.items():
+                try:
+                    ok, line, _ = check_launches(task, kp, sets[name][j].name, "benchmark")
+                except KernelFailure as f:
+                    raise KernelStageFailure(name, Outcome(f.outcome), f.message) from None
+                if not ok:
+                    raise KernelStageFailure(name, Outcome.EXTRA_LAUNCHES, f"a call during the timed phase: {line}")
         for name in order.sample(names, len(names)):
-            us, wall = kernel_rep(i, j) if name == "kernel" else local_rep(name, j)
+            us, wall = kernel_rep(name[7:], i, j) if name.startswith("kernel:") else local_rep(name, j)
             samples[name].append(us)
             walls[name].append(wall)
-    bufs.close()
-    return ShapeTiming.measured({n: summarize(samples[n], keep=True) for n in names},
-                                wall_check=wall_check(samples, walls, rtt, statistics.median(null)),
-                                checked_calls=len(checked),
-                                notes={"gemm_only": "cuBLAS torch.mm of the task's GEMM (shape and layouts)",
-                                       "eager": "the task's unfused PyTorch, eager"})
+    for b in bufs.values():
+        b.close()
+    timings = {n: summarize(samples[n], keep=True) for n in names}
+    notes = {"gemm_only": "cuBLAS torch.mm of the task's GEMM (shape and layouts)",
+             "eager": "the task's unfused PyTorch, eager"}
+    out = {}
+    for name in kernels:
+        me = f"kernel:{name}"
+        mine = {"kernel": timings[me], **{n: t for n, t in timings.items() if n != me}}
+        own = {"kernel": samples[me], **{n: v for n, v in samples.items() if not n.startswith("kernel:")}}
+        own_walls = {"kernel": walls[me], **{n: v for n, v in walls.items() if not n.startswith("kernel:")}}
+        out[name] = ShapeTiming.measured(mine, wall_check=wall_check(own, own_walls, rtt[name], null[name]),
+                                         checked_calls=checked[name], notes=notes)
+    return out
+
+
+def _null_gaps(kp: KernelProcess, n: int = 7) -> list[float]:
+    """wall - claimed for the runner's procedure alone (flush, spin, sync, IPC, no kernel)."""
+    gaps = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        us = kp.parse(Timed, kp.ask({"op": "time", "null": True}, stage="benchmark"), "benchmark").us
+        gaps.append((time.perf_counter() - t0) * 1e6 - us)
+    return gaps
 
 
 def _collect(kp: KernelProcess, bufs: OutputBuffers) -> Delivered:
@@ -216,39 +264,81 @@ def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: in
                    device: str = "cuda", timed: bool = True) -> None:
     """Fill shape_result (launches, timing, outcome) in place. `stage(name)` reports progress.
     timed=False: the launch check only."""
+    run_timed_stages(task, {"kernel": (kp, shape_result)}, shape, master_seed, shape_index, stage=stage,
+                     ceilings=ceilings, reps=reps, warmup=warmup, shapes_name=shapes_name, device=device, timed=timed)
+
+
+def run_timed_stages(task, kernels: dict[str, tuple[KernelProcess, object]], shape, master_seed: int,
+                     shape_index: int, *, stage, ceilings: Ceilings, reps: int = 50, warmup: int = 5,
+                     shapes_name: str = "smoke", device: str = "cuda", timed: bool = True) -> None:
+    """The timed stages for several kernels of one task at once ({name: (runner, its
+    ShapeResult)}, filled in place): each kernel's launch check, then ONE interleaved run of
+    all that passed it (a kernel that fails there is dropped and the run starts again without
+    it), then each one's recheck and plausibility."""
     dims = shape.dims()
-    try:
-        stage("launches")
-        name = f"l{shape_index}"
-        _put(task, kp, name, dims, derive_seed(master_seed, shape_index, 50), "launches", device)
-        ok, launch_line, names = check_launches(task, kp, name, "launches")
-        kp.ask({"op": "drop", "set": name}, stage="launches")
-        shape_result.launches = names
+    active = {}
+    stage("launches")
+    for name, (kp, res) in kernels.items():
+        try:
+            set_name = f"l{shape_index}"
+            _put(task, kp, set_name, dims, derive_seed(master_seed, shape_index, 50), "launches", device)
+            ok, launch_line, names = check_launches(task, kp, set_name, "launches")
+            kp.ask({"op": "drop", "set": set_name}, stage="launches")
+        except KernelFailure as f:
+            res.outcome, res.message = Outcome(f.outcome), f.message
+            continue
+        res.launches = names
         if not ok:
-            shape_result.outcome, shape_result.message = Outcome.EXTRA_LAUNCHES, launch_line
-            return
-        if not timed:
-            shape_result.message = f"{launch_line}; not timed (asked for numerics and launches only)"
-            return
-        stage("benchmark")
-        summary = benchmark(task, kp, shape, master_seed, shape_index, reps=reps, warmup=warmup,
-                            rotate=ROTATE.get(shapes_name, 2), device=device)
-        kp.ask({"op": "drop", "set": "*"}, stage="benchmark")
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        stage("recheck")
-        trial = run_trial(task, kp, dims, derive_seed(master_seed, shape_index, 200), device, "kernel_first",
-                          f"r{shape_index}")
-    except KernelFailure as f:
-        shape_result.outcome, shape_result.message = Outcome(f.outcome), f.message
+            res.outcome, res.message = Outcome.EXTRA_LAUNCHES, launch_line
+        elif not timed:
+            res.message = f"{launch_line}; not timed (asked for numerics and launches only)"
+        else:
+            active[name] = launch_line
+    if not active:
         return
-    except StageFailure as f:
-        shape_result.outcome, shape_result.message = f.outcome, f.message
+    stage("benchmark")
+    summaries = {}
+    while active:
+        try:
+            summaries = benchmark(task, {n: kernels[n][0] for n in active}, shape, master_seed, shape_index, reps=reps,
+                                  warmup=warmup, rotate=ROTATE.get(shapes_name, 2), device=device)
+            break
+        except KernelStageFailure as f:
+            res = kernels[f.name][1]
+            res.outcome, res.message = f.outcome, f.message  # never timed: no speed shown
+            del active[f.name]
+        finally:
+            for n in list(active):
+                try:
+                    kernels[n][0].ask({"op": "drop", "set": "*"}, stage="benchmark")
+                except KernelFailure as f:
+                    kernels[n][1].outcome, kernels[n][1].message = Outcome(f.outcome), f.message
+                    del active[n]
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    if not active:
         return
-    if trial.outcome != Outcome.PASSED:
-        shape_result.outcome, shape_result.message = trial.outcome, f"after timing, on new inputs: {trial.message}"
-        return
-    stage("plausibility")
+    stage("recheck")
+    rechecked = {}
+    for name, launch_line in active.items():
+        kp, res = kernels[name]
+        try:
+            trial = run_trial(task, kp, dims, derive_seed(master_seed, shape_index, 200), device, "kernel_first",
+                              f"r{shape_index}")
+        except KernelFailure as f:
+            res.outcome, res.message = Outcome(f.outcome), f.message
+            continue
+        if trial.outcome != Outcome.PASSED:
+            res.outcome, res.message = trial.outcome, f"after timing, on new inputs: {trial.message}"
+            continue
+        rechecked[name] = launch_line
+    if rechecked:
+        stage("plausibility")
+    for name, launch_line in rechecked.items():
+        _plausibility(task, dims, summaries[name], kernels[name][1], launch_line, ceilings)
+
+
+def _plausibility(task, dims, summary: ShapeTiming, shape_result, launch_line: str, ceilings: Ceilings) -> None:
     good, line, floor = plausible(summary.kernel.median_us, task.flops(dims), task.min_bytes(dims), ceilings)
     base_ok, _, _ = plausible(summary.baselines["gemm_only"].median_us, task.flops(dims), task.min_bytes(dims),
                               ceilings)
@@ -267,4 +357,3 @@ def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: in
         return
     shape_result.message = (f"{summary.fused_over_gemm_only.median:.3f}x GEMM-only; {launch_line}; {line}" +
                             ("; note: cuBLAS ran below the floor, the ceilings look low" if not base_ok else ""))
-

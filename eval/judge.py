@@ -14,7 +14,7 @@ seed (eval/secret_shapes.py), checked for numerics only, whose dims are never re
 
 The channel to the harness: newline-delimited JSON frames on an inherited pipe, each
 with the nonce the harness sent; progress {"stage": ...} and one final {"result": ...}
-(a whole eval.result.Result). The runner never holds this pipe.
+({"results": [eval.result.Result, ...]}, one per kernel). The runners never hold this pipe.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from eval.isolation import make_undumpable, setup_child
 from eval.result import Outcome, Result, ShapeResult, worst_element
 
-_RUNNER = None  # the live KernelProcess, for the SIGTERM handler
+_RUNNERS: list = []  # the live KernelProcesses, for the SIGTERM handler
 _TMP = None
 
 
@@ -69,36 +69,52 @@ def environment(device: str) -> dict:
     return env
 
 
-def judge(request: dict, channel: Channel, tmp: Path) -> Result:
-    """The whole evaluation (never raises: every failure is a Result)."""
-    global _RUNNER
-    from eval.gpu_stages import run_gpu_stages
-    from eval.numerics import check_shape, mask_numbers
+class Candidate:
+    """One kernel under judgement: its runner, its shapes so far, and once it ends, its Result."""
+
+    def __init__(self, label: str, source: str, base: dict):
+        self.label, self.source, self.base = label, source, {**base, "environment": {}}
+        self.kp = None
+        self.per_shape: list[ShapeResult] = []
+        self.result: Result | None = None
+        self.stage = "load"
+
+    @property
+    def live(self) -> bool:
+        return self.result is None
+
+    def finish(self, outcome: Outcome, message: str) -> None:
+        from eval.numerics import mask_numbers
+
+        stderr = self.kp.stderr_tail() if self.kp else ""
+        if self.per_shape and self.per_shape[-1].hidden and outcome != Outcome.PASSED:
+            stderr = mask_numbers(stderr)  # a traceback may quote the hidden shape's sizes
+        self.result = Result(**self.base, outcome=outcome, message=message, stage=self.stage, per_shape=self.per_shape,
+                             worst=worst_element(self.per_shape), compiled=self.kp.compiled if self.kp else [],
+                             stderr_tail=stderr)
+
+
+def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
+    """The whole evaluation of one kernel, or of several of one task timed together in ONE
+    interleaved run per shape (request["kernels"]: [{label, source, base}]); never raises:
+    every failure is a Result."""
+    from eval.gpu_stages import run_timed_stages
+    from eval.numerics import check_shape
     from eval.plausibility import Ceilings
-    from eval.remote import KernelFailure, KernelProcess
+    from eval.remote import KernelFailure
     from eval.secret_shapes import hidden_shapes
     from tasks import get_task, shape_sets
 
     device = request["device"]
     deadline = time.monotonic() + float(request["timeout_s"])
-    current = {"stage": "static"}
+    cands = [Candidate(k["label"], k["source"], k["base"]) for k in request["kernels"]]
 
-    def at(name):
-        current["stage"] = name
+    def at(name, who=None):
+        for c in (who or [c for c in cands if c.live]):
+            c.stage = name
         channel.stage(name)
 
     task = get_task(request["task"])
-    base = {**request["base"], "environment": {}}  # what the harness learnt from the source (evaluation.py)
-    per_shape: list[ShapeResult] = []
-    kp = None
-
-    def result(outcome: Outcome, message: str) -> Result:
-        stderr = kp.stderr_tail() if kp else ""
-        if per_shape and per_shape[-1].hidden and outcome != Outcome.PASSED:
-            stderr = mask_numbers(stderr)  # a traceback may quote the hidden shape's sizes
-        return Result(**base, outcome=outcome, message=message, stage=current["stage"], per_shape=per_shape,
-                      worst=worst_element(per_shape), compiled=kp.compiled if kp else [], stderr_tail=stderr)
-
     try:
         at("load")
         ceilings = Ceilings.from_env()
@@ -106,64 +122,87 @@ def judge(request: dict, channel: Channel, tmp: Path) -> Result:
             import torch
 
             torch.cuda.init()
-        base["environment"] = environment(device)
-        workdir = tmp / "runner"
-        # the kernel runs from the very text the harness checked, written into the runner's own dir
-        workdir.mkdir(parents=True, exist_ok=True)
-        kernel_copy = workdir / "kernel.py"
-        kernel_copy.write_text(request["source"])
-        cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
-        load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib")}
-        sandboxes = ["system", "trees"] if device == "cuda" else [None]
-        for i, mode in enumerate(sandboxes):
-            kp = _RUNNER = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes,
-                                         extra_env=request.get("runner_env") or {}, on_progress=at, cuda=mode)
-            base["environment"]["runner_sandbox"] = kp.sandbox
-            loaded = kp.ask(load, stage="load")
-            if loaded.get("cuda") is not False:
-                break
-            base["environment"]["runner_sandbox_blocked"] = f"{mode}: {loaded.get('why')}"[:300]
-            kp.close()
-            if i == len(sandboxes) - 1:
-                raise KernelFailure("RUNTIME_ERROR", f"CUDA does not start in the runner: {loaded.get('why')}")
+        env = environment(device)
+        for i, c in enumerate(cands):
+            c.base["environment"] = dict(env)
+            try:
+                _start(c, tmp / f"runner-{i}", request, deadline, lambda name, c=c: at(name, [c]))
+            except KernelFailure as f:
+                c.finish(Outcome(f.outcome), f.message)
         named = shape_sets()[request["shapes"]]
         hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
         for i, shape in enumerate([*named, *hidden]):
             is_hidden = i >= len(named)
             at("numerics")
-            res = check_shape(task, kp, shape, request["seed"], i, device, hidden=is_hidden)
-            per_shape.append(res)
-            if res.outcome == Outcome.PASSED and device == "cuda" and not is_hidden:
-                run_gpu_stages(task, kp, shape, res, request["seed"], i, stage=at, ceilings=ceilings,
-                               reps=request.get("reps", 50), shapes_name=request["shapes"],
-                               timed=request.get("timing", True))
-            if res.outcome != Outcome.PASSED:
-                return result(res.outcome, f"{res.shape}: {res.message}")
+            for c in [c for c in cands if c.live]:
+                c.per_shape.append(check_shape(task, c.kp, shape, request["seed"], i, device, hidden=is_hidden))
+            if device == "cuda" and not is_hidden:
+                group = {c.label: (c.kp, c.per_shape[-1]) for c in cands if c.live and c.per_shape[-1].outcome == Outcome.PASSED}
+                if group:
+                    run_timed_stages(task, group, shape, request["seed"], i, stage=at, ceilings=ceilings,
+                                     reps=request.get("reps", 50), shapes_name=request["shapes"], device=device,
+                                     timed=request.get("timing", True))
+            for c in [c for c in cands if c.live]:
+                res = c.per_shape[-1]
+                if res.outcome != Outcome.PASSED:
+                    c.finish(res.outcome, f"{res.shape}: {res.message}")
         at("done")
-        shown = [r for r in per_shape if not r.hidden]
-        msg = (f"all {len(shown)} shapes within tolerance ({shown[0].trials if shown else 0} trials each)"
-               + (f", and {len(per_shape) - len(shown)} hidden shape(s)" if len(per_shape) > len(shown) else ""))
-        if device == "cuda":
-            ratios = ", ".join(f"{r.shape} {r.timing.fused_over_gemm_only.median:.3f}" for r in shown if r.timing)
-            msg += f"; fused / GEMM-only: {ratios}"
-        return result(Outcome.PASSED, msg)
-    except KernelFailure as f:
-        return result(Outcome(f.outcome), f.message)
+        for c in [c for c in cands if c.live]:
+            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device))
     except Exception as e:  # the judge's own failure (e.g. out of memory computing a reference)
         traceback.print_exc()
         first = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        why = "out of memory: the kernel's process may hold it" if "out of memory" in first.lower() else "an error"
-        return result(Outcome.RUNTIME_ERROR, f"the judge stopped with {why} during {current['stage']}: {first}")
+        why = "out of memory: a kernel's process may hold it" if "out of memory" in first.lower() else "an error"
+        for c in [c for c in cands if c.live]:
+            c.finish(Outcome.RUNTIME_ERROR, f"the judge stopped with {why} during {c.stage}: {first}")
     finally:
-        if kp is not None:
-            kp.close()
-        _RUNNER = None
+        for c in cands:
+            if c.kp is not None:
+                c.kp.close()
+        _RUNNERS.clear()
+    return [c.result for c in cands]
+
+
+def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progress) -> None:
+    """The candidate's runner, its kernel loaded from the very text the harness checked (on
+    a GPU: the strictest sandbox the CUDA driver starts in)."""
+    from eval.remote import KernelFailure, KernelProcess
+
+    device = request["device"]
+    workdir.mkdir(parents=True, exist_ok=True)
+    kernel_copy = workdir / "kernel.py"
+    kernel_copy.write_text(c.source)
+    cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
+    load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib")}
+    sandboxes = ["system", "trees"] if device == "cuda" else [None]
+    for i, mode in enumerate(sandboxes):
+        c.kp = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes, extra_env=request.get("runner_env") or {},
+                             on_progress=on_progress, cuda=mode)
+        _RUNNERS.append(c.kp)
+        c.base["environment"]["runner_sandbox"] = c.kp.sandbox
+        loaded = c.kp.ask(load, stage="load")
+        if loaded.get("cuda") is not False:
+            return
+        c.base["environment"]["runner_sandbox_blocked"] = f"{mode}: {loaded.get('why')}"[:300]
+        c.kp.close()
+        if i == len(sandboxes) - 1:
+            raise KernelFailure("RUNTIME_ERROR", f"CUDA does not start in the runner: {loaded.get('why')}")
+
+
+def _passed_message(per_shape: list[ShapeResult], device: str) -> str:
+    shown = [r for r in per_shape if not r.hidden]
+    msg = (f"all {len(shown)} shapes within tolerance ({shown[0].trials if shown else 0} trials each)"
+           + (f", and {len(per_shape) - len(shown)} hidden shape(s)" if len(per_shape) > len(shown) else ""))
+    if device == "cuda":
+        ratios = ", ".join(f"{r.shape} {r.timing.fused_over_gemm_only.median:.3f}" for r in shown if r.timing)
+        msg += f"; fused / GEMM-only: {ratios}"
+    return msg
 
 
 def _on_term(signum, frame):
     """The harness died (parent-death signal) or asked us to stop: leave nothing behind."""
-    if _RUNNER is not None:
-        _RUNNER.kill()
+    for kp in _RUNNERS:
+        kp.kill()
     if _TMP is not None:
         shutil.rmtree(_TMP, ignore_errors=True)
     os._exit(128 + signum)
@@ -184,8 +223,8 @@ def main(argv=None) -> int:
     request = json.loads(sys.stdin.read())
     sys.stdin.close()
     channel = Channel(args.result_fd, request.pop("nonce", ""))
-    result = judge(request, channel, _TMP)
-    channel.send(result=result.model_dump(mode="json"))
+    results = judge(request, channel, _TMP)
+    channel.send(result={"results": [r.model_dump(mode="json") for r in results]})
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

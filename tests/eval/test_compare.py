@@ -1,0 +1,114 @@
+"""eval/compare.py and `epiforge compare`: selecting kernels, judging several together, and
+(driven for real on a CPU, with the host's clock) several kernels timed in one interleaved
+run, their ratios to each other taken repetition by repetition; a kernel that fails in the
+timed phase is dropped and the others are timed without it."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tasks
+from eval import gpu_stages, numerics
+from eval.compare import Comparison, compare, select_kernels
+from eval.plausibility import Ceilings
+from eval.remote import KernelProcess
+
+REPO = Path(__file__).resolve().parents[2]
+GENERATED = sorted((REPO / "generated_kernels" / "k8_gemm_swiglu").glob("*.py"))[0]
+ROW_SCALE = ("import torch\nimport primitives as P\nTASK = 'k1_gemm_rmsnorm'\ncalls = [0]\n\n"
+             "@P.epilogue(operands={'rstd': P.PerRow()})\ndef row_scale(acc, rstd):\n    return {'D': acc * rstd}\n\n"
+             "def run(inputs, prepared, config=None):\n    calls[0] += 1\n")
+
+
+def test_selecting_kernels(tmp_path):
+    assert select_kernels("k8", ["expert"]) == [("expert", REPO / "human_kernels" / "k8_gemm_swiglu.py")]
+    assert select_kernels("k8", ["generated"]) == [(f"generated:{GENERATED.stem}", GENERATED)]
+    assert select_kernels("k8", ["generated:backend=anthropic"]) == select_kernels("k8", [f"generated:{GENERATED.stem}"])
+    assert select_kernels("k1", ["expert", "generated"])[1:] == []  # k1 has no generated kernel: none picked
+    for bad, fragment in ((["generated:model=nobody"], "no generated kernel"), (["generated:colour=red"], "select"),
+                          (["expert", "expert"], "share a label"), ([str(tmp_path / "nope.py")], "no kernel file")):
+        with pytest.raises(ValueError, match=fragment):
+            select_kernels("k8", bad)
+
+
+def test_compare_on_a_cpu_judges_each_kernel_and_times_none(tmp_path):
+    wrong = tmp_path / "k8_wrong.py"
+    wrong.write_text(GENERATED.read_text().replace('return {"out": P.swiglu(gate, up)}', 'return {"out": gate * up}'))
+    cmp = compare("k8", [("expert", REPO / "human_kernels/k8_gemm_swiglu.py"), ("wrong", wrong)], seed=5)
+    assert isinstance(cmp, Comparison) and cmp.labels == ["expert", "wrong"]
+    expert, bad = cmp.results
+    assert expert.passed and expert.provisional and not any(s.timing for s in expert.per_shape)
+    assert bad.outcome.value == "INCORRECT_NUMERICS"
+    assert cmp.versus("wrong", "expert", "smoke-a") is None  # nothing timed on a CPU
+
+
+def timed_together(kernels: dict[str, Path], tmp_path, reps=7):
+    task = tasks.get_task(kernels.pop("_task"))
+    shape = tasks.shape_sets()["smoke"][0]
+    procs = {}
+    try:
+        for i, (name, path) in enumerate(kernels.items()):
+            kp = KernelProcess(tmp_path / f"runner-{i}", deadline=time.monotonic() + 600)
+            kp.ask({"op": "load", "path": str(path), "device": "cpu"}, stage="load")
+            res = numerics.check_shape(task, kp, shape, 9, 0, "cpu")
+            assert res.outcome.value == "PASSED", res.message
+            procs[name] = (kp, res)
+        gpu_stages.run_timed_stages(task, procs, shape, 9, 0, stage=lambda s: None, ceilings=Ceilings(), reps=reps,
+                                    device="cpu")
+    finally:
+        for kp, _ in procs.values():
+            kp.close()
+    return {name: res for name, (_, res) in procs.items()}
+
+
+def test_kernels_timed_together_have_per_repetition_ratios_to_each_other(tmp_path):
+    res = timed_together({"_task": "k8_gemm_swiglu", "expert": REPO / "human_kernels/k8_gemm_swiglu.py",
+                          "gen": GENERATED}, tmp_path)
+    e, g = res["expert"].timing, res["gen"].timing
+    assert res["expert"].outcome.value == res["gen"].outcome.value == "PASSED"
+    assert "kernel:gen" in e.baselines and "kernel:expert" in g.baselines
+    assert e.kernel.n == g.kernel.n == 7 and e.baselines["gemm_only"].median_us == g.baselines["gemm_only"].median_us
+    cmp = Comparison(task="k8_gemm_swiglu", device="cuda", shapes="smoke", labels=["expert", "gen"],
+                     results=[_as_result(res["expert"]), _as_result(res["gen"])])
+    vs = cmp.versus("gen", "expert", "smoke-a")  # gen_i / expert_i over the 7 repetitions
+    assert vs.median == pytest.approx(e.speedup["kernel:gen"].median) and vs.ci_low <= vs.median <= vs.ci_high
+
+
+def test_a_kernel_that_fails_in_the_timed_phase_is_dropped_and_the_others_timed(tmp_path):
+    honest = tmp_path / "k1_honest.py"
+    honest.write_text(ROW_SCALE + "    return {'out': row_scale(inputs['h'], inputs['w'], rstd=inputs['rstd'])['D']}\n")
+    cheat = tmp_path / "k1_cheat.py"
+    cheat.write_text(ROW_SCALE + "    if calls[0] > 4:\n        return {'out': torch.zeros(inputs['h'].shape[0], "
+                                 "inputs['w'].shape[0], dtype=torch.bfloat16)}\n"
+                                 "    return {'out': row_scale(inputs['h'], inputs['w'], rstd=inputs['rstd'])['D']}\n")
+    res = timed_together({"_task": "k1_gemm_rmsnorm", "honest": honest, "cheat": cheat}, tmp_path)
+    assert res["cheat"].outcome.value == "INCORRECT_NUMERICS" and res["cheat"].timing is None
+    assert res["honest"].outcome.value == "PASSED" and "kernel:cheat" not in res["honest"].timing.baselines
+
+
+def _as_result(shape_result):
+    from eval.result import Outcome, Result
+
+    return Result(task="k8_gemm_swiglu", kernel="k.py", kernel_sha256="0", track="candidate", device="cuda",
+                  shapes="smoke", outcome=Outcome.PASSED, per_shape=[shape_result])
+
+
+def test_the_cli_compares_and_stores(tmp_path):
+    db = tmp_path / "r.sqlite"
+    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "compare", "--task", "k8", "--device", "cpu",
+                          "--store", str(db), "--json", "--seed", "4"], capture_output=True, text=True, cwd=REPO,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (cmp,) = json.loads(out.stdout)
+    assert cmp["labels"] == ["expert", f"generated:{GENERATED.stem}"]
+    assert all(r["outcome"] == "PASSED" and r["provisional"] and r["compiled"] for r in cmp["results"])
+    from eval.store import ResultStore
+
+    assert sorted(r.result.track for r in ResultStore(db).rows()) == ["expert", "generated"]
+    bad = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "compare", "--task", "k8", "--kernels",
+                          "generated:model=nobody"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no generated kernel" in bad.stderr
