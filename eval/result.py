@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 from enum import Enum
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from eval.stats import Timing, paired_ratio
 from tasks.tolerance import OutputCheck
@@ -77,8 +77,14 @@ class ShapeTiming(BaseModel):
                    fused_over_gemm_only=RatioStat.of(over), speedup=speedup, **extra)
 
 
+#: a NaN or Inf a kernel produced is reported as such, not as null (JSON and the store)
+_KEEP_NAN = ConfigDict(ser_json_inf_nan="constants")
+
+
 class ShapeResult(BaseModel):
     """The checks (and, when timed, the timings) of one shape."""
+
+    model_config = _KEEP_NAN
 
     shape: str
     dims: dict[str, int]
@@ -92,6 +98,8 @@ class ShapeResult(BaseModel):
 
 
 class Result(BaseModel):
+    model_config = _KEEP_NAN
+
     task: str
     kernel: str = Field(description="kernel file path as given")
     kernel_sha256: str

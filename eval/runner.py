@@ -54,11 +54,11 @@ def _shut_in() -> str:
     return sandbox(Path.cwd(), whole_fs=False, readonly=trees)
 
 
-#: trees a root runner must not write (e.g. /etc/ld.so.preload reaches every later process);
-#: /dev, /proc, /sys, /run and /tmp stay as they are for the CUDA driver, the runner's own
-#: dir writable
+#: trees a root runner must not write (e.g. /etc/ld.so.preload reaches every later process,
+#: /tmp holds other evaluations' dirs); /dev, /proc, /sys and /run stay as they are for the
+#: CUDA driver, the runner's own dir (and TMPDIR in it) writable
 SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/root", "/home",
-                "/var", "/boot", "/srv", "/mnt", "/media")
+                "/var", "/boot", "/srv", "/mnt", "/media", "/tmp")
 
 
 SANDBOX = _shut_in() if __name__ == "__main__" else "not a runner process"

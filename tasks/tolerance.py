@@ -6,7 +6,7 @@ to float32 accuracy and a bf16 output to about one rounding."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 import torch
 
@@ -14,7 +14,9 @@ from tasks.spec import OutputSpec
 
 
 class OutputCheck(BaseModel):
-    """One output's verdict, with the worst element when it fails."""
+    """One output's verdict, with the worst element when it fails (a NaN stays NaN in JSON)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     name: str
     ok: bool

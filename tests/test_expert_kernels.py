@@ -54,10 +54,14 @@ def test_a_wrong_kernel_fails_with_its_worst_element(tmp_path):
 def test_an_epilogue_the_dsl_rejects_is_a_compile_error(tmp_path):
     src = (REPO / "human_kernels" / "k1_gemm_rmsnorm.py").read_text()
     bad = tmp_path / "k1_torch_method.py"
-    # torch has Tensor.clamp, the DSL's Float32 has not: the emulator runs it, the compiler does not
+    # torch has Tensor.clamp, the DSL's Float32 has not: the emulator could run it, the compiler does not
     bad.write_text(src.replace('{"D": acc * rstd}', '{"D": (acc * rstd).clamp(-100.0, 100.0)}'))
-    assert evaluate("k1", str(bad), compile=False, seed=0).passed
-    r = evaluate("k1", str(bad), compile=True, seed=0)
+    ruled = evaluate("k1", str(bad), seed=0)
+    assert ruled.outcome.value == "STATIC_REJECTED" and any("clamp" in v for v in ruled.violations), ruled.message
+    # behind the rules: the CPU guard sees non-arithmetic torch in the body, the sm_90a build rejects it
+    guarded = evaluate("k1", str(bad), compile=False, seed=0, static_checks=False)
+    assert guarded.outcome.value == "EXTRA_LAUNCHES" and "inside an epilogue body" in guarded.message, guarded.message
+    r = evaluate("k1", str(bad), compile=True, seed=0, static_checks=False)
     assert r.outcome.value == "COMPILE_ERROR"
     assert "row_scale" in r.message and "sm_90a" in r.message
 

@@ -126,7 +126,7 @@ def test_a_killed_cli_leaves_nothing_behind(tmp_path, how):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):  # until the runner is up (three processes carry the marker)
-            if len(_ours(marker, str(tmp_path))) >= 3 and any(tmp_path.glob(f"{TEMP_PREFIX}*/runner")):
+            if len(_ours(marker, str(tmp_path))) >= 3 and any(tmp_path.glob(f"{TEMP_PREFIX}*/runner-*")):
                 break
             time.sleep(0.1)
         else:
