@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     k7 = load_kernel_module(HUMAN_DIR / "k7_gemm_partial_swiglu_bwd.py")
     k6 = load_kernel_module(HUMAN_DIR / "k6_gemm_residual_partial_rmsnorm_bwd.py")
     import primitives as P
-    from bench.baselines import gemm_only
+    from eval.baselines import identity_gemm as gemm_only
     from bench.run import fastest_gemms
     from primitives.config import GemmConfig
 

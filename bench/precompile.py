@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
 
     import tasks
-    from bench.baselines import gemm_only
+    from eval.baselines import identity_gemm as gemm_only
     from bench.quack_library import DIAGNOSTICS, alternatives
     from eval.kernel import HUMAN_DIR, load_kernel_module
     from primitives import lowering

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     import torch
 
     import primitives as P
-    from bench.baselines import gemm_only
+    from eval.baselines import identity_gemm as gemm_only
     from bench.gpu_env import install_precompiled
     from eval.kernel import load_kernel_module
 

@@ -64,7 +64,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     note)}, the kernel minus one piece of its work (bench/quack_library.py DIAGNOSTICS),
     timed at every config the fused kernel runs at."""
     import primitives as P
-    from bench.baselines import gemm_only
+    from eval.baselines import identity_gemm as gemm_only
     from eval.timing import time_cuda_interleaved
 
     dims = shape.dims()

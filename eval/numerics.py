@@ -161,6 +161,7 @@ class Trial:
     outcome: Outcome
     message: str = ""
     checks: list[OutputCheck] = field(default_factory=list)
+    launched: list[str] = field(default_factory=list)  # the runner's record of primitive calls
 
 
 def judge_delivery(task, delivered: Delivered, dims: dict, bufs: OutputBuffers, exact: dict, lowprec: dict) -> Trial:
@@ -237,6 +238,7 @@ def run_trial(task, kp: KernelProcess, dims: dict, seed: int, device: str, order
     if order != "reference_first":
         exact, lowprec = references(task, inputs, dims)
     verdict = judge_delivery(task, delivered, dims, bufs, exact, lowprec)
+    verdict.launched = list(delivered.launched)
     if verdict.outcome != Outcome.PASSED:
         return verdict
     # values first, launches second: the order the GPU's stages run in
@@ -259,8 +261,9 @@ def check_shape(task, kp: KernelProcess, shape, master_seed: int, shape_index: i
                               message=f"trial {i + 1} ({order.replace('_', ' ')}): {trial.message}", trials=i + 1)
             return withhold(res) if hidden else res
         last = trial
+    configs = sorted({x.rsplit("@", 1)[1] for x in last.launched if x.startswith("gemm:") and "@" in x})
     res = ShapeResult(shape=shape.name, dims=dims, outcome=Outcome.PASSED, outputs=last.checks, message=last.message,
-                      trials=len(trials))
+                      trials=len(trials), gemm_configs=configs)
     return withhold(res) if hidden else res
 
 

@@ -94,6 +94,8 @@ class ShapeResult(BaseModel):
     trials: int = Field(0, description="checked calls on fresh inputs (both orders of reference and kernel)")
     launches: list[str] = Field([], description="GPU: the kernels one run() launched (torch profiler)")
     hidden: bool = Field(False, description="a shape drawn from the secret seed: its dims, indices and values are withheld")
+    gemm_configs: list[str] = Field([], description="the tile configs of the fused GEMMs a checked run() launched (the "
+                                                    "runner's record): the speed of light is also timed at them")
     timing: ShapeTiming | None = Field(None, description="only when the kernel was timed: never for a failed check")
 
 

@@ -122,7 +122,7 @@ class Epilogue:
         <reductions as raw float32 partials>}; `store_d=False` skips writing D."""
         call = self.check_call(a, w, c, values, dtypes, store_d)
         config = config or DEFAULT_CONFIG
-        trace.record("gemm", self.name)
+        trace.record("gemm", f"{self.name}@{config.key()}")
         if self.mode == "acc_pair" and self.outputs and config.tile_n % 32:
             raise EpilogueError(f"{self.name}(): acc_pair outputs need tile_n a multiple of 32 on SM90, got {config.tile_n}")
         if a.device.type == "cuda":

@@ -62,6 +62,11 @@ def test_an_expert_kernel_goes_through_every_stage(tmp_path):
     assert t.kernel.samples_us == []  # results stay small: the summary only
     assert t.wall_check["round_trip_us"] > 0 and t.checked_calls >= 1
     assert t.roofline["floor_us"] > 0 and res.launches[0].startswith("gemm:")
+    # the speed of light: the fastest plain GEMM timed, quack's at the kernel's own config among them
+    plain = {n: b for n, b in t.baselines.items() if n == "cublas" or n.startswith("quack_gemm@")}
+    assert f"quack_gemm@{res.gemm_configs[0]}" in plain and "cublas" in plain
+    assert t.baselines["gemm_only"].median_us == min(b.median_us for b in plain.values())
+    assert t.notes["gemm_only"].startswith("the speed of light: ")
 
 
 def test_extra_launches_in_the_timed_phase_are_caught(tmp_path):

@@ -1,0 +1,87 @@
+"""The baselines a kernel is timed beside, in one registry: what each computes, for which
+tasks, from which library, and how the judge builds it (eval/gpu_stages.py times them in
+the same interleaved run as the kernel).
+
+The speed of light ("gemm_only"): the fastest of cuBLAS and quack's identity-epilogue GEMM
+(the same mainloop as the fused kernel, nothing fused), at the fused kernel's own tile
+config and at the configs that ran fastest for the shape on the H200 (eval/data/
+sol-configs.json, written by bench/sol_table.py from bench/results/h200's sweeps).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import primitives as P
+
+SOL_TABLE = Path(__file__).resolve().parent / "data" / "sol-configs.json"
+
+
+@P.epilogue()
+def identity_gemm(acc):
+    """quack's GEMM with nothing fused: D = acc (the speed-of-light candidate)."""
+    return {"D": acc}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    what: str
+    library: str
+    tasks: str  # "all", or a note on which
+    where: str  # "judge": the evaluator times it; "bench": bench/run.py does (not yet the evaluator)
+
+
+REGISTRY = {b.name: b for b in (
+    Baseline("cublas", "torch.mm of the task's GEMM in its shape and operand layouts", "cuBLAS (torch)", "all", "judge"),
+    Baseline("quack_gemm", "quack's SM90 GEMM with an identity epilogue, at a given tile config", "quack 0.6.5", "all",
+             "judge"),
+    Baseline("gemm_only", "the speed of light: the fastest of cublas and quack_gemm at the kernel's config and at the "
+             "shape's fastest known configs", "cuBLAS, quack", "all", "judge"),
+    Baseline("eager", "the task's unfused PyTorch reference, eager, in the inputs' precision", "PyTorch", "all", "judge"),
+    Baseline("torch_compile", "cuBLAS + torch.compile (Inductor) of the unfused reference", "PyTorch", "all", "bench"),
+    Baseline("liger", "cuBLAS + Liger-Kernel's Triton kernels (bench/liger.py)", "liger-kernel 0.8.5", "all", "bench"),
+    Baseline("quack_library", "quack's own library epilogue where the expert kernel is ours (bench/quack_library.py)",
+             "quack 0.6.5", "k2 k5 k6", "bench"),
+    Baseline("flashinfer", "cuBLAS + FlashInfer norm / activation / rope kernels", "flashinfer 0.7.2.post1",
+             "k0 k1 k2 k3 k4 k8", "bench (staged by ../shared/gpu/stage-flashinfer; not yet timed)"),
+)}
+
+
+def sol_configs(task, dims: dict) -> list:
+    """The fastest known identity-GEMM configs for this task's GEMM (shape and B layout)."""
+    from primitives.config import GemmConfig
+
+    if not SOL_TABLE.is_file():
+        return []
+    m, n, k = task.gemm_shape(dims)
+    known = json.loads(SOL_TABLE.read_text()).get("configs", {}).get(f"{m}x{n}x{k}:{task.gemm.b_layout}", [])
+    return [GemmConfig.parse(c) for c in known]
+
+
+def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
+                    device: str) -> tuple[dict[str, Callable], dict[str, str]]:
+    """The plain GEMMs that may be the speed of light, {name: fn(j)} for input set j, and
+    {name: why} for those left out (a config or quack that does not run here: cuBLAS stays)."""
+    import torch
+
+    fns = {"cublas": lambda j: torch.mm(operand_sets[j][0], operand_sets[j][1].T)}
+    skipped = {}
+    seen = set()
+    for cfg in [*kernel_configs, *sol_configs(task, dims)]:
+        if cfg is None or cfg.key() in seen:
+            continue
+        seen.add(cfg.key())
+        fn = (lambda j, _c=cfg: identity_gemm(operand_sets[j][0], operand_sets[j][1], config=_c))
+        try:
+            fn(0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # this config or quack does not run here: not a candidate
+            skipped[f"quack_gemm@{cfg.key()}"] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            continue
+        fns[f"quack_gemm@{cfg.key()}"] = fn
+    return fns, skipped
