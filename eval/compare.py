@@ -18,11 +18,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eval.evaluation import DEFAULT_TIMEOUT_S, static_stage
+from eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, static_stage
 from eval.isolation import run_judge
 from eval.kernel import GENERATED_DIR, KernelError, read_kernel, resolve_kernel
 from eval.result import Outcome, RatioStat, Result
-from tasks import get_task, shape_sets
+from tasks import get_task
 
 #: how a generated kernel may be selected: generated, generated:<ID>, generated:<field>=<value>
 SELECTABLE = ("session", "backend", "model")
@@ -99,12 +99,7 @@ def compare(task_name: str, kernels: list[tuple[str, Path]], *, device: str = "c
             on_stage=None) -> Comparison:
     """Judge the kernels together (see the module docstring); the static stage runs here,
     per kernel, on each source read once."""
-    device = "cuda" if device in ("gpu", "cuda") else device
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or gpu, got {device!r}")
-    task = get_task(task_name)
-    if shapes not in shape_sets():
-        raise ValueError(f"unknown shape set {shapes!r}; known: {sorted(shape_sets())}")
+    device, task = check_arguments(task_name, device, shapes)
     results: dict[str, Result] = {}
     judged = []
     for label, path in kernels:

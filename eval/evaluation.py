@@ -37,6 +37,17 @@ def environment_fingerprint(device: str) -> dict:
     return env
 
 
+def check_arguments(task_name: str, device: str, shapes: str):
+    """(device as "cpu" | "cuda", the Task) for a request, or one line (ValueError, TaskError)."""
+    device = "cuda" if device in ("gpu", "cuda") else device
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or gpu, got {device!r}")
+    task = get_task(task_name)
+    if shapes not in shape_sets():
+        raise ValueError(f"unknown shape set {shapes!r}; known: {sorted(shape_sets())}")
+    return device, task
+
+
 def evaluate(
     task_name: str,
     kernel: str | Path,
@@ -66,12 +77,7 @@ def evaluate(
     own tests of the layers behind them (tests/exploits); never turn them off for a real
     candidate. on_stage(name) hears each stage as it starts. Raises ValueError / TaskError
     / KernelError (one line) for bad arguments; everything about the kernel is the Result."""
-    device = "cuda" if device in ("gpu", "cuda") else device
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or gpu, got {device!r}")
-    task = get_task(task_name)
-    if shapes not in shape_sets():
-        raise ValueError(f"unknown shape set {shapes!r}; known: {sorted(shape_sets())}")
+    device, task = check_arguments(task_name, device, shapes)
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"the timeout must be a positive number of seconds, got {timeout_s}")
     path = resolve_kernel(str(kernel), task.name)

@@ -1,6 +1,25 @@
-"""Shared test setup: the `gpu` marker skips without a Hopper GPU."""
+"""Shared test setup: the `gpu` marker skips without a Hopper GPU; the `sandbox` marker
+skips where the machine forbids the runner's namespaces (then the runner says so in every
+Result, and these tests have nothing to test)."""
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+FULL_SANDBOX = "user and mount namespaces: read-only filesystem but its own dir, no network"
+_PROBE = ("import pathlib, sys, tempfile; sys.path.insert(0, sys.argv[1]); from eval.isolation import sandbox; "
+          "print(sandbox(pathlib.Path(tempfile.mkdtemp())))")
+
+
+@functools.lru_cache(maxsize=None)
+def runner_sandbox() -> str:
+    """What eval.isolation.sandbox achieves on this machine (in a throwaway process)."""
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(Path(__file__).resolve().parents[1])],
+                         capture_output=True, text=True, timeout=60)
+    return (out.stdout.strip().splitlines() or [out.stderr.strip()[-200:]])[-1]
 
 
 def _hopper() -> bool:
@@ -13,6 +32,11 @@ def _hopper() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    if any("sandbox" in item.keywords for item in items) and runner_sandbox() != FULL_SANDBOX:
+        skip_sandbox = pytest.mark.skip(reason=f"this machine gives the runner less than its sandbox: {runner_sandbox()}")
+        for item in items:
+            if "sandbox" in item.keywords:
+                item.add_marker(skip_sandbox)
     if _hopper():
         return
     skip = pytest.mark.skip(reason="needs a Hopper (sm_90) GPU; this machine has none")

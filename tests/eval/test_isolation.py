@@ -151,6 +151,7 @@ def test_a_killed_cli_leaves_nothing_behind(tmp_path, how):
 SANDBOXED = "user and mount namespaces: read-only filesystem but its own dir, no network"
 
 
+@pytest.mark.sandbox
 def test_the_judge_and_the_repo_are_out_of_the_runners_reach(tmp_path):
     """A kernel that escapes the static rules finds no way to the judge or the disk: it may
     not read its parent's memory or environment (/proc/PPID/mem, environ: the judge is
