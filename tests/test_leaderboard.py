@@ -92,3 +92,51 @@ def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--logs", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a directory" in bad.stderr
+
+
+def _board_with_everything(tmp_path):
+    from eval.leaderboard import AgentRow
+
+    expert = [result(task=t, times=((110, 100, 150), (105, 100, 140))) for t in ("k1_gemm_rmsnorm", "k8_gemm_swiglu")]
+    gen = [result(task=t, track="generated", backend="anthropic", model="m", times=((130, 100, 150), (120, 100, 140)))
+           for t in ("k1_gemm_rmsnorm", "k8_gemm_swiglu")]
+    agents = [AgentRow(backend="anthropic", model="m", tasks={"k1_gemm_rmsnorm": (4, 3)}, solved=3, turns=30,
+                       tokens=9000, usd=1.5, first_correct_s=[60.0])]
+    return lb.build(expert + gen, agents, ["synthetic results"])
+
+
+def test_the_html_page_embeds_three_plots_and_the_tables(tmp_path):
+    from eval.leaderboard_html import write_html
+
+    page = tmp_path / "board.html"
+    write_html(_board_with_everything(tmp_path), page)
+    text = page.read_text()
+    assert text.count("<img class='plot'") == 3 and "data:image/png;base64," in text
+    assert "<table>" in text and "generated:anthropic/m" in text and "fast_p" in text
+    empty = tmp_path / "empty.html"
+    write_html(lb.build([]), empty)
+    assert empty.read_text().count("Nothing to plot yet") == 3
+
+
+def test_the_html_page_renders_in_headless_chromium(tmp_path):
+    import shutil
+
+    from matplotlib import image
+
+    from eval.leaderboard_html import write_html
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium on this machine (.ci/run installs Debian's)")
+    page, shot = tmp_path / "board.html", tmp_path / "board.png"
+    write_html(_board_with_everything(tmp_path), page)
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1200,2400", page.as_uri()], capture_output=True, timeout=120)
+    pixels = image.imread(str(shot))[..., :3]
+    assert pixels.shape[0] >= 2000 and pixels.shape[1] >= 1000
+    not_white = (pixels < 0.95).any(axis=-1).mean()
+    assert not_white > 0.05, f"the page looks blank ({not_white:.3f} of it is not white)"
+    # matplotlib's first colours (tab:blue, tab:orange) fill the bars and dots of the plots
+    blue = (abs(pixels - [31 / 255, 119 / 255, 180 / 255]).max(axis=-1) < 0.06).sum()
+    orange = (abs(pixels - [255 / 255, 127 / 255, 14 / 255]).max(axis=-1) < 0.06).sum()
+    assert blue > 2000 and orange > 500, (blue, orange)
