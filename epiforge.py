@@ -158,6 +158,11 @@ def cmd_compare(args) -> int:
         from eval.store import ResultStore
 
         store = ResultStore(args.store)
+    from eval.baselines import REGISTRY
+
+    unknown = [b for b in args.baselines if b not in REGISTRY]
+    if unknown:
+        raise ValueError(f"--baselines: unknown {unknown}; known: {', '.join(REGISTRY)}")
     comparisons = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True,
                   disable=args.json) as progress:
@@ -165,7 +170,8 @@ def cmd_compare(args) -> int:
         for name, kernels in plans:
             progress.update(job, description=f"{name}: {len(kernels)} kernel(s) on {device}")
             cmp = compare(name, kernels, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu",
-                          reps=args.reps, on_stage=lambda st, n=name: progress.update(job, description=f"{n}: {st}"))
+                          reps=args.reps, baselines=args.baselines,
+                          on_stage=lambda st, n=name: progress.update(job, description=f"{n}: {st}"))
             comparisons.append(cmp)
             if store is not None:
                 for r in cmp.results:
@@ -297,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto (default): a Hopper GPU when there is one, else the CPU")
     p.add_argument("--reps", type=int, default=50, help="timed repetitions per shape on a GPU (default: 50)")
+    p.add_argument("--baselines", nargs="*", default=["torch_compile", "liger", "quack_library"],
+                   help="baselines timed beside cuBLAS, quack's plain GEMM (the speed of light) and eager PyTorch, "
+                        "on a GPU (default: torch_compile liger quack_library; see eval/baselines.py)")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
     p.add_argument("--store", default=None, help="also record every Result in this SQLite file")
     p.add_argument("--json", action="store_true")

@@ -227,18 +227,6 @@ def _ratios(row):
         row["fraction_of_bound"] = paired_ratio(gemm_only, fused).median
 
 
-def _unfused_fn(task):
-    """task.unfused as a plain function (dynamo traces it without the pydantic object)."""
-    reference = task._module.reference
-    dtypes = {o.name: o.torch_dtype for o in task.outputs}
-
-    def unfused(inputs, dims):
-        out = reference(inputs, dims)
-        return {k: out[k].to(dt) for k, dt in dtypes.items()}
-
-    return unfused
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
@@ -277,6 +265,7 @@ def main(argv=None) -> int:
     import tasks
     from bench.configs import CANDIDATES
     from bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
+    from eval.baselines import unfused_fn
     from eval.kernel import HUMAN_DIR, load_kernel_module
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
@@ -307,7 +296,7 @@ def main(argv=None) -> int:
         module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
         compiled_ref = None
         if args.compile:
-            compiled_ref = torch.compile(_unfused_fn(task), dynamic=True)
+            compiled_ref = torch.compile(unfused_fn(task), dynamic=True)
         for shape in tasks.shape_sets()["paper"]:
             if args.scales and shape.name not in args.scales:
                 continue

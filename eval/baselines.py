@@ -32,7 +32,7 @@ class Baseline:
     what: str
     library: str
     tasks: str  # "all", or a note on which
-    where: str  # "judge": the evaluator times it; "bench": bench/run.py does (not yet the evaluator)
+    where: str  # "judge": the evaluator times it (ask for it by name beyond the standard ones); else why not
 
 
 REGISTRY = {b.name: b for b in (
@@ -42,12 +42,13 @@ REGISTRY = {b.name: b for b in (
     Baseline("gemm_only", "the speed of light: the fastest of cublas and quack_gemm at the kernel's config and at the "
              "shape's fastest known configs", "cuBLAS, quack", "all", "judge"),
     Baseline("eager", "the task's unfused PyTorch reference, eager, in the inputs' precision", "PyTorch", "all", "judge"),
-    Baseline("torch_compile", "cuBLAS + torch.compile (Inductor) of the unfused reference", "PyTorch", "all", "bench"),
-    Baseline("liger", "cuBLAS + Liger-Kernel's Triton kernels (bench/liger.py)", "liger-kernel 0.8.5", "all", "bench"),
+    Baseline("torch_compile", "cuBLAS + torch.compile (Inductor) of the unfused reference", "PyTorch", "all", "judge"),
+    Baseline("liger", "cuBLAS + Liger-Kernel's Triton kernels (bench/liger.py)", "liger-kernel 0.8.5",
+             "where Liger has the op", "judge"),
     Baseline("quack_library", "quack's own library epilogue where the expert kernel is ours (bench/quack_library.py)",
-             "quack 0.6.5", "k2 k5 k6", "bench"),
+             "quack 0.6.5", "k2 k5 k6", "judge"),
     Baseline("flashinfer", "cuBLAS + FlashInfer norm / activation / rope kernels", "flashinfer 0.7.2.post1",
-             "k0 k1 k2 k3 k4 k8", "bench (staged by ../shared/gpu/stage-flashinfer; not yet timed)"),
+             "k0 k1 k2 k3 k4 k8", "not yet timed (../shared/gpu/stage-flashinfer stages it for the H200)"),
 )}
 
 
@@ -85,3 +86,67 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
             continue
         fns[f"quack_gemm@{cfg.key()}"] = fn
     return fns, skipped
+
+
+#: baselines the evaluator always times; the others are asked for by name
+STANDARD = ("cublas", "quack_gemm", "gemm_only", "eager")
+
+
+def unfused_fn(task):
+    """task.unfused as a plain function (dynamo traces it without the pydantic object)."""
+    reference = task._module.reference
+    dtypes = {o.name: o.torch_dtype for o in task.outputs}
+
+    def unfused(inputs, dims):
+        out = reference(inputs, dims)
+        return {k: out[k].to(dt) for k, dt in dtypes.items()}
+
+    return unfused
+
+
+def extra_baselines(names, task, dims: dict, input_sets: list, device: str) -> tuple[dict[str, Callable], dict, dict]:
+    """The asked-for baselines beyond the standard ones: ({name: fn(j)}, {name: note},
+    {name: why it was left out}). Each is called once here (a compile, a check that it runs)."""
+    import torch
+
+    fns, notes, skipped = {}, {}, {}
+    for name in names:
+        if name in STANDARD:
+            continue
+        entry = REGISTRY.get(name)
+        if entry is None:
+            raise ValueError(f"unknown baseline {name!r}; known: {', '.join(REGISTRY)}")
+        fn, note = None, entry.what
+        if entry.where != "judge":
+            skipped[name] = entry.where
+            continue
+        if name == "torch_compile":
+            compiled = torch.compile(unfused_fn(task), dynamic=True)
+            fn = (lambda j, _c=compiled: _c(input_sets[j], dims))
+        elif name == "liger":
+            from bench.liger import composites
+
+            found = composites().get(task.name)
+            if found is None:
+                skipped[name] = "Liger is not installed here, or has no composite for this task"
+                continue
+            fn, note = (lambda j, _f=found[0]: _f(input_sets[j], dims)), found[1]
+        elif name == "quack_library":
+            from bench.quack_library import alternatives
+
+            found = alternatives().get(task.name)
+            if found is None:
+                skipped[name] = "the expert kernel is quack's library epilogue itself, or there is none for this task"
+                continue
+            a, w = task.gemm_operands(input_sets[0])
+            cfg = P.pick_config(found[2], a, w)
+            fn, note = (lambda j, _f=found[0], _c=cfg: _f(input_sets[j], _c)), found[1]
+        try:
+            fn(0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # it does not run here: left out, and the Result says why
+            skipped[name] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            continue
+        fns[name], notes[name] = fn, note
+    return fns, notes, skipped

@@ -96,10 +96,16 @@ def select_kernels(task_name: str, specs: list[str]) -> list[tuple[str, Path]]:
 
 def compare(task_name: str, kernels: list[tuple[str, Path]], *, device: str = "cpu", shapes: str = "smoke",
             seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 50,
-            on_stage=None) -> Comparison:
+            baselines: list[str] = (), on_stage=None) -> Comparison:
     """Judge the kernels together (see the module docstring); the static stage runs here,
-    per kernel, on each source read once."""
+    per kernel, on each source read once. baselines: registry names (eval/baselines.py)
+    timed beside the standard ones on a GPU."""
+    from eval.baselines import REGISTRY
+
     device, task = check_arguments(task_name, device, shapes)
+    unknown = [b for b in baselines if b not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {unknown}; known: {', '.join(REGISTRY)}")
     results: dict[str, Result] = {}
     judged = []
     for label, path in kernels:
@@ -120,7 +126,8 @@ def compare(task_name: str, kernels: list[tuple[str, Path]], *, device: str = "c
             if compile and device == "cpu" else {}
         request = {"task": task.name, "device": device, "shapes": shapes, "kernels": judged,
                    "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
-                   "memory_limit_gib": 16, "hidden_shapes": True, "timing": True, "runner_env": runner_env}
+                   "memory_limit_gib": 16, "hidden_shapes": True, "timing": True, "runner_env": runner_env,
+                   "baselines": list(baselines)}
         run = run_judge(request, timeout_s=timeout, on_stage=on_stage)
         if run.result is not None and run.broken is None:
             for k, raw in zip(judged, run.result["results"]):

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from eval.baselines import gemm_candidates
+from eval.baselines import extra_baselines, gemm_candidates
 from eval.launches import Launch, classify, classify_recorded
 from eval.numerics import (
     InputSet,
@@ -98,8 +98,8 @@ class KernelStageFailure(StageFailure):
 
 
 def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, shape_index: int, *, reps: int,
-              warmup: int, rotate: int, device: str = "cuda",
-              kernel_configs: list[str] = ()) -> dict[str, ShapeTiming]:
+              warmup: int, rotate: int, device: str = "cuda", kernel_configs: list[str] = (),
+              baselines: list[str] = ()) -> dict[str, ShapeTiming]:
     """Timings of every kernel and the baselines in ONE interleaved run, the timed outputs
     checked (module docstring). Each kernel's ShapeTiming has the baselines and, under
     "kernel:<name>", every other kernel, so their ratios are per repetition too. A kernel
@@ -163,7 +163,8 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     from primitives.config import GemmConfig
 
     plain, skipped = gemm_candidates(task, dims, ab, [GemmConfig.parse(c) for c in kernel_configs], device)
-    local = {**plain, "eager": lambda j: task.unfused(private[j], dims)}
+    extra, extra_notes, extra_skipped = extra_baselines(baselines, task, dims, private, device)
+    local = {**plain, "eager": lambda j: task.unfused(private[j], dims), **extra}
 
     def local_rep(name: str, j: int) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -208,7 +209,7 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     notes = {"gemm_only": f"the speed of light: {sol}, the fastest of {', '.join(plain)}",
              "cublas": "torch.mm of the task's GEMM in its shape and operand layouts",
              "eager": "the task's unfused PyTorch, eager",
-             **{n: f"left out: {why}" for n, why in skipped.items()}}
+             **extra_notes, **{n: f"left out: {why}" for n, why in {**skipped, **extra_skipped}.items()}}
     out = {}
     for name in kernels:
         me = f"kernel:{name}"
@@ -278,7 +279,8 @@ def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: in
 
 def run_timed_stages(task, kernels: dict[str, tuple[KernelProcess, object]], shape, master_seed: int,
                      shape_index: int, *, stage, ceilings: Ceilings, reps: int = 50, warmup: int = 5,
-                     shapes_name: str = "smoke", device: str = "cuda", timed: bool = True) -> None:
+                     shapes_name: str = "smoke", device: str = "cuda", timed: bool = True,
+                     baselines: list[str] = ()) -> None:
     """The timed stages for several kernels of one task at once ({name: (runner, its
     ShapeResult)}, filled in place): each kernel's launch check, then ONE interleaved run of
     all that passed it (a kernel that fails there is dropped and the run starts again without
@@ -311,7 +313,7 @@ def run_timed_stages(task, kernels: dict[str, tuple[KernelProcess, object]], sha
             configs = sorted({c for n in active for c in kernels[n][1].gemm_configs})
             summaries = benchmark(task, {n: kernels[n][0] for n in active}, shape, master_seed, shape_index, reps=reps,
                                   warmup=warmup, rotate=ROTATE.get(shapes_name, 2), device=device,
-                                  kernel_configs=configs)
+                                  kernel_configs=configs, baselines=baselines)
             break
         except KernelStageFailure as f:
             res = kernels[f.name][1]

@@ -141,7 +141,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
                 if group:
                     run_timed_stages(task, group, shape, request["seed"], i, stage=at, ceilings=ceilings,
                                      reps=request.get("reps", 50), shapes_name=request["shapes"], device=device,
-                                     timed=request.get("timing", True))
+                                     timed=request.get("timing", True), baselines=request.get("baselines", []))
             for c in [c for c in cands if c.live]:
                 res = c.per_shape[-1]
                 if res.outcome != Outcome.PASSED:

@@ -119,3 +119,22 @@ def test_timed_calls_are_checked_on_a_sample_drawn_from_the_seed(tmp_path):
     res, _ = stages_of("k1_gemm_rmsnorm", REPO / "human_kernels/k1_gemm_rmsnorm.py", tmp_path, reps=30)
     assert res.outcome.value == "PASSED", res.message
     assert 1 <= res.timing.checked_calls < 30  # some, not all: which ones the kernel cannot know
+
+
+def test_asked_for_baselines_are_timed_beside_or_say_why_not(tmp_path):
+    task = tasks.get_task("k2_gemm_rmsnorm_swiglu")
+    shape = tasks.shape_sets()["smoke"][0]
+    with runner(REPO / "human_kernels/k2_gemm_rmsnorm_swiglu.py", tmp_path) as kp:
+        res = numerics.check_shape(task, kp, shape, 5, 0, "cpu")
+        gpu_stages.run_timed_stages(task, {"expert": (kp, res)}, shape, 5, 0, stage=lambda s: None,
+                                    ceilings=Ceilings(), reps=5, device="cpu",
+                                    baselines=["quack_library", "liger", "flashinfer"])
+    t = res.timing
+    assert res.outcome.value == "PASSED", res.message
+    assert "quack_library" in t.baselines and "quack_library" in t.speedup  # quack's norm_swiglu_mod, emulated
+    assert t.notes["flashinfer"].startswith("left out: not yet timed")
+    assert "liger" in t.baselines or t.notes["liger"].startswith("left out:")
+    with pytest.raises(ValueError, match="unknown baseline"):
+        from eval.baselines import extra_baselines
+
+        extra_baselines(["nonsense"], task, shape.dims(), [], "cpu")
