@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable
@@ -40,15 +39,11 @@ _MAX_IDLE = 2  # consecutive turns without a tool call before the session counts
 
 def environment() -> dict:
     """What the log records about this machine: versions, never paths or names."""
-    from eval.evaluation import environment_fingerprint
+    from eval.machine import fingerprint, source_commit
 
-    env = environment_fingerprint("cuda") | {"system": platform.system()}
-    try:
-        env["epiforge_commit"] = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, text=True,
-                                                capture_output=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        env["epiforge_commit"] = None
-    return env
+    commit = source_commit()
+    return fingerprint("cuda", commit=False) | {"system": platform.system(),
+                                                "epiforge_commit": commit[:12] if commit else None}
 
 
 def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFAULT_LOG_DIR, log_path: Path | None = None,

@@ -3,11 +3,10 @@ space, gemm_config._get_sm90_configs) and where compiled kernels are cached."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from primitives.config import GemmConfig
+from eval.machine import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 #: quack's object cache, filled on a CPU by bench/precompile.py and carried to the GPU
 CACHE_DIR = REPO / ".epiforge" / "quack-cache"
 

@@ -6,17 +6,16 @@ machines; the objects' own names do not)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import platform
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from bench.configs import CACHE_DIR
+from eval import machine
+from eval.machine import source_commit  # noqa: F401 (re-exported for bench.report)
 
 
 def install_precompiled() -> int:
@@ -45,52 +44,9 @@ def command_line(module: str, argv: list[str] | None) -> str:
     return " ".join(["python -m", module, *((a.replace(out, "$OUT") if out else a) for a in args)])
 
 
-def source_commit(where: Path | None = None) -> str | None:
-    """The git commit the run's sources came from (+ "-dirty" with uncommitted changes); on a
-    machine that received the working tree without .git, $EPIFORGE_COMMIT if the caller set it."""
-    where = where or Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20, check=False,
-                             cwd=where)
-        if out.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                   text=True, timeout=20, check=False, cwd=where).stdout.strip()
-            return out.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("EPIFORGE_COMMIT")
-
-
 def fingerprint(command: str) -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    def version(pkg):
-        try:
-            return md.version(pkg)
-        except md.PackageNotFoundError:
-            return None
-
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = None
-    return {
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "driver": driver,
-        "cuda": torch.version.cuda,
-        "torch": torch.__version__,
-        "nvidia-cutlass-dsl": version("nvidia-cutlass-dsl"),
-        "quack-kernels": version("quack-kernels"),
-        "triton": version("triton"),
-        "liger-kernel": version("liger-kernel"),
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command,
-        "commit": source_commit(),
-    }
+    """The machine and sources a bench result file came from (eval.machine.fingerprint)."""
+    return machine.fingerprint("cuda", command)
 
 
 _NUMBER_LIST = re.compile(r"\[\n\s*(-?[0-9][0-9.eE+-]*(?:,\n\s*-?[0-9][0-9.eE+-]*)*)\n\s*\]")

@@ -19,8 +19,8 @@ import argparse
 import hashlib
 import sys
 from pathlib import Path
+from eval.machine import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 #: bench names -> the registry's (eval/baselines.py); the speed of light is added as gemm_only
 BASELINES = {"gemm_cublas": "cublas", "gemm_quack": "quack_gemm_at_config", "gemm_quack_best": "quack_gemm_best",
              "torch_compile": "torch_compile", "liger": "liger", "quack_library": "quack_library"}

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from eval.machine import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:

@@ -17,8 +17,8 @@ import statistics
 import sys
 import textwrap
 from pathlib import Path
+from eval.machine import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def config_ratios(files: list[str], what: str = "fused") -> dict[str, dict[str, dict[str, float]]]:

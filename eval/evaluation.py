@@ -26,17 +26,6 @@ from tasks import TaskError, get_task, shape_sets
 DEFAULT_TIMEOUT_S = {"cpu": 600, "cuda": 900}
 
 
-def environment_fingerprint(device: str) -> dict:
-    """Versions of this process's machine (the agent's logs use it; on "cuda" it touches
-    the GPU in the calling process, which evaluate() itself never does)."""
-    import torch
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()}
-    if device == "cuda" and torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name()
-    return env
-
-
 def check_arguments(task_name: str, device: str, shapes: str):
     """(device as "cpu" | "cuda", the Task) for a request, or one line (ValueError, TaskError)."""
     device = "cuda" if device in ("gpu", "cuda") else device
@@ -161,4 +150,4 @@ def _from_judge(run, base: dict, timeout: float) -> Result:
                   message=f"the judge ended without a verdict ({why}) during {run.stage}")
 
 
-__all__ = ["evaluate", "environment_fingerprint", "KernelError", "TaskError"]
+__all__ = ["evaluate", "KernelError", "TaskError"]

@@ -35,8 +35,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from eval.machine import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 STDERR_TAIL = 4000
 MAX_CHANNEL_BYTES = 32 * 2**20
 FILE_SIZE_LIMIT = 2 * 2**30  # stderr spam or a runaway write stops here (SIGXFSZ)

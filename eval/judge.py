@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -31,6 +30,7 @@ import traceback
 from pathlib import Path
 
 from eval.isolation import make_undumpable, setup_child
+from eval.machine import fingerprint
 from eval.result import Outcome, Result, ShapeResult, worst_element
 
 _RUNNERS: list = []  # the live KernelProcesses, for the SIGTERM handler
@@ -50,23 +50,6 @@ class Channel:
 
     def stage(self, name: str) -> None:
         self.send(stage=name)
-
-
-def environment(device: str) -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()}
-    for pkg in ("nvidia-cutlass-dsl", "quack-kernels", "triton"):
-        try:
-            env[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    if device == "cuda":
-        env |= {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
-                "capability": ".".join(map(str, torch.cuda.get_device_capability()))}
-    return env
 
 
 class Candidate:
@@ -122,7 +105,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
             import torch
 
             torch.cuda.init()
-        env = environment(device)
+        env = fingerprint(device, commit=False)
         for i, c in enumerate(cands):
             c.base["environment"] = dict(env)
             try:

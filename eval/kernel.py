@@ -19,9 +19,7 @@ from pydantic import BaseModel
 
 from eval.static_checks import SourceTooComplex, parse_bounded
 
-REPO = Path(__file__).resolve().parent.parent
-HUMAN_DIR = REPO / "human_kernels"
-GENERATED_DIR = REPO / "generated_kernels"
+from eval.machine import GENERATED_DIR, HUMAN_DIR, REPO  # noqa: F401 (re-exported)
 
 
 class KernelError(ValueError):

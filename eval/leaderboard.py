@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.result import Result
+from eval.machine import DATA_DIR, REPO  # noqa: F401 (REPO: for callers naming files relative to it)
 
-REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "eval" / "data" / "h200-expert.jsonl"
+SHIPPED = DATA_DIR / "h200-expert.jsonl"
 #: the speedup columns, in this order, where a Result has them (eval/baselines.py names)
 BASELINE_COLUMNS = ("torch_compile", "liger", "quack_library", "eager", "cublas")
 FAST_P = (1.0, 1.2, 1.5)

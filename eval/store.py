@@ -27,9 +27,9 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from eval.result import Result
+from eval.machine import STATE_DIR
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_PATH = REPO / ".epiforge" / "results.sqlite"  # git-ignored
+DEFAULT_PATH = STATE_DIR / "results.sqlite"  # git-ignored
 ENV_PATH = "EPIFORGE_RESULTS"
 BUSY_TIMEOUT_MS = 30_000
 SCHEMA_VERSION = 2

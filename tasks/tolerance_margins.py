@@ -14,14 +14,11 @@ each one, so a run cut short still holds every case it finished.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import importlib.util
 import json
-import os
 import platform
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,8 +27,8 @@ import torch
 
 import tasks
 from tasks.tolerance import check_output
+from eval.machine import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 HUMAN_DIR = REPO / "human_kernels"
 
 
@@ -75,31 +72,17 @@ def check_case(task, module, dims: dict, seed: int, device: str) -> dict:
 
 
 def environment(device: str, argv: list[str]) -> dict:
-    def git(*args):
-        try:
-            r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20, cwd=REPO)
-            return r.stdout.strip() if r.returncode == 0 else None
-        except (OSError, subprocess.SubprocessError):
-            return None
+    """eval.machine's fingerprint, plus which processor ran it where there is no GPU."""
+    from eval.machine import fingerprint
 
-    commit = git("rev-parse", "HEAD")
-    if commit and git("status", "--porcelain", "--untracked-files=no"):
-        commit += "-dirty"
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name()
     else:
         cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
         models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
         name = f"{models[0] if models else platform.processor()} ({torch.get_num_threads()} threads)"
-    return {
-        "command": " ".join(["python -m tasks.tolerance_margins", *argv]),
-        "device": name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit or os.environ.get("EPIFORGE_COMMIT"),
-    }
+    return {**fingerprint("cuda" if device.startswith("cuda") else None,
+                          " ".join(["python -m tasks.tolerance_margins", *argv])), "device": name}
 
 
 def worst(cases: list[dict]) -> dict:

@@ -1,0 +1,63 @@
+"""Where epiforge runs: the repository's paths, and the one fingerprint of the machine and
+the sources that every result file, Result and session log records."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata as md
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HUMAN_DIR = REPO / "human_kernels"
+GENERATED_DIR = REPO / "generated_kernels"
+DATA_DIR = REPO / "eval" / "data"
+STATE_DIR = REPO / ".epiforge"  # git-ignored: the results store, caches, demo logs
+PACKAGES = ("nvidia-cutlass-dsl", "quack-kernels", "triton", "liger-kernel")
+
+
+def source_commit(where: Path | None = None) -> str | None:
+    """The git commit the sources came from (+ "-dirty" with uncommitted changes); on a
+    machine that received the working tree without .git, $EPIFORGE_COMMIT if the caller set it."""
+    where = where or REPO
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20, check=False,
+                             cwd=where)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, timeout=20, check=False, cwd=where).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("EPIFORGE_COMMIT")
+
+
+def fingerprint(device: str | None = None, command: str | None = None, *, commit: bool = True) -> dict:
+    """Versions of this machine (never a path or a name): Python, torch, CUDA, the pinned
+    packages, and with device "cuda" the GPU, its driver and capability; the date; the
+    command that made a result; the sources' commit."""
+    import torch
+
+    env = {"python": platform.python_version(), "machine": platform.machine(), "torch": torch.__version__,
+           "cuda": torch.version.cuda}
+    for pkg in PACKAGES:
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    if device == "cuda" and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=20).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    env["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if command is not None:
+        env["command"] = command
+    if commit:
+        env["commit"] = source_commit()
+    return env
