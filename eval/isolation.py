@@ -168,6 +168,40 @@ def sandbox(writable: Path, *, whole_fs: bool = True, readonly: list[str] = ()) 
     return f"user and mount namespaces: {what}, {net}"
 
 
+_CLONE_NEWPID = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+
+
+def own_pid_namespace(death_signal: int, close_in_parent: int | None = None) -> bool:
+    """Go on in a PID namespace of its own (after sandbox(): it needs the user namespace):
+    unshare, fork; the original process only waits and ends as the child ends (a signal
+    death passed on as such), so it stays the process its parent knows; the child, PID 1
+    there, mounts its own /proc and goes on, unable to see or signal any process outside.
+    True in the child; False where it cannot (nothing changed)."""
+    libc = _libc()
+    if libc.unshare(_CLONE_NEWPID) != 0:
+        return False
+    pid = os.fork()
+    if pid:
+        if close_in_parent is not None:
+            os.close(close_in_parent)  # the child holds the channel; its end must be seen as such
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be caught: already the default
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    _prctl(_PR_SET_PDEATHSIG, death_signal)
+    libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+    return True
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -37,7 +37,7 @@ from types import MappingProxyType
 def _shut_in() -> str:
     """Before torch (threads) or any kernel exists: limits, the parent-death signal, the
     sandbox (eval/isolation.py). Only when this module is the runner's entry point."""
-    from eval.isolation import sandbox, setup_child
+    from eval.isolation import own_pid_namespace, sandbox, setup_child
 
     args = sys.argv[1:]
     parent = int(args[args.index("--parent") + 1])
@@ -46,7 +46,11 @@ def _shut_in() -> str:
     if os.environ.get("EPIFORGE_RUNNER_SANDBOX") == "0":
         return "off (EPIFORGE_RUNNER_SANDBOX=0)"
     if "--cuda" not in args:
-        return sandbox(Path.cwd())
+        got = sandbox(Path.cwd())
+        sock = int(args[args.index("--sock") + 1])
+        if got.startswith("user and mount") and own_pid_namespace(signal.SIGKILL, close_in_parent=sock):
+            got += ", its own PID namespace"
+        return got
     repo = Path(__file__).resolve().parent.parent
     trees = [str(repo), str(Path.cwd().parent), *sys.path, *os.environ.get("EPIFORGE_SHARED_CACHES", "").split(os.pathsep)]
     if args[args.index("--cuda") + 1] == "system":  # also the system's own trees (not yet seen on a GPU)

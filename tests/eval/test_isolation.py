@@ -54,25 +54,34 @@ def test_the_worker_sees_no_secrets(monkeypatch):
 
 
 def test_the_timeout_kills_the_whole_process_group(tmp_path):
+    marker = str(3000 + os.getpid() % 1000)  # a sleep nobody else runs
     kernel = tmp_path / "k1_spawns.py"
     kernel.write_text(
-        '"""Leaves a child behind and hangs."""\nimport subprocess, sys\nTASK = "k1_gemm_rmsnorm"\n\n'
+        '"""Leaves a child behind and hangs."""\nimport subprocess\nTASK = "k1_gemm_rmsnorm"\n\n'
         "def run(inputs, prepared, config=None):\n"
-        "    p = subprocess.Popen(['sleep', '300'])\n    print(f'CHILD {p.pid}', file=sys.stderr)\n"
+        f"    subprocess.Popen(['sleep', '{marker}'])\n"
         "    while True:\n        pass\n")
     r = evaluate("k1", str(kernel), seed=1, timeout_s=10, static_checks=False)
     assert r.outcome.value == "TIMEOUT", r.message
-    pid = int(r.stderr_tail.split("CHILD ")[1].split()[0])
-    for _ in range(50):  # killed with the group (a zombie until reaped by init counts as gone)
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-        except FileNotFoundError:
-            break
-        if state == "Z":
+
+    def sleepers():
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and (proc / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode() \
+                        and (proc / "stat").read_text().split()[2] != "Z":
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+        return found
+
+    for _ in range(50):  # killed with the group (a zombie until reaped counts as gone)
+        if not sleepers():
             break
         time.sleep(0.1)
     else:
-        os.kill(pid, 9)
+        for pid in sleepers():
+            os.kill(pid, 9)
         pytest.fail("the kernel's child outlived the timeout")
 
 
@@ -81,10 +90,13 @@ def test_a_death_while_compiling_is_a_compile_error(tmp_path):
     try:
         kp.ask({"op": "ping"}, stage="load")
         kp.building = True  # as when the runner announced a kernel build (primitives/trace.py)
-        os.kill(kp.proc.pid, 11)
+        # the runner proper is the child its first process forked into its own PID namespace;
+        # as that namespace's PID 1 it takes only SIGKILL from outside (a real crash is its own)
+        children = Path(f"/proc/{kp.proc.pid}/task/{kp.proc.pid}/children").read_text().split()
+        os.kill(int(children[0]) if children else kp.proc.pid, 9)
         with pytest.raises(KernelFailure) as died:
             kp.ask({"op": "ping"}, stage="compile")
-        assert died.value.outcome == "COMPILE_ERROR" and "SIGSEGV" in died.value.message
+        assert died.value.outcome == "COMPILE_ERROR" and "SIGKILL" in died.value.message
     finally:
         kp.close()
 
@@ -148,7 +160,7 @@ def test_a_killed_cli_leaves_nothing_behind(tmp_path, how):
             cli_proc.kill()
 
 
-SANDBOXED = "user and mount namespaces: read-only filesystem but its own dir, no network"
+SANDBOXED = "user and mount namespaces: read-only filesystem but its own dir, no network, its own PID namespace"
 
 
 @pytest.mark.sandbox
