@@ -9,7 +9,8 @@
 #   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
-#   bench/h200.sh judge-exploits # the exploit suite on the GPU, and the tolerance margins at the paper shapes
+#   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
+#   bench/h200.sh judge-compare  # epiforge compare of each task at the paper shapes (compare.md, compare.sqlite)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -76,7 +77,7 @@ case "${1:-}" in
   judge-check)
     mkdir -p "$OUT"
     $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
-    timeout 420 $PY -m bench.check_gpu --jobs 4 --out "$OUT/check.json" > "$OUT/check.log" 2>&1 || true
+    timeout 300 $PY -m bench.check_gpu --jobs "${JOBS:-6}" --out "$OUT/check.json" > "$OUT/check.log" 2>&1 || true
     grep -E "PASSED|FAIL|s; runner" "$OUT/check.log" | grep -vE "worst/allowed=0\.[0-8]" | tail -40
     ;;
   judge-tests)
@@ -86,16 +87,39 @@ case "${1:-}" in
     tail -25 "$OUT/pytest-gpu-eval.log"
     ;;
   judge-exploits)
+    # the exploit suite's GPU cases in SHARDS pytest processes side by side (each case is a
+    # whole evaluation: ~15 s of process starts), the tolerance margins beside them
+    mkdir -p "$OUT" "$STATE"
+    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout 300 $PY -m tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
+      > "$OUT/margins.log" 2>&1 &
+    $PY -m pytest -m gpu tests/exploits --collect-only -q -p no:cacheprovider | grep "::" > "$STATE/exploit-ids"
+    rm -f "$STATE"/shard.*
+    split -n "r/${SHARDS:-4}" "$STATE/exploit-ids" "$STATE/shard."
+    for s in "$STATE"/shard.??; do
+      mapfile -t ids < "$s"
+      timeout "${EXPLOIT_TIMEOUT_S:-330}" $PY -m pytest -m gpu -q -p no:cacheprovider -rfEX "${ids[@]}" > "$s.log" 2>&1 &
+    done
+    wait
+    for s in "$STATE"/shard.??; do echo "== $(basename "$s"): $(wc -l < "$s") cases"; cat "$s.log"; done \
+      > "$OUT/pytest-gpu-exploits.log"
+    tail -3 "$OUT/margins.log"
+    grep -E "passed|failed|FAILED|XPASS|ERROR" "$OUT/pytest-gpu-exploits.log" | tail -30
+    ;;
+  judge-compare)
+    # epiforge compare, task by task (a cut-off run keeps the tasks done): the expert and the
+    # committed generated kernels at the paper shapes beside every standard baseline
     mkdir -p "$OUT"
     $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
-    timeout 200 $PY -m tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
-      > "$OUT/margins.log" 2>&1 || true
-    tail -3 "$OUT/margins.log"
-    timeout 360 $PY -m pytest -m gpu tests/exploits -q -p no:cacheprovider > "$OUT/pytest-gpu-exploits.log" 2>&1 || true
-    tail -25 "$OUT/pytest-gpu-exploits.log"
+    for t in ${COMPARE_TASKS:-k8 k1 k0 k2 k3 k4 k5 k6 k7 k9}; do
+      timeout "${COMPARE_TIMEOUT_S:-120}" $PY epiforge.py compare --task "$t" --shapes "${COMPARE_SHAPES:-paper}" \
+        --device gpu --store "$OUT/compare.sqlite" >> "$OUT/compare.md" 2>> "$OUT/compare.log" \
+        || echo "$t: exit $?" >> "$OUT/compare.md"
+    done
+    grep -E "^\| |exit" "$OUT/compare.md" | head -60
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits|judge-compare" >&2
     exit 2
     ;;
 esac
