@@ -1,10 +1,12 @@
-"""The agent's subcommands of the epiforge CLI: generate, replay (and fork), ablate.
+"""The agent's subcommands of the epiforge CLI: generate, replay (and fork), ablate, sessions.
 
     epiforge generate --task k8 --backend anthropic [--model M] [--max-turns N] [--budget-usd X]
-    epiforge generate --resume logs/<session>.jsonl          # continue a killed session
+    epiforge generate --resume logs/<session>.jsonl          # continue a killed or failed session
     epiforge replay logs/<session>.jsonl                      # offline, kernels re-evaluated here
     epiforge replay LOG --fork-at 3 --backend openai --base-url http://127.0.0.1:8000/v1 --model M
     epiforge ablate --task k8 --backend anthropic --runs 5 --pack-without operands --pack-without logs/k0
+    epiforge sessions list [--log-dir DIR]                    # outcome, turns, tokens, dollars, kernel
+    epiforge sessions show ID
 
 Nothing heavy is imported until a command runs (no SDK, no quack for --help).
 """
@@ -13,8 +15,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+#: session settings when neither a flag nor (on --resume) the log gives one
+DEFAULTS = {"max_turns": 30, "compile": True, "device": "auto", "speed_target": 1.05, "max_output_tokens": 8192}
+#: where each live backend reads its base URL from the environment
+BASE_URL_ENV = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
+
+_GENERATE_EXAMPLES = """\
+environment:
+  ANTHROPIC_API_KEY    the key of --backend anthropic (required); ANTHROPIC_BASE_URL: its API URL
+  OPENAI_API_KEY       the key of --backend openai (a local server needs none); OPENAI_BASE_URL: its URL
+
+examples:
+  epiforge generate --task k1 --backend anthropic --budget-usd 2
+  epiforge generate --task k8 --backend openai --base-url http://127.0.0.1:8000/v1 --model qwen2.5-coder
+  epiforge generate --task k1 --backend command --command 'claude -p' --max-turns 3
+  epiforge generate --task k1 --backend anthropic --log-dir /tmp/runs --json
+  epiforge generate --resume logs/20261130T181500Z-k1-3f9a2c.jsonl --max-retries 20
+
+A session that was killed, or ended on a backend error (an outage longer than the
+retries), resumes from its last finished step with --resume; the flags and environment
+given then replace what the log recorded, and the command says which values it used.
+"""
 
 
 def add_commands(sub) -> None:
@@ -23,64 +48,118 @@ def add_commands(sub) -> None:
     if demo is not None:
         demo.add_argument("--log", default=None, help="the session to replay (default: the example in logs/examples/)")
         demo.add_argument("--experts", action="store_true", help="also evaluate every expert kernel on the CPU (~1 min)")
-    p = sub.add_parser("generate", help="let an LLM backend write a kernel for a task")
-    p.add_argument("--task", help="task id or name, e.g. k8")
-    p.add_argument("--backend", choices=["anthropic", "openai", "command"])
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("generate", help="let an LLM backend write a kernel for a task", formatter_class=fmt,
+                       description="Run one agent session: the model writes a kernel for the task, the evaluator "
+                                   "checks it, until it passes or a budget is spent.", epilog=_GENERATE_EXAMPLES)
+    p.add_argument("--task", help="task id or name, e.g. k8 (required, unless --resume)")
+    p.add_argument("--backend", choices=["anthropic", "openai", "command"], help="the LLM backend (required, unless --resume)")
     _backend_options(p)
     _session_options(p)
-    p.add_argument("--resume", metavar="LOG", help="continue a killed session from its log (appends to it)")
-    p.add_argument("--log-dir", default=None, help="where the session log goes (default: logs/)")
-    p.add_argument("--workspace", default=None, help="the session's working directory (default: .epiforge/workspaces/ID)")
-    p.add_argument("--json", action="store_true", help="print the session_ended event as JSON")
+    p.add_argument("--resume", metavar="LOG", help="continue a killed session, or one that ended on a backend error, "
+                                                  "from its log (appends to it)")
+    _output_options(p)
+    p.add_argument("--json", action="store_true", help="print the session_ended event as JSON on stdout "
+                                                       "(progress goes to stderr)")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("replay", help="re-run a recorded session offline (or fork it into a live backend)")
+    p = sub.add_parser("replay", help="re-run a recorded session offline (or fork it into a live backend)",
+                       formatter_class=fmt, epilog="examples:\n  epiforge replay logs/examples/"
+                       "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl\n"
+                       "  epiforge replay LOG --fork-at 3 --backend anthropic   # needs ANTHROPIC_API_KEY\n")
     p.add_argument("log", help="a session log (JSONL)")
-    p.add_argument("--fork-at", type=int, default=None, metavar="N", help="replay steps < N, then continue live")
-    p.add_argument("--backend", choices=["anthropic", "openai", "command"], help="the live backend of a fork")
+    p.add_argument("--fork-at", type=int, default=None, metavar="N", help="replay steps < N, then continue live "
+                                                                         "(default: replay every step)")
+    p.add_argument("--backend", choices=["anthropic", "openai", "command"],
+                   help="the live backend of a fork (required with --fork-at)")
     _backend_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="override the recorded sm_90a cross-compile setting")
+                   help="override the recorded sm_90a cross-compile setting (default: as recorded)")
     p.add_argument("--max-turns", type=int, default=None, help="a fork's turn budget (default: as recorded)")
     p.add_argument("--docs-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-dir", default=None, help="where the new log goes (default: .epiforge/replays/, forks: logs/)")
-    p.add_argument("--json", action="store_true", help="print the replay report as JSON")
+    p.add_argument("--out", default=None, metavar="DIR", help="where a fork's passing kernel goes "
+                                                             "(default: generated_kernels/, or LOG_DIR/generated_kernels)")
+    p.add_argument("--json", action="store_true", help="print the replay report as JSON on stdout")
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("ablate", help="knowledge-pack ablation: runs with and without pages, and a report")
-    p.add_argument("--task")
-    p.add_argument("--backend", choices=["anthropic", "openai", "command"])
+    p = sub.add_parser("ablate", help="knowledge-pack ablation: runs with and without pages, and a report",
+                       formatter_class=fmt, epilog="examples:\n  epiforge ablate --task k8 --backend anthropic "
+                       "--runs 5 --pack-without operands\n  epiforge ablate --from-logs logs/ablations/20261130T181500Z\n")
+    p.add_argument("--task", help="task id or name (required, unless --from-logs)")
+    p.add_argument("--backend", choices=["anthropic", "openai", "command"], help="the LLM backend (required, unless --from-logs)")
     _backend_options(p)
     _session_options(p)
-    p.add_argument("--runs", type=int, default=3, help="sessions per condition")
+    p.add_argument("--runs", type=int, default=3, help="sessions per condition (default: 3)")
     p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR")
     p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: logs/ablations/<time>/)")
     p.add_argument("--report", default=None, metavar="PATH", help="also write the report as JSON here")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(func=cmd_ablate)
+
+    s = sub.add_parser("sessions", help="list or show agent sessions from their logs").add_subparsers(
+        dest="sessions_command", required=True)
+    p = s.add_parser("list", help="one line per session: outcome, turns, tokens, dollars, kernel")
+    p.add_argument("--log-dir", action="append", default=None, metavar="DIR",
+                   help="a folder of session logs (repeatable; default: logs/)")
+    p.add_argument("--json", action="store_true", help="print the sessions as JSON on stdout")
+    p.set_defaults(func=cmd_sessions_list)
+    p = s.add_parser("show", help="one session in full: configuration, steps, evaluations, outcome")
+    p.add_argument("session", help="a session id (looked up in --log-dir) or a log's path")
+    p.add_argument("--log-dir", action="append", default=None, metavar="DIR",
+                   help="a folder of session logs (repeatable; default: logs/)")
+    p.add_argument("--json", action="store_true", help="print the session as JSON on stdout")
+    p.set_defaults(func=cmd_sessions_show)
 
 
 def _backend_options(p) -> None:
-    p.add_argument("--model", default=None, help="model name (anthropic default: claude-sonnet-4-5; command: a label)")
-    p.add_argument("--base-url", default=None, help="API base URL (anthropic: ANTHROPIC_BASE_URL; openai: OPENAI_BASE_URL)")
-    p.add_argument("--command", default=None, help="command backend: the agent CLI to run in the workspace")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per API request (command: per run)")
-    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None, help="stream responses (anthropic default: on)")
-    p.add_argument("--max-output-tokens", type=int, default=8192)
+    p.add_argument("--model", default=None, help="model name (anthropic default: claude-sonnet-4-5; openai: required; "
+                                                 "command: a label)")
+    p.add_argument("--base-url", default=None, help="API base URL (default: $ANTHROPIC_BASE_URL or "
+                                                    "https://api.anthropic.com; openai: $OPENAI_BASE_URL)")
+    p.add_argument("--command", default=None, help="command backend: the agent CLI to run in the workspace "
+                                                   "(required for --backend command)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per API request (default: 600; "
+                                                              "command: per run, default 1800)")
+    p.add_argument("--max-retries", type=int, default=None,
+                   help="retries of a failed API request (429, 5xx, overloaded, timeouts), waiting 1, 2, 4 ... "
+                        "up to 60 s with jitter, or the server's retry-after (default: 9, about four minutes)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="stream responses (default: on for anthropic, off for openai)")
+    p.add_argument("--max-output-tokens", type=int, default=None,
+                   help=f"output tokens per response (default: {DEFAULTS['max_output_tokens']})")
 
 
 def _session_options(p) -> None:
-    p.add_argument("--max-turns", type=int, default=30)
-    p.add_argument("--budget-usd", type=float, default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="input + output tokens over the session")
-    p.add_argument("--max-wall-s", type=float, default=None)
+    p.add_argument("--max-turns", type=int, default=None, help=f"model responses (default: {DEFAULTS['max_turns']})")
+    p.add_argument("--budget-usd", type=float, default=None,
+                   help="dollars over the session, checked before each request (default: no limit; "
+                        "an unpriced model needs --price-in and --price-out)")
+    p.add_argument("--max-tokens", type=int, default=None, help="input + output tokens over the session (default: no limit)")
+    p.add_argument("--max-wall-s", type=float, default=None,
+                   help="wall-clock seconds; it also cuts a running check short (default: no limit)")
+    p.add_argument("--price-in", type=float, default=None, metavar="USD",
+                   help="USD per million input tokens, instead of agent/pricing.py's table (default: the table)")
+    p.add_argument("--price-out", type=float, default=None, metavar="USD",
+                   help="USD per million output tokens (default: the table)")
     p.add_argument("--pack-without", action="append", default=[], metavar="DOC",
-                   help="leave this primitive_docs page out of the knowledge pack (repeatable)")
+                   help="leave this primitive_docs page out of the knowledge pack (repeatable; default: none)")
     p.add_argument("--docs-dir", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-compile every epilogue for sm_90a in checks (default: on)")
-    p.add_argument("--device", choices=["auto", "cpu"], default="auto", help="auto: also use a Hopper GPU when present")
-    p.add_argument("--speed-target", type=float, default=1.05, help="kernel / GEMM-only time to reach (GPU)")
+    p.add_argument("--device", choices=["auto", "cpu"], default=None,
+                   help="auto: also use a Hopper GPU when present (default: auto)")
+    p.add_argument("--speed-target", type=float, default=None,
+                   help=f"kernel / GEMM-only time to reach on a GPU (default: {DEFAULTS['speed_target']})")
+
+
+def _output_options(p) -> None:
+    p.add_argument("--log-dir", default=None, help="where the session log goes (default: logs/)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where a passing kernel goes (default: generated_kernels/, or LOG_DIR/generated_kernels "
+                        "with --log-dir)")
+    p.add_argument("--workspace", default=None, help="the session's working directory "
+                                                     "(default: .epiforge/workspaces/ID, or LOG_DIR/workspaces/ID)")
 
 
 def _die(msg: str, code: int = 2) -> int:
@@ -88,40 +167,105 @@ def _die(msg: str, code: int = 2) -> int:
     return code
 
 
+def _say(args):
+    """Progress lines: stdout, or stderr when stdout carries JSON."""
+    return (lambda line: print(line, file=sys.stderr, flush=True)) if getattr(args, "json", False) else print
+
+
+def _number_problem(args) -> str | None:
+    """A flag's number that cannot work, in one line (budgets are checked with the config)."""
+    checks = [("max_retries", "--max-retries", 0, "at least 0"), ("max_output_tokens", "--max-output-tokens", 1, "at least 1"),
+              ("runs", "--runs", 1, "at least 1"), ("max_turns", "--max-turns", 1, "at least 1"),
+              ("max_tokens", "--max-tokens", 1, "at least 1")]
+    for name, flag, low, words in checks:
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            return f"{flag} must be {words} (got {value})"
+    for name, flag in (("timeout", "--timeout"), ("budget_usd", "--budget-usd"), ("max_wall_s", "--max-wall-s"),
+                       ("speed_target", "--speed-target")):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            return f"{flag} must be more than 0 (got {value:g})"
+    for name, flag in (("price_in", "--price-in"), ("price_out", "--price-out")):
+        value = getattr(args, name, None)
+        if value is not None and value < 0:
+            return f"{flag} must not be negative (got {value:g})"
+    return None
+
+
 def _live_backend(args, name: str | None = None, *, model=None, base_url=None, command=None):
     """The live backend the options name; the keyword arguments fill options left unset."""
-    from agent.backends import make_backend
+    from agent.backends import RetryPolicy, make_backend
 
+    retry = RetryPolicy() if args.max_retries is None else RetryPolicy(max_retries=args.max_retries)
     return make_backend(name or args.backend, model=args.model or model, base_url=args.base_url or base_url,
-                        command=args.command or command, max_output_tokens=args.max_output_tokens,
-                        timeout_s=args.timeout, stream=args.stream, note=lambda line: print(line, file=sys.stderr))
+                        command=args.command or command,
+                        max_output_tokens=args.max_output_tokens or DEFAULTS["max_output_tokens"],
+                        timeout_s=args.timeout, stream=args.stream, retry=retry,
+                        note=lambda line: print(line, file=sys.stderr))
+
+
+def _pick(value, default):
+    return default if value is None else value
 
 
 def _config(args):
     from agent.session import Budget, SessionConfig
 
-    budget = Budget(max_turns=args.max_turns, max_tokens=args.max_tokens, max_usd=args.budget_usd,
-                    max_wall_s=args.max_wall_s)
+    budget = Budget(max_turns=_pick(args.max_turns, DEFAULTS["max_turns"]), max_tokens=args.max_tokens,
+                    max_usd=args.budget_usd, max_wall_s=args.max_wall_s)
     return budget, lambda backend: SessionConfig(
         task=args.task, backend=backend.name, model=backend.model, base_url=getattr(backend, "base_url", None),
-        budget=budget, compile=args.compile, device=args.device, speed_target=args.speed_target,
-        pack_without=list(args.pack_without), max_output_tokens=args.max_output_tokens, command=args.command)
+        budget=budget, compile=_pick(args.compile, DEFAULTS["compile"]), device=_pick(args.device, DEFAULTS["device"]),
+        speed_target=_pick(args.speed_target, DEFAULTS["speed_target"]), pack_without=list(args.pack_without),
+        max_output_tokens=_pick(args.max_output_tokens, DEFAULTS["max_output_tokens"]), command=args.command,
+        price_in=args.price_in, price_out=args.price_out)
+
+
+def resumed_config(args, recorded):
+    """The recorded configuration with this command's flags (and, for the base URL, its
+    environment) over it, and one line per setting saying which value is used and whence."""
+    lines, update, budget = [], {}, {}
+    env = BASE_URL_ENV.get(recorded.backend)
+    settings = [  # (field, flag, where it lives)
+        ("model", "--model", update), ("base_url", "--base-url", update), ("command", "--command", update),
+        ("max_turns", "--max-turns", budget), ("max_tokens", "--max-tokens", budget),
+        ("max_usd", "--budget-usd", budget), ("max_wall_s", "--max-wall-s", budget),
+        ("price_in", "--price-in", update), ("price_out", "--price-out", update),
+        ("compile", "--compile", update), ("device", "--device", update), ("speed_target", "--speed-target", update),
+        ("max_output_tokens", "--max-output-tokens", update),
+    ]
+    for field, flag, into in settings:
+        old = getattr(recorded.budget if into is budget else recorded, field)
+        given = getattr(args, {"max_usd": "budget_usd"}.get(field, field), None)
+        if given is not None:
+            value, source = given, flag
+        elif field == "base_url" and env and os.environ.get(env):
+            value, source = os.environ[env], env
+        else:
+            value, source = old, "the log"
+        if source != "the log" and value != old:
+            source += f"; the log had {old}"
+        if value is not None or old is not None:
+            lines.append(f"resume: {field.replace('_', ' ')} = {value} (from {source})")
+        into[field] = value
+    config = recorded.model_copy(update=update | {"budget": recorded.budget.model_copy(update=budget)})
+    return config, lines
 
 
 def cmd_generate(args) -> int:
     from agent.backends import BackendError
+    from agent.session import ConfigError, LogError
 
+    problem = _number_problem(args)
+    if problem:
+        return _die(problem)
+    say = _say(args)
     try:
         if args.resume:
-            from agent.loop import resume_session
-            from agent.session import read_events
-
-            cfg = read_events(Path(args.resume))[0][0].config
-            if cfg.backend == "replay":
-                return _die(f"{args.resume} is a replay: run epiforge replay on its recording again instead")
-            backend = _live_backend(args, cfg.backend, model=cfg.model, base_url=cfg.base_url, command=cfg.command)
-            end, _ = resume_session(Path(args.resume), backend, workspace=args.workspace,
-                                    docs_dir=args.docs_dir, say=print)
+            end = _resume(args, say)
+            if isinstance(end, int):
+                return end
         else:
             if not (args.task and args.backend):
                 return _die("generate needs --task and --backend (or --resume LOG)")
@@ -129,20 +273,59 @@ def cmd_generate(args) -> int:
             import tasks
 
             tasks.get_task(args.task)  # an unknown task is one line before any backend is made
+            budget, make_config = _config(args)
+            problem = budget.problem()
+            if problem:
+                return _die(problem)
             backend = _live_backend(args)
-            _, make_config = _config(args)
+            log_dir = Path(args.log_dir) if args.log_dir else DEFAULT_LOG_DIR
             try:
-                end, _ = run_session(make_config(backend), backend, log_dir=Path(args.log_dir or DEFAULT_LOG_DIR),
-                                     workspace=args.workspace, docs_dir=args.docs_dir, say=print)
+                end, _ = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
+                                     out_dir=_out_dir(args), docs_dir=args.docs_dir, say=say,
+                                     workspaces=Path(args.log_dir) / "workspaces" if args.log_dir else None)
             finally:
                 backend.close()
-    except BackendError as e:
+    except (BackendError, ConfigError, LogError) as e:
         return _die(str(e))
     if args.json:
         print(end.model_dump_json(indent=1))
     if end.outcome == "backend_error":
-        return _die(end.reason)
+        return _die(f"{end.reason}; the log is kept: continue with epiforge generate --resume LOG")
     return 0 if end.outcome in ("passed", "passed_slow") else 1
+
+
+def _resume(args, say):
+    """Resume args.resume with this command's flags and environment over the log's settings."""
+    from agent.loop import resume_session
+    from agent.session import read_events
+    from agent.transcript import rebuild
+
+    if args.task or args.backend:
+        return _die("--resume continues the logged session: its task and backend are the log's (drop --task/--backend)")
+    recorded = rebuild(read_events(Path(args.resume))[0]).config
+    if recorded.backend == "replay":
+        return _die(f"{args.resume} is a replay: run epiforge replay on its recording again instead")
+    config, lines = resumed_config(args, recorded)
+    problem = config.budget.problem()
+    if problem:
+        return _die(problem)
+    for line in lines:
+        say(line)
+    backend = _live_backend(args, config.backend, model=config.model, base_url=config.base_url, command=config.command)
+    try:
+        end, _ = resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
+                                out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say)
+    finally:
+        backend.close()
+    return end
+
+
+def _out_dir(args) -> Path:
+    from eval.kernel import GENERATED_DIR
+
+    if getattr(args, "out", None):
+        return Path(args.out)
+    return Path(args.log_dir) / "generated_kernels" if args.log_dir else GENERATED_DIR
 
 
 def cmd_replay(args) -> int:
@@ -154,12 +337,14 @@ def cmd_replay(args) -> int:
         return _die("--fork-at needs --backend: the live backend that continues the session")
     if args.backend and args.fork_at is None:
         return _die("--backend is for forks: add --fork-at N")
+    problem = _number_problem(args)
+    if problem:
+        return _die(problem)
     try:
         live = _live_backend(args) if args.backend else None
         log_dir = Path(args.log_dir) if args.log_dir else (DEFAULT_LOG_DIR if live else WORKSPACES.parent / "replays")
         report = replay(Path(args.log), log_dir=log_dir, fork_at=args.fork_at, live=live, docs_dir=args.docs_dir,
-                        compile=args.compile, out_dir=_fork_out_dir() if live else None,
-                        say=(lambda line: print(line, file=sys.stderr)) if args.json else print,
+                        compile=args.compile, out_dir=_out_dir(args) if live else None, say=_say(args),
                         max_turns=args.max_turns)
     except BackendError as e:
         return _die(str(e))
@@ -170,12 +355,6 @@ def cmd_replay(args) -> int:
     if args.fork_at is not None:
         return 0 if report.outcome in ("passed", "passed_slow") else 1
     return 0 if report.reproduced else 1
-
-
-def _fork_out_dir():
-    from eval.kernel import GENERATED_DIR
-
-    return GENERATED_DIR
 
 
 def print_replay(report, say=print) -> None:
@@ -199,6 +378,7 @@ def cmd_ablate(args) -> int:
     from agent.ablate import print_report, report, rows_json, run_ablation
     from agent.backends import BackendError
     from agent.loop import DEFAULT_LOG_DIR
+    from agent.session import ConfigError
 
     if args.from_logs:
         logs = sorted(Path(args.from_logs).glob("*.jsonl"))
@@ -207,6 +387,9 @@ def cmd_ablate(args) -> int:
     else:
         if not (args.task and args.backend and args.pack_without):
             return _die("ablate needs --task, --backend and at least one --pack-without DOC (or --from-logs DIR)")
+        problem = _number_problem(args)
+        if problem:
+            return _die(problem)
         import tasks
 
         tasks.get_task(args.task)
@@ -218,8 +401,8 @@ def cmd_ablate(args) -> int:
             config = make_config(probe).model_copy(update={"pack_without": []})
             probe.close()
             logs = run_ablation(config, lambda: _live_backend(args), pages=args.pack_without, runs=args.runs,
-                                log_dir=log_dir, docs_dir=args.docs_dir, say=print)
-        except BackendError as e:
+                                log_dir=log_dir, docs_dir=args.docs_dir, say=_say(args))
+        except (BackendError, ConfigError) as e:
             return _die(str(e))
     rows = report(logs, warn=lambda line: print(line, file=sys.stderr))
     if args.report:
@@ -228,4 +411,51 @@ def cmd_ablate(args) -> int:
         print(json.dumps(rows_json(rows), indent=1))
     else:
         print_report(rows)
+    return 0
+
+
+# ---- sessions ---------------------------------------------------------------------------
+
+
+def _log_dirs(args) -> list[Path]:
+    from agent.loop import DEFAULT_LOG_DIR
+
+    return [Path(d) for d in args.log_dir] if args.log_dir else [DEFAULT_LOG_DIR]
+
+
+def cmd_sessions_list(args) -> int:
+    from agent.sessions import summarize
+
+    rows, skipped = [], []
+    for d in _log_dirs(args):
+        if not d.is_dir():
+            return _die(f"--log-dir {d}: not a directory")
+        for path in sorted(d.glob("*.jsonl")):
+            row = summarize(path)
+            (rows.append(row) if isinstance(row, dict) else skipped.append(row))
+    for why in skipped:
+        print(f"epiforge: skipped {why}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print("no sessions in " + ", ".join(str(d) for d in _log_dirs(args)))
+        return 0
+    print(f"{'session':34} {'task':34} {'backend / model':36} {'outcome':17} {'turns':>5} {'tokens':>9} {'$':>8}  kernel")
+    for r in rows:
+        cost = "unpriced" if r["cost_usd"] is None else f"{r['cost_usd']:.4f}"
+        print(f"{r['session']:34} {r['task']:34} {r['backend'] + ' / ' + r['model']:36} {r['outcome']:17} "
+              f"{r['turns']:>5} {r['tokens']:>9} {cost:>8}  {r['kernel'] or '-'}")
+    return 0
+
+
+def cmd_sessions_show(args) -> int:
+    from agent.sessions import describe_session, find_log
+
+    path = find_log(args.session, _log_dirs(args))
+    text, data = describe_session(path)
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(text)
     return 0

@@ -10,12 +10,49 @@ machine are scrubbed from everything that reaches the model or a log.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 from eval.kernel import REPO
 
 _STDERR_CHARS = 1500
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")  # colour and cursor codes (CSI and two-byte escapes)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # other control characters; tab and newline stay
+# what the CuTe DSL suggests to its own users (decorate with @jit, mark loops dynamic): an
+# epilogue is traced by the harness, so such a hint can only mislead the model
+_DSL_ONLY_HINT = re.compile(r"@(?:cute\.)?jit|@cute\.kernel|dynamic_expr|range_dynamic|preprocess")
+
+
+def plain(text: str) -> str:
+    """Text as the model should get it: no terminal escape codes, no control characters, and
+    none of the CuTe DSL's suggestions that apply only to hand-written DSL code."""
+    return _drop_dsl_hints(_CONTROL.sub("", _ANSI.sub("", text or "")))
+
+
+def _drop_dsl_hints(text: str) -> str:
+    """Remove each `suggestion:` of a DSL diagnostic (with its wrapped continuation lines)
+    that names the DSL's own decorators. Pieces are lines, or the " | "-joined lines that
+    primitives/lowering.py makes of the compiler's last lines."""
+    parts = re.split(r"(\n| \| )", text)
+    pieces, seps = parts[0::2], parts[1::2]
+    keep, i = [], 0
+    while i < len(pieces):
+        if pieces[i].strip().startswith("suggestion:"):
+            j = i + 1
+            while j < len(pieces) and pieces[j].startswith(" " * 8) and not re.match(r"\s*\w+:", pieces[j]):
+                j += 1
+            if _DSL_ONLY_HINT.search(" ".join(pieces[i:j])):
+                i = j
+                continue
+        keep.append(i)
+        i += 1
+    if not keep:
+        return ""
+    out = pieces[keep[0]]
+    for k in keep[1:]:
+        out += seps[k - 1] + pieces[k]
+    return out
 
 
 def scrub(text: str, *extra_roots: Path) -> str:
@@ -73,6 +110,8 @@ def describe(result, *, what: str, workspace: Path | None = None) -> str:
             if check.ok:
                 err = f"max error {check.max_error:.3e} <= allowed {check.allowed:.3e}" if check.max_error is not None else "ok"
                 lines.append(f"  {shape.shape} {check.name}: ok ({err})")
+            elif check.detail and check.detail in result.message:  # the message above says it already
+                lines.append(f"  {shape.shape} {check.name}: FAILED {check.problem} (the mismatch above)")
             else:
                 lines.append(f"  {shape.shape} {check.name}: FAILED {check.problem}: {scrub(check.detail, *roots)}")
         if shape.outcome.value != "PASSED" and not shape.outputs and shape.message and shape.message not in result.message:
@@ -89,12 +128,14 @@ def describe(result, *, what: str, workspace: Path | None = None) -> str:
             if key in seen:  # the same build again for the next shape (a cache hit)
                 continue
             seen.add(key)
-            status = "ok" if c.get("ok") else f"FAILED: {scrub(str(c.get('error', '')), *roots)}"
+            error = str(c.get("error", ""))
+            status = ("ok" if c.get("ok") else "FAILED (the error above)" if error and error in result.message
+                      else f"FAILED: {scrub(error, *roots)}")
             lines.append(f"  {c.get('epilogue')} [{c.get('config')}]{' mode=' + c['mode'] if c.get('mode') else ''}: {status} ({c.get('seconds', 0)} s)")
     if not result.passed and result.stderr_tail:
         tail = scrub(result.stderr_tail, *roots).strip()[-_STDERR_CHARS:]
         lines.append("stderr (tail):\n" + tail)
-    return "\n".join(line for line in lines if line)
+    return plain("\n".join(line for line in lines if line))
 
 
 def _timing_line(timing) -> str:

@@ -22,10 +22,11 @@ from typing import Callable
 
 from agent.backends.base import Backend, BackendError, RecordingExhausted, SessionContext
 from agent.pack import build_pack
+from agent.pricing import cost_usd, session_price
 from agent.session import (
-    ApiRetry, HarnessNote, LogError, Message, ModelRequest, ModelResponse, SessionConfig, SessionEnded, SessionLog,
-    SessionResumed, SessionStarted, TextBlock, ToolCalled, ToolResult, Totals, new_session_id, read_events,
-    truncated_last_line,
+    ApiRetry, ConfigError, HarnessNote, LogError, Message, ModelRequest, ModelResponse, SessionConfig, SessionEnded,
+    SessionLog, SessionResumed, SessionStarted, TextBlock, ToolCalled, ToolResult, Totals, Usage, new_session_id,
+    read_events, truncated_last_line,
 )
 from agent.tools import TOOLS, ToolBox
 from eval.kernel import GENERATED_DIR, REPO
@@ -35,6 +36,27 @@ WORKSPACES = REPO / ".epiforge" / "workspaces"  # git-ignored
 _NUDGE = ("No tool call received. Work through the tools: write_kernel, run_check, then submit "
           "when the check passes.")
 _MAX_IDLE = 2  # consecutive turns without a tool call before the session counts as given up
+_CHARS_PER_TOKEN = 4.0  # the request-size estimate before a server has reported any tokens
+_MIN_OUTPUT_ESTIMATE = 1024  # output tokens a request is assumed to cost before the session has seen larger
+
+
+def config_problem(config: SessionConfig) -> str | None:
+    """Why a session with this configuration cannot run, in one line, or None."""
+    problem = config.budget.problem()
+    if problem:
+        return problem
+    if config.max_output_tokens < 1:
+        return f"--max-output-tokens must be at least 1 (got {config.max_output_tokens})"
+    if not config.speed_target > 0:
+        return f"--speed-target must be more than 0 (got {config.speed_target:g})"
+    if (config.price_in is None) != (config.price_out is None):
+        return "--price-in and --price-out go together: give both (USD per million tokens) or neither"
+    if config.price_in is not None and (config.price_in < 0 or config.price_out < 0):
+        return "--price-in and --price-out must not be negative"
+    if config.budget.max_usd is not None and session_price(config) is None:
+        return (f"--budget-usd needs a price for model {config.model!r}, which agent/pricing.py does not list: "
+                "give --price-in and --price-out (USD per million tokens)")
+    return None
 
 
 def environment() -> dict:
@@ -49,19 +71,24 @@ def environment() -> dict:
 def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFAULT_LOG_DIR, log_path: Path | None = None,
                 workspace: Path | None = None, out_dir: Path | None = GENERATED_DIR, docs_dir: Path | None = None,
                 say: Callable[[str], None] = print, forked_from: dict | None = None,
-                replay_of: dict | None = None, seeds: dict | None = None) -> tuple[SessionEnded, Path]:
+                replay_of: dict | None = None, seeds: dict | None = None,
+                workspaces: Path | None = None) -> tuple[SessionEnded, Path]:
     """Run one new session; returns its end event and the log's path. `out_dir=None` keeps
     a passing kernel out of generated_kernels/ (replays); `seeds` fixes the evaluation seeds
-    by (step, call_id, device, shapes) (a replay reuses the recorded ones)."""
+    by (step, call_id, device, shapes) (a replay reuses the recorded ones); the workspace is
+    `workspace`, else `workspaces`/ID (default: .epiforge/workspaces/ID)."""
     import tasks
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
+    problem = config_problem(config)
+    if problem:
+        raise ConfigError(problem)
     pack = build_pack(task, docs_dir, config.pack_without)
     session_id = new_session_id(task.id)
     system = pack.system_prompt(speed_target=config.speed_target)
     prompt = pack.task_prompt(speed_target=config.speed_target)
-    workspace = Path(workspace or WORKSPACES / session_id)
+    workspace = Path(workspace or Path(workspaces or WORKSPACES) / session_id)
     workspace.mkdir(parents=True, exist_ok=True)
     backend.start(SessionContext(session_id, task, pack, workspace, system, prompt, config))  # may fail: no log yet
     log = SessionLog.create(log_path or Path(log_dir) / f"{session_id}.jsonl")
@@ -70,16 +97,20 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFA
                              forked_from=forked_from, replay_of=replay_of))
     say(f"session {session_id}: {task.name} with {backend.name} / {backend.model}; log {log.path}")
     toolbox = ToolBox(task=task, pack=pack, workspace=workspace, config=config, session_id=session_id, record=log.write,
-                      seeds=dict(seeds or {}))
+                      seeds=dict(seeds or {}), say=say)
     driver = _Driver(config, backend, log, toolbox, system, [Message(role="user", content=[TextBlock(text=prompt)])],
                      say, out_dir)
     return driver.run(), log.path
 
 
-def resume_session(log_path: Path, backend: Backend, *, workspace: Path | None = None,
-                   out_dir: Path | None = GENERATED_DIR, docs_dir: Path | None = None,
+def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | None = None,
+                   workspace: Path | None = None, out_dir: Path | None = None, docs_dir: Path | None = None,
                    say: Callable[[str], None] = print) -> tuple[SessionEnded, Path]:
-    """Continue a killed session from its log, appending to the same file."""
+    """Continue a killed session, or one that ended on a backend error, from its last finished
+    step, appending to the same log. `config` replaces the recorded configuration from here on
+    (the CLI's flags and environment over the log's; None: the latest one the log recorded).
+    A log outside the repository keeps its workspace and kernel beside it (workspaces/,
+    generated_kernels/) unless `workspace` and `out_dir` say otherwise."""
     import tasks
     from agent.transcript import rebuild
 
@@ -89,32 +120,44 @@ def resume_session(log_path: Path, backend: Backend, *, workspace: Path | None =
         say(f"warning: {w}")
     state = rebuild(events)
     start = state.start
-    if state.ended is not None:
-        raise LogError(f"{log_path}: the session already ended ({state.ended.outcome}); replay or fork it instead")
-    config = start.config
+    if state.ended is not None and state.ended.outcome != "backend_error":
+        raise LogError(f"{log_path}: the session already ended ({state.ended.outcome}); only a session that ended "
+                       "on a backend error can be resumed: replay or fork it instead")
+    config = (config or state.config).model_copy(update={"task": start.config.task})
+    problem = config_problem(config)
+    if problem:
+        raise ConfigError(problem)
     task = tasks.get_task(config.task)
     pack = build_pack(task, docs_dir, config.pack_without)
     system = pack.system_prompt(speed_target=config.speed_target)
     if pack.sha256 != start.pack.sha256:
         say("warning: the knowledge pack changed since this session started; resuming with the current one")
-    workspace = Path(workspace or WORKSPACES / start.session)
+    workspace = Path(workspace or _beside(log_path, WORKSPACES, "workspaces") / start.session)
     workspace.mkdir(parents=True, exist_ok=True)
     backend.start(SessionContext(start.session, task, pack, workspace, system, start.prompt, config))
     skipped = truncated_last_line(log_path)
     log = SessionLog.append_to(log_path)
     log.write(SessionResumed(session=start.session, from_step=state.next_step, pack_sha256=pack.sha256,
-                             skipped_line=skipped))
+                             skipped_line=skipped, after_outcome=state.ended.outcome if state.ended else None,
+                             config=config))
     toolbox = ToolBox(task=task, pack=pack, workspace=workspace, config=config, session_id=start.session,
                       record=log.write, sources=dict(state.sources), current=state.current, best=state.best,
-                      evaluations=state.totals.evaluations)
+                      evaluations=state.totals.evaluations, say=say)
     if state.current:
         toolbox.kernel_path.write_text(state.sources[state.current], encoding="utf-8")
-    say(f"session {start.session}: resumed at step {state.next_step} with {backend.name} / {backend.model}")
+    after = f" after {state.ended.outcome} ({state.ended.reason})" if state.ended else ""
+    say(f"session {start.session}: resumed at step {state.next_step}{after} with {backend.name} / {backend.model}")
+    out_dir = out_dir or _beside(log_path, GENERATED_DIR, "generated_kernels")
     driver = _Driver(config, backend, log, toolbox, system, state.messages, say, out_dir,
                      step=state.next_step, totals=state.totals, idle=state.idle)
     if state.pending:  # the kill came between a response and (some of) its tool results
         driver.finish_step(state.next_step - 1, state.pending, had_calls=True, done=state.partial)
     return driver.run(), log.path
+
+
+def _beside(log_path: Path, default: Path, name: str) -> Path:
+    """`default` for a log inside the repository; else the folder `name` beside the log."""
+    return default if Path(log_path).resolve().is_relative_to(REPO) else Path(log_path).resolve().parent / name
 
 
 class _Driver:
@@ -126,6 +169,15 @@ class _Driver:
         self.prior_wall = self.totals.wall_s
         self.started = time.monotonic()
         self.session = toolbox.session_id
+        self.prices = session_price(config)
+        self.fixed_chars = len(system) + len(json.dumps([t.__dict__ for t in TOOLS]))
+        # what the requests so far cost, for the estimate of the next one
+        self.tokens_per_char: float | None = None
+        self.input_usd_per_token: float | None = None
+        self.largest_output = _MIN_OUTPUT_ESTIMATE
+        self.slowest_s = 0.0
+        self.replayed_turns, self.replayed_usd = 0, 0.0  # recorded responses: their dollars are not spent again
+        toolbox.time_left = self._wall_left
 
     def run(self) -> SessionEnded:
         try:
@@ -139,17 +191,23 @@ class _Driver:
                 return self._end("passed", "the submitted kernel passed")
             if self.idle >= _MAX_IDLE:
                 return self._end("gave_up", f"{_MAX_IDLE} turns in a row without a tool call")
-            stop = self._budget_spent()
+            stop = self._budget_stop(self._estimate(self.messages))
             if stop:
                 return self._end("passed_slow" if self.toolbox.slow_pass else "budget_exhausted", stop)
+            chars = self._chars(self.messages)
             self.log.write(ModelRequest(session=self.session, step=self.step, n_messages=len(self.messages),
-                                        chars=sum(len(b.model_dump_json()) for m in self.messages for b in m.content)))
+                                        chars=chars - self.fixed_chars))
             try:
                 turn = self.backend.complete(self.system, self.messages, TOOLS, step=self.step, on_retry=self._retried)
             except RecordingExhausted as e:
                 return self._end("recording_exhausted", str(e))
             except BackendError as e:
                 return self._end("backend_error", str(e))
+            turn.cost_usd = self._cost(turn)
+            if turn.source == "replay":
+                self.replayed_turns += 1
+                self.replayed_usd += turn.cost_usd or 0.0
+            self._learn(turn, chars)
             self.totals.turns += 1
             self.totals.usage = self.totals.usage + turn.usage
             if turn.cost_usd is not None:
@@ -190,9 +248,9 @@ class _Driver:
             notes.append(_NUDGE)
         if stop_reason == "max_tokens":
             notes.append("Your last answer was cut off at the output-token limit; keep kernels and text short.")
-        turns_left = self.config.budget.max_turns - self.totals.turns
-        if turns_left == 1:
-            notes.append("One turn of the budget is left: submit your best kernel now.")
+        last = self._last_turn(self.messages + [Message(role="user", content=blocks or [TextBlock(text="")])])
+        if last:
+            notes.append(f"This is the last turn the budget allows ({last}): submit your best kernel now.")
         for text in notes:
             self.log.write(HarnessNote(session=self.session, step=step, text=text))
         self.messages.append(Message(role="user", content=[*blocks, *[TextBlock(text=t) for t in notes]]))
@@ -210,17 +268,70 @@ class _Driver:
     def _wall(self) -> float:
         return round(self.prior_wall + time.monotonic() - self.started, 3)
 
-    def _budget_spent(self) -> str | None:
+    def _wall_left(self) -> float | None:
+        b = self.config.budget
+        return None if b.max_wall_s is None else b.max_wall_s - self._wall()
+
+    # ---- what a request costs ------------------------------------------------------------
+
+    def _cost(self, turn) -> float | None:
+        """A live turn priced at the session's prices (--price-in/--price-out, else the table's
+        for the model the server named, else for the configured model); a replayed one as recorded."""
+        if turn.source == "replay":
+            return turn.cost_usd
+        if self.config.price_in is not None:
+            return cost_usd(None, turn.usage, self.prices)
+        return turn.cost_usd if turn.cost_usd is not None else cost_usd(None, turn.usage, self.prices)
+
+    def _learn(self, turn, chars: int) -> None:
+        u = turn.usage
+        sent = u.input_tokens + u.cache_read_tokens + u.cache_write_tokens
+        if sent and chars:
+            self.tokens_per_char = sent / chars
+            if self.prices is not None:
+                self.input_usd_per_token = cost_usd(None, u.model_copy(update={"output_tokens": 0}), self.prices) / sent
+        self.largest_output = max(self.largest_output, u.output_tokens)
+        self.slowest_s = max(self.slowest_s, turn.latency_s)
+
+    def _chars(self, messages) -> int:
+        return self.fixed_chars + sum(len(b.model_dump_json()) for m in messages for b in m.content)
+
+    def _estimate(self, messages) -> tuple[int, float | None, float]:
+        """(tokens, dollars, seconds) the request of `messages` may cost: its input from its
+        size (at the last request's tokens per character and dollars per input token, which
+        prompt caching lowers), its output the largest this session has seen (at least
+        _MIN_OUTPUT_ESTIMATE, at most --max-output-tokens), its time the slowest turn's."""
+        tokens_in = round(self._chars(messages) * (self.tokens_per_char or 1 / _CHARS_PER_TOKEN))
+        tokens_out = min(self.largest_output, self.config.max_output_tokens)
+        dollars = None
+        if self.prices is not None:
+            per_in = self.input_usd_per_token or self.prices[0] * 1.25 / 1e6  # the first request writes the cache
+            dollars = tokens_in * per_in + tokens_out * self.prices[1] / 1e6
+        return tokens_in + tokens_out, dollars, self.slowest_s
+
+    def _budget_stop(self, estimate, times: int = 1) -> str | None:
+        """Why the budget does not allow `times` more requests of this estimate, or None."""
         b, t = self.config.budget, self.totals
-        if t.turns >= b.max_turns:
-            return f"turn budget spent ({t.turns} of {b.max_turns})"
-        if b.max_tokens is not None and t.usage.total >= b.max_tokens:
-            return f"token budget spent ({t.usage.total} of {b.max_tokens})"
-        if b.max_usd is not None and (t.cost_usd or 0.0) >= b.max_usd:
-            return f"dollar budget spent (${t.cost_usd:.4f} of ${b.max_usd})"
-        if b.max_wall_s is not None and self._wall() >= b.max_wall_s:
-            return f"wall-time budget spent ({self._wall():.0f} s of {b.max_wall_s:.0f} s)"
+        tokens, dollars, seconds = estimate
+        if t.turns + times > b.max_turns:
+            return f"turn budget: {t.turns} of {b.max_turns} turns used"
+        if b.max_tokens is not None and t.usage.total + times * tokens > b.max_tokens:
+            return (f"token budget: {t.usage.total:,} of {b.max_tokens:,} tokens used, "
+                    f"and a request may take about {tokens:,}")
+        if b.max_usd is not None and dollars is not None and (t.cost_usd or 0.0) + times * dollars > b.max_usd:
+            return (f"dollar budget: ${t.cost_usd or 0.0:.4f} of ${b.max_usd:.2f} spent, "
+                    f"and a request may cost about ${dollars:.4f}")
+        if b.max_wall_s is not None and self._wall() + times * seconds >= b.max_wall_s:
+            return (f"wall-time budget: {self._wall():.0f} of {b.max_wall_s:.0f} s used"
+                    + (f", and a turn may take about {seconds:.0f} s" if seconds else ""))
         return None
+
+    def _last_turn(self, messages) -> str | None:
+        """Which budget makes the next request the last one, in a few words, or None."""
+        estimate = self._estimate(messages)
+        if self._budget_stop(estimate):
+            return None  # not even the next request: the session ends before it
+        return self._budget_stop(estimate, times=2)
 
     def _end(self, outcome: str, reason: str) -> SessionEnded:
         self.totals.wall_s = self._wall()
@@ -235,6 +346,10 @@ class _Driver:
                            generated_kernel=str(generated) if generated else None, totals=self.totals)
         self.log.write(end)
         cost = "unpriced" if self.totals.cost_usd is None else f"${self.totals.cost_usd:.4f}"
+        if self.replayed_turns:
+            live = (self.totals.cost_usd or 0.0) - self.replayed_usd
+            cost = (f"${live:.4f} spent now" if self.totals.turns > self.replayed_turns else "nothing spent now") + (
+                f" (the recording's ${self.replayed_usd:.4f} for {self.replayed_turns} replayed turns is not spent again)")
         self.say(f"session {self.session}: {outcome} ({reason}); {self.totals.turns} turns, "
                  f"{self.totals.usage.total} tokens, {cost}, {self.totals.wall_s:.0f} s"
                  + (f"; kernel {generated}" if generated else ""))
@@ -243,7 +358,9 @@ class _Driver:
 
 def write_generated(source: str, task_name: str, session: str, backend: str, model: str, out_dir: Path) -> Path:
     """Save a passing kernel as generated_kernels/<task>/<session>.py, stamped with where it came
-    from (SESSION, BACKEND, MODEL right after TASK; any the model wrote are replaced). Never overwrites."""
+    from (SESSION, BACKEND, MODEL right after TASK; any the model wrote are replaced). Never
+    overwrites: the same text already there (a resumed session passing again) is kept; another
+    text goes to <session>-<sha256 prefix>.py."""
     lines = source.splitlines()
     tree = ast.parse(source)
     drop, after = set(), 0
@@ -257,10 +374,17 @@ def write_generated(source: str, task_name: str, session: str, backend: str, mod
     stamp = [f"SESSION = {json.dumps(session)}", f"BACKEND = {json.dumps(backend)}", f"MODEL = {json.dumps(model)}"]
     kept = [(i, line) for i, line in enumerate(lines) if i not in drop]
     out = [line for i, line in kept if i < after] + stamp + [line for i, line in kept if i >= after]
+    text = "\n".join(out) + "\n"
     path = Path(out_dir) / task_name / f"{session}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        if path.read_text(encoding="utf-8") == text:
+            return path
+        path = path.with_name(f"{session}-{_sha(text)[:8]}.py")
+        if path.exists():
+            return path  # the same text, by its hash
     with open(path, "x", encoding="utf-8") as f:
-        f.write("\n".join(out) + "\n")
+        f.write(text)
     return path
 
 

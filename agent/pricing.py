@@ -2,7 +2,8 @@
 
 Cache writes cost 1.25x input and cache reads 0.1x input (Anthropic's prompt caching; an
 OpenAI-compatible server's cached tokens are counted as reads). Unknown models (local
-servers, command agents) have no price: their cost is None, never a guess.
+servers, command agents) have no price: their cost is None, never a guess, unless the
+session gives its own (--price-in, --price-out).
 """
 
 from __future__ import annotations
@@ -32,8 +33,16 @@ def price(model: str | None) -> tuple[float, float] | None:
     return PRICES[max(hits, key=len)] if hits else None
 
 
-def cost_usd(model: str | None, usage: Usage) -> float | None:
-    p = price(model)
+def session_price(config) -> tuple[float, float] | None:
+    """A session's prices: its --price-in/--price-out when given, else the table's for its model."""
+    if config.price_in is not None and config.price_out is not None:
+        return config.price_in, config.price_out
+    return price(config.model)
+
+
+def cost_usd(model: str | None, usage: Usage, prices: tuple[float, float] | None = None) -> float | None:
+    """Dollars for `usage` at `prices` (USD per MTok in, out), or at the table's price of `model`."""
+    p = prices or price(model)
     if p is None:
         return None
     inp, out = p

@@ -35,6 +35,10 @@ class LogError(ValueError):
     """A session log that cannot be used (one line: file, line, why)."""
 
 
+class ConfigError(ValueError):
+    """A session configuration that cannot run (one line: which setting, why)."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -75,10 +79,22 @@ class Message(_Model):
 class Budget(_Model):
     """When to stop: whichever limit is reached first (None: no limit of that kind)."""
 
-    max_turns: int = Field(30, ge=1, description="model responses")
+    max_turns: int = Field(30, description="model responses")
     max_tokens: int | None = Field(None, description="input + output tokens over the session")
     max_usd: float | None = Field(None, description="dollars over the session (priced models only)")
     max_wall_s: float | None = Field(None, description="wall-clock seconds")
+
+    def problem(self) -> str | None:
+        """Why these limits cannot run, in one line (flag names, as the CLI spells them), or None."""
+        if self.max_turns < 1:
+            return f"--max-turns must be at least 1 (got {self.max_turns})"
+        if self.max_tokens is not None and self.max_tokens < 1:
+            return f"--max-tokens must be at least 1 (got {self.max_tokens})"
+        if self.max_usd is not None and not self.max_usd > 0:
+            return f"--budget-usd must be more than 0 dollars (got {self.max_usd:g})"
+        if self.max_wall_s is not None and not self.max_wall_s > 0:
+            return f"--max-wall-s must be more than 0 seconds (got {self.max_wall_s:g})"
+        return None
 
 
 class SessionConfig(_Model):
@@ -93,6 +109,8 @@ class SessionConfig(_Model):
     pack_without: list[str] = []
     max_output_tokens: int = 8192
     command: str | None = Field(None, description="the command backend's agent command line")
+    price_in: float | None = Field(None, description="USD per million input tokens, instead of agent/pricing.py's table")
+    price_out: float | None = Field(None, description="USD per million output tokens, instead of the table")
 
 
 class Usage(_Model):
@@ -158,6 +176,9 @@ class SessionResumed(_Event):
     from_step: int
     pack_sha256: str
     skipped_line: int | None = Field(None, description="a truncated line left by the killed run (kept, never rewritten)")
+    after_outcome: str | None = Field(None, description="the outcome the session had ended with (backend_error), if any")
+    config: SessionConfig | None = Field(None, description="the configuration from here on (flags and environment "
+                                                           "of the resume over what the log recorded)")
 
 
 class ModelRequest(_Event):
@@ -215,7 +236,7 @@ class Evaluation(_Event):
     device: str
     shapes: str
     compile: bool
-    seed: int
+    seed: int | None = Field(None, description="the inputs' seed; none when the static stage stopped the kernel (nothing ran)")
     outcome: str
     message: str
     reused_from_step: int | None = None

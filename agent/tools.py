@@ -8,11 +8,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import secrets
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from agent.backends.base import ToolSpec
-from agent.feedback import describe, scrub, scrub_tree, speed_ratio
+from agent.feedback import describe, plain, scrub, scrub_tree, speed_ratio
 from agent.session import BestKernel, Evaluation, ToolResultBlock, ToolUseBlock
 
 MAX_SOURCE_BYTES = 200_000
@@ -56,6 +59,48 @@ class ToolFailure(Exception):
     """A tool call the model got wrong: its message goes back as an error result."""
 
 
+def check_timeout_s(task, device: str, shapes: str, compile_: bool) -> float:
+    """How long one evaluation of a kernel for `task` may take before it is killed: a start-up
+    allowance, the numerics at a slow emulator's (or GPU's) pace over the GEMM work of the
+    shape set, and on a CPU with the sm_90a cross-compile, two minutes per GEMM launch. A k1
+    check on two CPU cores takes ~4 s (~12 s with the compile); this allows ~160 s."""
+    import tasks
+
+    gflop = sum(task.flops(s.dims()) for s in tasks.shape_sets()[shapes]) / 1e9
+    if device == "cuda":
+        return round(300 + 0.03 * gflop)
+    return round(60 + 30 * gflop + (120 * task.launches.count("gemm") if compile_ else 0))
+
+
+class _Progress:
+    """Says each stage of a running evaluation as it starts, and every `every_s` seconds that
+    it is still running, so a slow or hanging kernel is never silence."""
+
+    def __init__(self, say, label: str, limit_s: float, every_s: float = 15.0):
+        self.say, self.label, self.limit_s, self.every_s = say, label, limit_s, every_s
+        self.stage_name, self.t0 = "starting", time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+    def stage(self, name: str) -> None:
+        if name != self.stage_name:
+            self.stage_name = name
+            self.say(f"{self.label}: {name} ({time.monotonic() - self.t0:.0f} s)")
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.every_s):
+            self.say(f"{self.label}: still in {self.stage_name}, {time.monotonic() - self.t0:.0f} s "
+                     f"of at most {self.limit_s:.0f} s")
+
+
 @dataclass
 class ToolBox:
     task: object  # tasks.Task
@@ -72,6 +117,8 @@ class ToolBox:
     evaluations: int = 0
     last: Evaluation | None = None  # the latest evaluation event (progress lines)
     seeds: dict = field(default_factory=dict)  # (step, call_id, device, shapes) -> seed: a replay reuses the recorded ones
+    say: Callable[[str], None] = lambda line: None  # progress lines of running evaluations
+    time_left: Callable[[], float | None] = lambda: None  # seconds the wall-time budget has left (None: no limit)
     _cache: dict = field(default_factory=dict)  # (sha, device, shapes, compile) -> (step, Result, seed)
 
     @property
@@ -90,9 +137,9 @@ class ToolBox:
             if handler is None:
                 raise ToolFailure(f"no tool named {call.name!r}; tools: {', '.join(TOOL_NAMES)}")
             text = handler(args, step=step, call_id=call.id)
-            return ToolResultBlock(tool_use_id=call.id, content=text)
+            return ToolResultBlock(tool_use_id=call.id, content=plain(text))
         except ToolFailure as e:
-            return ToolResultBlock(tool_use_id=call.id, content=str(e), is_error=True)
+            return ToolResultBlock(tool_use_id=call.id, content=plain(str(e)), is_error=True)
 
     # ---- knowledge ---------------------------------------------------------------------
 
@@ -125,7 +172,11 @@ class ToolBox:
     # ---- the kernel --------------------------------------------------------------------
 
     def _tool_write_kernel(self, args, **_):
-        from eval.kernel import KernelError, read_kernel
+        """Write the kernel and run the evaluator's static stage on it at once (parsing only:
+        nothing of it runs), so a kernel that a check would reject unrun hears so now."""
+        from eval.evaluation import static_stage
+        from eval.kernel import read_kernel
+        from eval.result import Result
 
         source = _string(args, "source")
         if len(source.encode()) > MAX_SOURCE_BYTES:
@@ -134,15 +185,15 @@ class ToolBox:
         self.kernel_path.write_text(source, encoding="utf-8")
         sha = hashlib.sha256(source.encode()).hexdigest()
         self.sources[sha], self.current = source, sha
-        try:
-            meta = read_kernel(self.kernel_path, track="candidate")
-        except KernelError as e:
-            raise ToolFailure(f"written, but it is not a usable kernel: {scrub(str(e), self.workspace)}") from None
-        if meta.task != self.task.name:
-            raise ToolFailure(f"written, but TASK is {meta.task!r}; it must be {self.task.name!r}")
+        base = dict(task=self.task.name, kernel="kernel.py", kernel_sha256=sha, device="cpu", shapes="smoke")
+        static = static_stage(self.task, self.kernel_path, source, base, static_checks=True)
         lines = source.count("\n") + 1
-        return (f"wrote kernel.py ({lines} lines, sha256 {sha[:12]}); TASK ok; prepare(): "
-                f"{'yes' if meta.has_prepare else 'no'}. Next: run_check.")
+        if isinstance(static, Result):
+            raise ToolFailure(f"wrote kernel.py ({lines} lines), but the static checks reject it "
+                              f"({static.outcome.value}; nothing ran): {scrub(static.message, self.workspace)}")
+        meta = read_kernel(self.kernel_path, track="candidate", source=source)
+        return (f"wrote kernel.py ({lines} lines, sha256 {sha[:12]}); the static checks pass (TASK ok; prepare(): "
+                f"{'yes' if meta.has_prepare else 'no'}). Next: run_check.")
 
     def _need_kernel(self) -> str:
         if self.current is None:
@@ -158,7 +209,7 @@ class ToolBox:
         if result.passed and self.gpu():
             _, gpu_text = self._evaluate(sha, "check", "cuda", "smoke", False, step, call_id)
             text += "\n\n" + gpu_text
-        elif not self.gpu():
+        elif not self.gpu() and result.stage != "static":
             text += "\n(no Hopper GPU on this machine: numerics were checked on the CPU emulator only)"
         return text
 
@@ -214,10 +265,24 @@ class ToolBox:
         else:
             seed = self.seeds.get((step, call_id, device, shapes), secrets.randbelow(2**31))
             reused = None
+            limit = check_timeout_s(self.task, device, shapes, compile_)
+            left = self.time_left()
+            if left is not None and left <= 0:
+                raise ToolFailure("the session's wall-time budget is spent: the kernel was not evaluated")
+            by_wall = left is not None and left < limit
+            timeout = max(1.0, left) if by_wall else limit
+            label = f"step {step}: {purpose} ({'GPU' if device == 'cuda' else 'CPU'}, {shapes})"
             try:
-                result = evaluate(self.task.name, self.kernel_path, device=device, shapes=shapes, seed=seed, compile=compile_)
+                with _Progress(self.say, label, timeout) as progress:
+                    result = evaluate(self.task.name, self.kernel_path, device=device, shapes=shapes, seed=seed,
+                                      compile=compile_, timeout_s=timeout, on_stage=progress.stage)
             except KernelError as e:  # e.g. the file cannot be read any more
                 raise ToolFailure(f"the kernel cannot be evaluated: {scrub(str(e), self.workspace)}") from None
+            if by_wall and result.outcome.value == "TIMEOUT":
+                result = result.model_copy(update={"message": result.message + " (the session's wall-time budget "
+                                                   "ran out; the kernel's own limit was " f"{limit:.0f} s)"})
+            if result.stage == "static":
+                seed = None  # nothing ran: no inputs were drawn
             self._cache[key] = (step, result, seed)
             self.evaluations += 1
         ratio = speed_ratio(result)

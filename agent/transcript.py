@@ -13,8 +13,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 from agent.session import (
-    BestKernel, Evaluation, HarnessNote, Message, ModelResponse, SessionEnded, SessionStarted, TextBlock,
-    ToolResult, ToolResultBlock, ToolUseBlock, Totals,
+    BestKernel, Evaluation, HarnessNote, Message, ModelResponse, SessionConfig, SessionEnded, SessionResumed,
+    SessionStarted, TextBlock, ToolResult, ToolResultBlock, ToolUseBlock, Totals,
 )
 from agent.tools import update_best
 
@@ -31,7 +31,8 @@ class Rebuilt:
     pending: list[ToolUseBlock] = field(default_factory=list)  # calls of the last response with no result yet
     partial: list[ToolResultBlock] = field(default_factory=list)  # the results it has (they go first in its message)
     idle: int = 0  # consecutive responses without tool calls at the end
-    ended: SessionEnded | None = None
+    ended: SessionEnded | None = None  # how the session ended, unless it was resumed after that
+    config: SessionConfig | None = None  # the latest configuration: the start's, or the last resume's
 
 
 def rebuild(events: list) -> Rebuilt:
@@ -40,7 +41,7 @@ def rebuild(events: list) -> Rebuilt:
     results: dict[int, list[ToolResult]] = {}
     notes: dict[int, list[HarnessNote]] = {}
     evaluations: list[Evaluation] = []
-    ended = None
+    ended, config = None, start.config
     for e in events:
         if isinstance(e, ModelResponse):
             responses[e.step] = e  # a step re-asked after a kill keeps its last answer
@@ -53,8 +54,10 @@ def rebuild(events: list) -> Rebuilt:
             evaluations.append(e)
         elif isinstance(e, SessionEnded):
             ended = e
+        elif isinstance(e, SessionResumed):
+            ended, config = None, e.config or config
     out = Rebuilt(start=start, messages=[Message(role="user", content=[TextBlock(text=start.prompt)])],
-                  next_step=0, totals=Totals(), ended=ended)
+                  next_step=0, totals=Totals(), ended=ended, config=config)
     for step in sorted(responses):
         r = responses[step]
         out.messages.append(Message(role="assistant", content=r.content or [TextBlock(text="(empty response)")]))
@@ -87,7 +90,15 @@ def rebuild(events: list) -> Rebuilt:
 
 
 def _span_s(events: list) -> float:
+    """The time the session ran: from each start or resume to the last event before the next
+    resume (the hours a killed or failed session waited are not its wall time)."""
     def t(e):
         return _dt.datetime.fromisoformat(e.t)
 
-    return round((t(events[-1]) - t(events[0])).total_seconds(), 3) if len(events) > 1 else 0.0
+    total, first, last = 0.0, events[0], events[0]
+    for e in events[1:]:
+        if isinstance(e, SessionResumed):
+            total += (t(last) - t(first)).total_seconds()
+            first = e
+        last = e
+    return round(total + (t(last) - t(first)).total_seconds(), 3)

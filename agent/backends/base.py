@@ -90,16 +90,30 @@ class Backend:
 
 @dataclass
 class RetryPolicy:
-    max_retries: int = 4
+    """How transient API failures are retried: up to `max_retries` times, waiting
+    backoff_s * 2**attempt (capped at max_wait_s) with jitter, or what the server's
+    retry-after asks for (up to max_retry_after_s). The default rides out an outage of
+    about four minutes (1 + 2 + 4 + ... + 60 + 60 + 60 s)."""
+
+    max_retries: int = 9
     backoff_s: float = 1.0
     max_wait_s: float = 60.0
+    max_retry_after_s: float = 600.0
+
+    def wait_s(self, attempt: int, suggested: float | None) -> float:
+        """Seconds before retry number `attempt + 1`: never less than the server asked for,
+        otherwise exponential with "equal jitter" (half fixed, half random) so that many
+        clients do not retry in step."""
+        if suggested is not None:
+            return min(self.max_retry_after_s, suggested) * (1 + 0.1 * random.random())
+        wait = min(self.max_wait_s, self.backoff_s * 2**attempt)
+        return wait / 2 + random.random() * wait / 2
 
 
 def with_retries(call: Callable[[], ModelTurn], classify: Callable[[Exception], tuple[bool, str, float | None]],
                  policy: RetryPolicy, on_retry: RetryHook | None, *, reached: bool = True) -> ModelTurn:
     """Run `call`; on an exception `classify` says (retryable, one-line description,
-    server-suggested wait). Retryable failures wait backoff * 2**attempt (or the server's
-    retry-after, capped), plus a little jitter, up to policy.max_retries times. Until the
+    server-suggested wait). Retryable failures are retried as `policy` says. Until the
     server has answered once (`reached` False), a refused connection is not retried: it is
     a wrong URL or a server that is not running, and the user should hear so at once."""
     attempt = 0
@@ -115,8 +129,7 @@ def with_retries(call: Callable[[], ModelTurn], classify: Callable[[Exception], 
             if not retryable or attempt >= policy.max_retries:
                 tries = f" (after {attempt + 1} attempts)" if attempt else ""
                 raise BackendError(line + tries) from None
-            wait = suggested if suggested is not None else policy.backoff_s * 2**attempt
-            wait = min(policy.max_wait_s, wait) * (1 + 0.1 * random.random())
+            wait = policy.wait_s(attempt, suggested)
             attempt += 1
             if on_retry:
                 on_retry(attempt, line, round(wait, 3))

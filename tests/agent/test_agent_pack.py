@@ -87,8 +87,13 @@ def test_generated_kernels_are_stamped_and_never_overwritten(tmp_path):
     assert (meta.session, meta.backend, meta.model, meta.task) == ("S1", "openai", 'qwen "coder"', "k1_gemm_rmsnorm")
     ast.parse(path.read_text())
     assert path.read_text().count("MODEL =") == 1
-    with pytest.raises(FileExistsError):
-        write_generated(source, "k1_gemm_rmsnorm", "S1", "openai", "m", tmp_path)
+    first = path.read_text()
+    # a resumed session that passes again with the same kernel: the file is kept, no error
+    assert write_generated(source, "k1_gemm_rmsnorm", "S1", "openai", 'qwen "coder"', tmp_path) == path
+    # another text for the same session never replaces the first: it goes beside it
+    other = write_generated(source, "k1_gemm_rmsnorm", "S1", "openai", "m", tmp_path)
+    assert other != path and other.parent == path.parent and other.name.startswith("S1-")
+    assert path.read_text() == first and read_kernel(other).model == "m"
 
 
 def test_scrub_hides_this_machines_paths(tmp_path):
