@@ -38,8 +38,10 @@ def cmd_tasks_list(args) -> int:
     sets = tasks.shape_sets()
     if args.json:
         print(json.dumps([t.summary(sets) for t in catalogue], indent=1))
-        return 0
+        return 1 if errors else 0
     from rich.table import Table
+
+    from rich.text import Text
 
     table = Table(title="epiforge tasks (GEMM m x n x k at the paper's 1B scale)")
     for col in ("id", "name", "title", "gemm (1B)", "launches"):
@@ -47,13 +49,14 @@ def cmd_tasks_list(args) -> int:
     one_b = sets["paper"][0].dims()
     for t in catalogue:
         m, n, k = t.gemm_shape(one_b)
-        table.add_row(t.id, t.name, t.title, f"{m} x {n} x {k}", ", ".join(t.launches))
+        table.add_row(*(Text(x) for x in (t.id, t.name, t.title, f"{m} x {n} x {k}", ", ".join(t.launches))))
     _console().print(table)
     return 1 if errors else 0
 
 
 def cmd_tasks_show(args) -> int:
     import tasks
+    from eval.machine import REPO, expert_kernel
 
     task = tasks.get_task(args.name)
     summary = task.summary(tasks.shape_sets())
@@ -61,17 +64,27 @@ def cmd_tasks_show(args) -> int:
         print(json.dumps(summary, indent=1))
         return 0
     con = _console()
-    con.print(f"[bold]{task.name}[/bold]: {task.title}\n")
-    con.print(task.description.strip() + "\n")
-    con.print(f"GEMM: D ({task.gemm.m} x {task.gemm.n}) = A ({task.gemm.m} x {task.gemm.k}) @ B; launches: {', '.join(task.launches)}")
+
+    def say(text: str, style: str | None = None) -> None:  # the task's text as written: brackets are not markup
+        con.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+    say(f"{task.name} ({task.id}): {task.title}\n", "bold")
+    say(task.description.strip() + "\n")
+    say(f"GEMM: D ({task.gemm.m} x {task.gemm.n}) = A ({task.gemm.m} x {task.gemm.k}) @ B; launches: {', '.join(task.launches)}")
     for title, specs in (("inputs", task.inputs), ("outputs", task.outputs)):
-        con.print(f"\n[bold]{title}[/bold]")
+        say(f"\n{title}", "bold")
         for t in specs:
             tag = " (constant)" if getattr(t, "constant", False) else ""
-            con.print(f"  {t.name}: [{', '.join(t.shape)}] {t.dtype}{tag}: {t.description}  ({t.layout})")
+            say(f"  {t.name}: [{', '.join(t.shape)}] {t.dtype}{tag}: {t.description}  ({t.layout})")
     for s in task.scalars:
-        con.print(f"  scalar {s.name} = {s.value}: {s.description}")
-    con.print("\n[bold]tolerance[/bold]: max|out - ref| <= factor * max|ref_lowprec - ref| + atol per output")
+        say(f"  scalar {s.name} = {s.value}: {s.description}")
+    say("\ntolerance: max|out - ref| <= factor * max|ref_lowprec - ref| + atol per output, the RMS error likewise:")
+    for o in task.outputs:
+        tol = o.tolerance
+        say(f"  {o.name}: factor {tol.factor:g}, atol {tol.atol:g}, rms_factor "
+            f"{'off' if tol.rms_factor is None else f'{tol.rms_factor:g}'}")
+    expert = expert_kernel(task.name)
+    say(f"\nexpert kernel: {expert.relative_to(REPO) if expert else 'none (the expert track is empty)'}")
     return 0
 
 
@@ -151,8 +164,17 @@ def cmd_compare(args) -> int:
 
         hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
         device = "gpu" if hopper else "cpu"
-    names = [t.name for t in tasks.load_catalogue()[0]] if args.all else [tasks.get_task(args.task).name]
-    plans = [(name, select_kernels(name, args.kernels)) for name in names]
+    if not args.all:
+        plans = [(tasks.get_task(args.task).name, select_kernels(args.task, args.kernels))]
+    else:
+        plans = []
+        for t in tasks.load_catalogue()[0]:
+            try:
+                plans.append((t.name, select_kernels(t.name, args.kernels)))
+            except ValueError as e:  # e.g. no expert kernel and nothing generated: nothing to judge there
+                print(f"epiforge: skipped {t.name}: {str(e).splitlines()[0]}", file=sys.stderr)
+        if not plans:
+            raise ValueError(f"--all: no task has any of the kernels {args.kernels}")
     store = None
     if args.store:
         from eval.store import ResultStore

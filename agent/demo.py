@@ -63,9 +63,11 @@ def _experts() -> bool:
     table = Table(title="expert kernels, CPU emulator, smoke shapes")
     for col in ("task", "author", "outcome", "worst error / allowed", "seconds"):
         table.add_column(col)
+    from eval.machine import expert_kernel
+
     catalogue, _ = tasks.load_catalogue()
     ok = True
-    for task in catalogue:
+    for task in [t for t in catalogue if expert_kernel(t.name)]:  # a task may have no expert kernel
         r = evaluate(task.name, "human", device="cpu", shapes="smoke")
         ok &= r.passed
         worst = max((c.max_error / c.allowed for s in r.per_shape for c in s.outputs if c.max_error is not None and c.allowed), default=None)

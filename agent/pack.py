@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from eval.kernel import HUMAN_DIR, REPO
+from tasks import id_of, task_order  # noqa: F401 (task_order: re-exported for agent/tools.py)
 
 DOCS_DIR = REPO / "primitive_docs"
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
@@ -65,7 +66,7 @@ class Pack:
     def example(self, name: str) -> tuple[str, str] | None:
         """An example by task name or id ('k2' or 'k2_gemm_rmsnorm_swiglu')."""
         for task_name, source in self.examples.items():
-            if name in (task_name, task_name.split("_", 1)[0], task_name + ".py"):
+            if name in (task_name, id_of(task_name), task_name + ".py"):
                 return task_name, source
         return None
 
@@ -144,7 +145,8 @@ def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[st
     own_kernel = re.compile(rf"TASK\s*=\s*[\"']{re.escape(task.name)}[\"']")  # a page quoting the task's kernel file
     withheld = [d.name for d in docs if (own.search(d.name) or own_kernel.search(d.text)) and d.name not in removed]
     kept = [d for d in docs if d.name not in removed and d.name not in withheld]
-    examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("k*.py")) if p.stem != task.name}
+    examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("*.py"))
+                if p.stem not in (task.name, "__init__")}
     return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld)
 
 
@@ -169,11 +171,6 @@ def _relevance(doc: Doc, words: set[str]) -> int:
     name_hits = sum(3 for w in words if w in doc.name.lower())
     text = doc.text.lower()
     return name_hits + sum(min(text.count(w), 5) for w in words)
-
-
-def task_order(name: str) -> int:
-    """Sort key of a task name: k2_... before k10_...."""
-    return int(name.split("_", 1)[0][1:])
 
 
 def _finishers(task) -> dict[str, str]:

@@ -29,8 +29,13 @@ def main(argv=None) -> int:
     from eval import evaluate
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
-    jobs = [(task, set_name) for task in tasks.load_catalogue()[0] if not args.tasks or task.id in args.tasks
-            for set_name in args.shapes]
+    from eval.machine import expert_kernel
+
+    picked = [t for t in tasks.load_catalogue()[0] if not args.tasks or t.id in args.tasks]
+    for t in picked:
+        if expert_kernel(t.name) is None:
+            print(f"{t.id}: no expert kernel, skipped", flush=True)
+    jobs = [(task, set_name) for task in picked if expert_kernel(task.name) for set_name in args.shapes]
 
     def one(job):
         task, set_name = job

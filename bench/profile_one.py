@@ -25,11 +25,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import tasks
-    from eval.kernel import HUMAN_DIR
+    from eval.kernel import expert_kernel
 
     task = next((t for t in tasks.load_catalogue()[0] if t.id == args.task), None)
     if task is None:
         ap.error(f"no task {args.task}")
+    if expert_kernel(task.name) is None:
+        ap.error(f"{task.id} has no expert kernel to profile")
     shape = next((s for s in tasks.shape_sets()["paper"] if s.name == args.scale), None)
     if shape is None:
         ap.error(f"no paper shape {args.scale}")
@@ -47,7 +49,7 @@ def main(argv=None) -> int:
     from eval.kernel import load_kernel_module
 
     install_precompiled()
-    module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+    module = load_kernel_module(expert_kernel(task.name))
     inputs = task.make_inputs(shape.dims(), seed=100, device="cuda")
     consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}

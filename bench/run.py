@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     from bench.configs import CANDIDATES
     from bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
     from eval.baselines import unfused_fn
-    from eval.kernel import HUMAN_DIR, load_kernel_module
+    from eval.kernel import expert_kernel, load_kernel_module
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     configs = [None] if args.tuned else [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
@@ -293,7 +293,10 @@ def main(argv=None) -> int:
     for task in tasks.load_catalogue()[0]:
         if args.tasks and task.id not in args.tasks:
             continue
-        module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+        if expert_kernel(task.name) is None:
+            print(f"{task.id}: no expert kernel, skipped", flush=True)
+            continue
+        module = load_kernel_module(expert_kernel(task.name))
         compiled_ref = None
         if args.compile:
             compiled_ref = torch.compile(unfused_fn(task), dynamic=True)

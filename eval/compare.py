@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, static_stage
 from eval.isolation import run_judge
-from eval.kernel import GENERATED_DIR, KernelError, read_kernel, resolve_kernel
+from eval.kernel import GENERATED_DIR, HUMAN_DIR, KernelError, expert_kernel, read_kernel, resolve_kernel
 from eval.result import Outcome, RatioStat, Result
 from tasks import get_task
 
@@ -52,12 +52,17 @@ class Comparison(BaseModel):
 
 
 def select_kernels(task_name: str, specs: list[str]) -> list[tuple[str, Path]]:
-    """(label, path) for each spec: "expert"; "generated" (every committed generated kernel
-    of the task), "generated:<ID>", "generated:backend=<b>" / model= / session=; a path."""
+    """(label, path) for each spec: "expert" (none when the task has no expert kernel);
+    "generated" (every committed generated kernel of the task), "generated:<ID>",
+    "generated:backend=<b>" / model= / session=; a path. ValueError if none is left."""
     task = get_task(task_name)
     out: list[tuple[str, Path]] = []
+    empty = ""
     for spec in specs:
         if spec in ("expert", "human"):
+            if expert_kernel(task.name) is None:  # an empty expert track: nothing to add
+                empty = f": {task.name} has no expert kernel (no {HUMAN_DIR.name}/{task.name}.py), its expert track is empty"
+                continue
             out.append(("expert", resolve_kernel("human", task.name)))
         elif spec == "generated" or spec.startswith("generated:"):
             want = spec.partition(":")[2]
@@ -90,7 +95,7 @@ def select_kernels(task_name: str, specs: list[str]) -> list[tuple[str, Path]]:
     if len(set(labels)) != len(labels):
         raise ValueError(f"--kernels: two kernels would share a label ({labels})")
     if not out:
-        raise ValueError(f"no kernels to compare for {task.name}")
+        raise ValueError(f"no kernels to compare for {task.name}{empty}")
     return out
 
 

@@ -85,8 +85,9 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
     from eval.numerics import check_shape
     from eval.plausibility import Ceilings
     from eval.remote import KernelFailure
+    from eval.numerics import mask_numbers
     from eval.secret_shapes import hidden_shapes
-    from tasks import get_task, shape_sets
+    from tasks import TaskCodeError, get_task, shape_sets
 
     device = request["device"]
     deadline = time.monotonic() + float(request["timeout_s"])
@@ -98,6 +99,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
         channel.stage(name)
 
     task = get_task(request["task"])
+    is_hidden = False
     try:
         at("load")
         ceilings = Ceilings.from_env()
@@ -132,6 +134,11 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
         at("done")
         for c in [c for c in cands if c.live]:
             c.finish(Outcome.PASSED, _passed_message(c.per_shape, device))
+    except TaskCodeError as e:  # the task's reference.py failed: the task's fault, not a kernel's
+        traceback.print_exc()
+        detail = mask_numbers(e.detail) if is_hidden else e.detail  # it may quote the hidden shape's sizes
+        for c in [c for c in cands if c.live]:
+            c.finish(Outcome.TASK_ERROR, f"the task's code failed during {c.stage}, not the kernel: {e.file}: {detail}")
     except Exception as e:  # the judge's own failure (e.g. out of memory computing a reference)
         traceback.print_exc()
         first = f"{type(e).__name__}: {e}".splitlines()[0][:300]

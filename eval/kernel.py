@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from eval.static_checks import SourceTooComplex, parse_bounded
 
-from eval.machine import GENERATED_DIR, HUMAN_DIR, REPO  # noqa: F401 (re-exported)
+from eval.machine import GENERATED_DIR, HUMAN_DIR, REPO, expert_kernel  # noqa: F401 (re-exported)
 
 
 class KernelError(ValueError):
@@ -95,7 +95,10 @@ def resolve_kernel(spec: str, task_name: str) -> Path:
     """'human' -> the expert kernel of the task; 'generated:ID' -> generated_kernels/<task>/<ID>.py;
     anything else is a path."""
     if spec == "human":
-        path = HUMAN_DIR / f"{task_name}.py"
+        path = expert_kernel(task_name)
+        if path is None:
+            raise KernelError(f"{task_name} has no expert kernel (no {HUMAN_DIR.name}/{task_name}.py): "
+                              "its expert track is empty")
     elif spec.startswith("generated:"):
         path = GENERATED_DIR / task_name / f"{spec.split(':', 1)[1]}.py"
     else:

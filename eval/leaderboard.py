@@ -21,8 +21,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.result import Result
-from eval.machine import DATA_DIR, REPO  # noqa: F401 (REPO: for callers naming files relative to it)
+from eval.result import NOT_THE_KERNELS_FAULT, Result
+from tasks import id_of, task_order
+from eval.machine import DATA_DIR, REPO, expert_kernel  # noqa: F401 (REPO: for callers naming files relative to it)
 
 SHIPPED = DATA_DIR / "h200-expert.jsonl"
 #: the speedup columns, in this order, where a Result has them (eval/baselines.py names)
@@ -100,6 +101,8 @@ def build(results: list[Result], agents: list["AgentRow"] | None = None, sources
             board.apart.append(("provisional: passed on the CPU emulator only", r))
         elif r.outcome.value == "IMPLAUSIBLE":
             board.apart.append(("quarantined: implausible timing", r))
+        elif r.outcome in NOT_THE_KERNELS_FAULT:
+            board.apart.append(("the task's own code failed, not the kernel: " + r.message[:120].replace("|", "/"), r))
         elif r.ranked:
             key = (r.task, track_of(r))
             if key not in best or _worst(r) < _worst(best[key]):
@@ -226,14 +229,17 @@ def _tasks_table(board: Board) -> list[str]:
            "| task | track | correct | fraction of the speed of light | "
            + " | ".join(f"x {b} (geomean)" for b in present) + " | generated / expert |",
            "|---|---|---|---|" + "---|" * len(present) + "---|"]
-    tasks = sorted({c.task for c in board.cells} | {t for t, _ in board.unsolved}, key=lambda t: int(t.split("_")[0][1:]))
+    tasks = sorted({c.task for c in board.cells} | {t for t, _ in board.unsolved}, key=lambda t: task_order(id_of(t)))
     for task in tasks:
         expert = board.cell(task, "expert")
-        for track in board.tracks():
+        for track in ["expert", *(t for t in board.tracks() if t != "expert")]:  # an empty expert track shows too
             c = board.cell(task, track)
             if c is None:
-                if (task, track) in board.unsolved:
-                    out.append(f"| {task.split('_')[0]} | {track} | no ({board.unsolved[task, track]}) | - | "
+                if track == "expert" and (task, track) not in board.unsolved and expert_kernel(task) is None:
+                    out.append(f"| {id_of(task)} | expert | none: the task has no expert kernel | - | "
+                               + " | ".join("-" for _ in present) + " | - |")
+                elif (task, track) in board.unsolved:
+                    out.append(f"| {id_of(task)} | {track} | no ({board.unsolved[task, track]}) | - | "
                                + " | ".join("-" for _ in present) + " | - |")
                 continue
             by_shape = {s.shape: s.timing for s in c.shapes()}
@@ -242,7 +248,7 @@ def _tasks_table(board: Board) -> list[str]:
             ge = "-"
             if expert is not None and c is not expert:
                 ge = _f(c.worst_over_sol / expert.worst_over_sol, "{:.3f}") + " (each run's speed of light)"
-            out.append(f"| {task.split('_')[0]} | {track} | yes | {sol} | " + " | ".join(vs) + f" | {ge} |")
+            out.append(f"| {id_of(task)} | {track} | yes | {sol} | " + " | ".join(vs) + f" | {ge} |")
     out.append("")
     out.append("fraction of the speed of light: GEMM-only time / the kernel's (1.00 = as fast as the plain GEMM). "
                "x baseline: how many times faster than it (median of per-repetition ratios, geometric mean over "

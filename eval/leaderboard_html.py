@@ -16,6 +16,7 @@ import io
 from pathlib import Path
 
 from eval.leaderboard import Board, render_markdown
+from tasks import id_of, task_order
 
 
 def _png(fig) -> str:
@@ -47,7 +48,7 @@ def plot_speed_of_light(board: Board) -> str | None:
             if s.shape not in shapes:
                 shapes.append(s.shape)
     tracks = board.tracks()
-    labels = sorted({c.task for c in cells}, key=lambda t: int(t.split("_")[0][1:]))
+    labels = sorted({c.task for c in cells}, key=lambda t: task_order(id_of(t)))
     width = 0.8 / max(1, len(tracks) * len(shapes))
     for ti, track in enumerate(tracks):
         for si, shape in enumerate(shapes):
@@ -60,7 +61,7 @@ def plot_speed_of_light(board: Board) -> str | None:
                     ys.append(t.fraction_of_speed_of_light)
             ax.bar(xs, ys, width=width, label=f"{track} {shape}")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(labels)), [t.split("_")[0] for t in labels])
+    ax.set_xticks(range(len(labels)), [id_of(t) for t in labels])
     ax.set_ylim(0, 1.1)
     ax.legend(fontsize=7, ncol=3)
     out = _png(fig)
@@ -76,7 +77,7 @@ def plot_generated_vs_expert(board: Board) -> str | None:
         for c in board.cells:
             expert = board.cell(c.task, "expert")
             if c.track == track and expert is not None:
-                pairs.append((1 / expert.worst_over_sol, 1 / c.worst_over_sol, c.task.split("_")[0], track))
+                pairs.append((1 / expert.worst_over_sol, 1 / c.worst_over_sol, id_of(c.task), track))
     if not pairs:
         return None
     plt, fig, ax = _figure("Generated against expert (worst fraction of the speed of light per task)")

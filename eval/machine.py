@@ -15,6 +15,15 @@ HUMAN_DIR = REPO / "human_kernels"
 GENERATED_DIR = REPO / "generated_kernels"
 DATA_DIR = REPO / "eval" / "data"
 STATE_DIR = REPO / ".epiforge"  # git-ignored: the results store, caches, demo logs
+
+
+def expert_kernel(task_name: str) -> Path | None:
+    """The task's expert kernel, human_kernels/<task name>.py, or None: a task may have none
+    (its expert track is then empty)."""
+    path = HUMAN_DIR / f"{task_name}.py"
+    return path if path.is_file() else None
+
+
 PACKAGES = ("nvidia-cutlass-dsl", "quack-kernels", "triton", "liger-kernel")
 
 

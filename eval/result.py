@@ -22,6 +22,11 @@ class Outcome(str, Enum):
     INCORRECT_DTYPE = "INCORRECT_DTYPE"
     EXTRA_LAUNCHES = "EXTRA_LAUNCHES"
     IMPLAUSIBLE = "IMPLAUSIBLE"
+    TASK_ERROR = "TASK_ERROR"  # the task's own code (reference.py) failed: not the kernel's fault
+
+
+#: outcomes that say nothing about the kernel: never counted against it
+NOT_THE_KERNELS_FAULT = frozenset({Outcome.TASK_ERROR})
 
 
 #: the stages in the order they run; a Result's `stage` names the one it stopped in

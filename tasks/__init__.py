@@ -1,34 +1,80 @@
-"""The task catalogue: the ten CODA kernels k0-k9 (see tasks/<name>/task.toml)."""
+"""The task catalogue: one folder per task under tasks/ (and under each folder named in
+$EPIFORGE_TASKS_PATH), each a task.toml and a reference.py. How to write one:
+tasks/AUTHORING.md. The ten CODA kernels k0-k9 are CODA_TASKS."""
 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
-from tasks.spec import TASKS_DIR, ShapeSet, Task, TaskError, load_shape_sets, load_task_file
+from tasks.spec import (
+    ENV_TASKS_PATH,
+    TASKS_DIR,
+    ShapeSet,
+    Task,
+    TaskCodeError,
+    TaskError,
+    load_shape_sets,
+    load_task_file,
+    task_dirs,
+    task_order,
+)
+
+#: the CODA paper's ten kernels (arXiv 2605.19269): the track the shipped H200 results cover
+CODA_TASKS = ("k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9")
+
+
+def spec_files() -> list[Path]:
+    """Every task.toml of every task folder, in the order of task_dirs()."""
+    return [p for d in task_dirs() for p in sorted(Path(d).glob("*/task.toml"))]
 
 
 def load_catalogue() -> tuple[list[Task], list[str]]:
-    """Every task that loads, sorted by id, plus one error line per malformed spec
-    (a broken spec never hides the others)."""
+    """Every task that loads, sorted by id, plus one error line per malformed spec (a broken
+    spec never hides the others; of two tasks with one id or name, the later is refused)."""
     tasks, errors = [], []
-    for path in sorted(TASKS_DIR.glob("*/task.toml")):
+    for path in spec_files():
         try:
-            tasks.append(load_task_file(path))
+            task = load_task_file(path)
         except TaskError as e:
             errors.append(str(e))
-    tasks.sort(key=lambda t: int(t.id[1:]))
+            continue
+        clash = next((t for t in tasks if task.id in (t.id, t.name) or task.name in (t.id, t.name)), None)
+        if clash is not None:
+            errors.append(f"{path}: id: {task.id!r} / name {task.name!r} is already taken by {clash.folder / 'task.toml'}")
+            continue
+        tasks.append(task)
+    tasks.sort(key=lambda t: task_order(t.id))
     return tasks, errors
 
 
-@lru_cache(maxsize=None)
 def get_task(name: str) -> Task:
     """A task by full name (k0_gemm_residual_partial_rmsnorm) or id (k0)."""
-    for path in sorted(TASKS_DIR.glob("*/task.toml")):
-        folder = path.parent.name
-        if folder == name or folder.split("_", 1)[0] == name:
-            return load_task_file(path)
-    known = ", ".join(sorted(p.parent.name for p in TASKS_DIR.glob("*/task.toml")))
-    raise TaskError(f"unknown task {name!r}; known: {known}")
+    return _get_task(name, task_dirs())
+
+
+@lru_cache(maxsize=None)
+def _get_task(name: str, dirs: tuple[Path, ...]) -> Task:
+    for path in spec_files():
+        if path.parent.name == name:
+            return load_task_file(path)  # its own spec error, if it has one
+    catalogue, errors = load_catalogue()
+    for task in catalogue:
+        if name in (task.id, task.name):
+            return task
+    known = ", ".join(t.id for t in catalogue)
+    broken = f" ({len(errors)} malformed spec(s) skipped: see `epiforge tasks list`)" if errors else ""
+    raise TaskError(f"unknown task {name!r}; known: {known}{broken}")
+
+
+def id_of(name: str) -> str:
+    """A task's id from its name (the name itself for a task not in the catalogue)."""
+    return _ids(task_dirs()).get(name, name)
+
+
+@lru_cache(maxsize=None)
+def _ids(dirs: tuple[Path, ...]) -> dict[str, str]:
+    return {t.name: t.id for t in load_catalogue()[0]}
 
 
 @lru_cache(maxsize=None)
@@ -36,4 +82,5 @@ def shape_sets() -> dict[str, list[ShapeSet]]:
     return load_shape_sets()
 
 
-__all__ = ["Task", "TaskError", "ShapeSet", "get_task", "load_catalogue", "shape_sets"]
+__all__ = ["CODA_TASKS", "ENV_TASKS_PATH", "ShapeSet", "Task", "TaskCodeError", "TaskError", "get_task", "id_of",
+           "load_catalogue", "shape_sets", "spec_files", "task_dirs", "task_order"]

@@ -13,6 +13,9 @@ Defined once, here: TensorSpec, ScalarSpec, Tolerance, GemmDims, Task, ShapeSet.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import re
 import tomllib
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +29,8 @@ from tasks import common
 from tasks import dims as dimexpr
 
 TASKS_DIR = Path(__file__).resolve().parent
+#: more folders of task folders, os.pathsep-separated (tasks written outside the repo, and tests)
+ENV_TASKS_PATH = "EPIFORGE_TASKS_PATH"
 DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -42,8 +47,35 @@ def _floating(v) -> bool:
     return isinstance(v, torch.Tensor) and v.is_floating_point()
 
 
+def task_dirs() -> tuple[Path, ...]:
+    """Where task folders are looked for: tasks/, then each folder named in $EPIFORGE_TASKS_PATH."""
+    extra = [Path(p) for p in os.environ.get(ENV_TASKS_PATH, "").split(os.pathsep) if p]
+    return (TASKS_DIR, *extra)
+
+
+def task_order(name: str) -> list:
+    """Sort key of a task id or name, digits as numbers: k2 before k10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def _known_dims(expr: str) -> str:
+    unknown = dimexpr.symbols(expr) - set(DIMENSIONS)
+    if unknown:
+        raise ValueError(f"unknown dimension(s) {sorted(unknown)} in {expr!r}; known: {DIMENSIONS}")
+    return expr
+
+
 class TaskError(ValueError):
     """A malformed or unknown task: the message is one line naming the file and the field."""
+
+
+class TaskCodeError(TaskError):
+    """The task's own code (reference.py) raised or returned the wrong thing: the task's
+    fault, never the kernel's (the judge reports it as TASK_ERROR)."""
+
+    def __init__(self, file: Path, detail: str):
+        self.file, self.detail = file, detail
+        super().__init__(f"{file}: {detail}")
 
 
 class _Strict(BaseModel):
@@ -63,11 +95,7 @@ class TensorSpec(_Strict):
     @field_validator("shape")
     @classmethod
     def _known_dims(cls, shape):
-        for expr in shape:
-            unknown = dimexpr.symbols(expr) - set(DIMENSIONS)
-            if unknown:
-                raise ValueError(f"unknown dimension(s) {sorted(unknown)} in {expr!r}; known: {DIMENSIONS}")
-        return shape
+        return [_known_dims(e) for e in shape]
 
     def concrete_shape(self, dims: dict[str, int]) -> tuple[int, ...]:
         return tuple(dimexpr.evaluate(e, dims) for e in self.shape)
@@ -121,8 +149,7 @@ class GemmDims(_Strict):
     @field_validator("m", "n", "k")
     @classmethod
     def _expr(cls, e):
-        dimexpr.symbols(e)
-        return e
+        return _known_dims(e)
 
 
 class ShapeSet(_Strict):
@@ -151,8 +178,8 @@ class ShapeSet(_Strict):
 class Task(_Strict):
     """A task spec plus access to its reference module."""
 
-    id: str = Field(pattern=r"^k[0-9]+$")
-    name: str = Field(pattern=r"^k[0-9]+_[a-z0-9_]+$")
+    id: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="short id: lowercase letters, digits, _")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="the folder's name: the id, or the id + '_' + words")
     title: str
     description: str
     gemm: GemmDims
@@ -172,6 +199,14 @@ class Task(_Strict):
         if unknown:
             raise ValueError(f"unknown finishing step(s) {sorted(unknown)}; known: {sorted(FINISHERS)}")
         return launches
+
+    @field_validator("name")
+    @classmethod
+    def _name_starts_with_id(cls, name, info):
+        tid = info.data.get("id")  # validated before the name (None if it failed)
+        if tid is not None and name != tid and not name.startswith(tid + "_"):
+            raise ValueError(f"{name!r} must be the id {tid!r} or start with {tid + '_'!r}")
+        return name
 
     @model_validator(mode="after")
     def _gemm_operands_are_inputs(self):
@@ -193,20 +228,58 @@ class Task(_Strict):
 
     @cached_property
     def _module(self):
-        return importlib.import_module(f"tasks.{self.name}.reference")
+        """reference.py: imported as tasks.<name>.reference from tasks/, by path from elsewhere."""
+        file = self.folder / "reference.py"
+        try:
+            if self.folder.parent == TASKS_DIR:
+                return importlib.import_module(f"tasks.{self.name}.reference")
+            spec = importlib.util.spec_from_file_location(f"epiforge_tasks.{self.name}.reference", file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except FileNotFoundError:
+            raise TaskCodeError(file, "missing (a task needs make_inputs and reference there)") from None
+        except BaseException as e:  # noqa: BLE001 - whatever the task's own code does is the task's fault
+            raise TaskCodeError(file, f"importing it raised {_first_line(e)}") from None
+
+    def _call(self, fn: str, *args, **kw):
+        """reference.py's `fn`(*args); what it raises is the task's fault (TaskCodeError),
+        except running out of memory (the machine's)."""
+        file = self.folder / "reference.py"
+        f = getattr(self._module, fn, None)
+        if not callable(f):
+            raise TaskCodeError(file, f"defines no {fn}()")
+        try:
+            out = f(*args, **kw)
+        except (MemoryError, torch.OutOfMemoryError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise TaskCodeError(file, f"{fn}() raised {_first_line(e)}") from None
+        if not isinstance(out, dict):
+            raise TaskCodeError(file, f"{fn}() returned {type(out).__name__}, not a dict")
+        return out
+
+    def _run_reference(self, inputs: dict, dims: dict, **kw) -> dict:
+        out = self._call("reference", inputs, dims, **kw)
+        missing = [o.name for o in self.outputs if o.name not in out]
+        if missing:
+            raise TaskCodeError(self.folder / "reference.py", f"reference() returned no {missing}")
+        return out
 
     def unfused(self, inputs: dict, dims: dict[str, int]) -> dict:
         """The plain PyTorch computation on the inputs as given (the GEMM's result rounded
         to bf16, each later op in the dtype its operands promote to), each output cast to
         its dtype: what a user runs without fusion, the eager / torch.compile baseline that
         eval and bench time. Not the tolerance reference (see `reference`)."""
-        out = self._module.reference(inputs, dims, mm=torch.matmul)
+        out = self._run_reference(inputs, dims, mm=torch.matmul)
         return {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
 
     def make_inputs(self, dims: dict[str, int], seed: int, device: str | torch.device = "cpu") -> dict:
         """Fresh inputs (tensors and scalars) for one shape, reproducible from the seed."""
         gen = torch.Generator(device=device).manual_seed(seed)
-        inputs = self._module.make_inputs(dims, gen, torch.device(device))
+        inputs = self._call("make_inputs", dims, gen, torch.device(device))
         for s in self.scalars:
             inputs[s.name] = s.value
         self._check_io(inputs, self.inputs, dims, "make_inputs")
@@ -222,10 +295,10 @@ class Task(_Strict):
         if exact:
             rdt = getattr(torch, self.reference_dtype)
             inputs = {k: v.to(rdt) if _floating(v) else v for k, v in inputs.items()}
-            return self._module.reference(inputs, dims, mm=common.mm)
+            return self._run_reference(inputs, dims, mm=common.mm)
         operands = {self.gemm.a, self.gemm.b}
         inputs = {k: v.float() if _floating(v) and k not in operands else v for k, v in inputs.items()}
-        out = self._module.reference(inputs, dims, mm=common.mm)
+        out = self._run_reference(inputs, dims, mm=common.mm)
         return {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
 
     def _check_io(self, values: dict, specs, dims, where) -> None:
@@ -234,7 +307,7 @@ class Task(_Strict):
             want = spec.concrete_shape(dims)
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != spec.torch_dtype:
                 got = (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise TaskError(f"{self.folder / 'reference.py'}: {where} gave {spec.name}={got}, spec says {want} {spec.dtype}")
+                raise TaskCodeError(self.folder / "reference.py", f"{where} gave {spec.name}={got}, spec says {want} {spec.dtype}")
 
     # ---- roofline numbers -------------------------------------------------------------
 
@@ -292,6 +365,11 @@ class Task(_Strict):
 # ---- loading ----------------------------------------------------------------------------
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
 def _one_line(path: Path, err: ValidationError) -> str:
     parts = []
     for e in err.errors():
@@ -316,7 +394,24 @@ def load_task_file(path: Path) -> Task:
         raise TaskError(f"{path}: {e}") from None
     if task.name != path.parent.name:
         raise TaskError(f"{path}: name: {task.name!r} must match its folder {path.parent.name!r}")
+    _check_sizes(task, path)
     return task
+
+
+def _check_sizes(task: Task, path: Path) -> None:
+    """Every dimension expression is a positive size at every shape of tasks/shapes.toml."""
+    fields = [(f"gemm.{r}", getattr(task.gemm, r)) for r in ("m", "n", "k")]
+    for group in ("inputs", "outputs"):
+        fields += [(f"{group}.{i}.shape", e) for i, t in enumerate(getattr(task, group)) for e in t.shape]
+    for rows in load_shape_sets().values():
+        for row in rows:
+            for where, expr in fields:
+                try:
+                    size = dimexpr.evaluate(expr, row.dims())
+                except ZeroDivisionError:
+                    size = None
+                if size is None or size <= 0:
+                    raise TaskError(f"{path}: {where}: {expr!r} is {size} at shape {row.name}, not a positive size")
 
 
 def load_shape_sets(path: Path = TASKS_DIR / "shapes.toml") -> dict[str, list[ShapeSet]]:

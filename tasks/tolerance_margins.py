@@ -27,14 +27,14 @@ import torch
 
 import tasks
 from tasks.tolerance import check_output
-from eval.machine import REPO
-
-HUMAN_DIR = REPO / "human_kernels"
+from eval.machine import expert_kernel
 
 
 def load_expert(task):
     """The task's expert kernel module (human_kernels/<name>.py), imported afresh."""
-    path = HUMAN_DIR / f"{task.name}.py"
+    path = expert_kernel(task.name)
+    if path is None:
+        raise tasks.TaskError(f"{task.name} has no expert kernel (human_kernels/{task.name}.py)")
     spec = importlib.util.spec_from_file_location(f"expert_{task.id}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -121,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no precompiled kernels installed: {e}", flush=True)
 
     catalogue = [t for t in tasks.load_catalogue()[0] if not args.tasks or t.id in args.tasks or t.name in args.tasks]
+    for t in [t for t in catalogue if expert_kernel(t.name) is None]:
+        print(f"{t.id}: no expert kernel, skipped", flush=True)
+    catalogue = [t for t in catalogue if expert_kernel(t.name) is not None]
     todo = [(task, shape) for task in catalogue for shape in tasks.shape_sets()[args.shapes]]
-    todo.sort(key=lambda ts: (ts[0].flops(ts[1].dims()), int(ts[0].id[1:])))
+    todo.sort(key=lambda ts: (ts[0].flops(ts[1].dims()), tasks.task_order(ts[0].id)))
     report = {"environment": environment(args.device, argv), "shapes": args.shapes, "seeds": seeds,
               "complete": False, "worst": {}, "cases": []}
     out_path = Path(args.out)

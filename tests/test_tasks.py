@@ -1,21 +1,36 @@
 """The task catalogue: specs load and validate, shapes follow the paper, references and
-input makers agree with the specs, the tolerance rule catches what it must."""
+input makers agree with the specs, the tolerance rule catches what it must; a task added
+as tasks/AUTHORING.md says (a folder in $EPIFORGE_TASKS_PATH here) lists, shows and is
+evaluated like the others, with an empty expert track; a broken one is one line."""
 
+import json
 import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import tasks
-from tasks.spec import TaskError, load_task_file
+from tasks.spec import TaskCodeError, TaskError, load_task_file
 from tasks.tolerance import check_output
 
+REPO = Path(__file__).resolve().parent.parent
 CATALOGUE, ERRORS = tasks.load_catalogue()
 
 
-def test_ten_tasks_load():
+def test_the_catalogue_loads_and_holds_the_coda_tasks():
     assert ERRORS == []
-    assert [t.id for t in CATALOGUE] == [f"k{i}" for i in range(10)]
+    ids = [t.id for t in CATALOGUE]
+    assert set(tasks.CODA_TASKS) <= set(ids) and len(set(ids)) == len(ids)
+    assert ids == sorted(ids, key=tasks.task_order)
+
+
+def test_task_order_counts_digits_as_numbers():
+    assert sorted(["k10", "x1", "k2", "bias", "k1_b", "k1"], key=tasks.task_order) == ["bias", "k1", "k1_b", "k2", "k10", "x1"]
 
 
 def test_shape_sets_follow_the_paper():
@@ -129,16 +144,6 @@ def test_spec_errors_cover_unknown_dims_launches_and_toml(tmp_path):
         assert field in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_broken_spec_does_not_hide_the_others(tmp_path, monkeypatch):
-    import shutil
-
-    for t in CATALOGUE[:3]:
-        shutil.copytree(t.folder, tmp_path / t.folder.name)
-    (tmp_path / CATALOGUE[1].folder.name / "task.toml").write_text("id = 'k1'\n")
-    monkeypatch.setattr(tasks, "TASKS_DIR", tmp_path)
-    loaded, errors = tasks.load_catalogue()
-    assert [t.id for t in loaded] == ["k0", "k2"]
-    assert len(errors) == 1 and "k1_gemm_rmsnorm" in errors[0]
 
 
 def test_tolerance_rule():
@@ -168,3 +173,172 @@ def test_rms_guard_catches_a_systematic_error_the_max_rule_misses():
     res = check_output(spec, biased, exact, low)
     assert res.max_error <= res.allowed and res.problem == "rms" and not res.ok
     assert check_output(spec, exact.float(), exact, low).ok
+
+
+# ---- a new task, as tasks/AUTHORING.md writes it -------------------------------------------
+
+GUIDE = REPO / "tasks" / "AUTHORING.md"
+
+
+def guide_blocks() -> dict[str, str]:
+    """The guide's example: its task.toml, reference.py and kernel code blocks."""
+    blocks = re.findall(r"```(\w*)\n(.*?)```", GUIDE.read_text(), re.S)
+    (spec,) = [b for lang, b in blocks if lang == "toml"]
+    (reference,) = [b for lang, b in blocks if lang == "python" and "def make_inputs" in b]
+    (kernel,) = [b for lang, b in blocks if lang == "python" and "def run(" in b]
+    return {"task.toml": spec, "reference.py": reference, "kernel.py": kernel}
+
+
+def write_task(root: Path, name: str, edit=lambda text: text) -> Path:
+    """The guide's example task as the folder root/<name> (renamed, then `edit`ed); its task.toml."""
+    blocks = guide_blocks()
+    old = tomllib_name(blocks["task.toml"])
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "task.toml").write_text(edit(blocks["task.toml"].replace(old, name)))
+    (folder / "reference.py").write_text(blocks["reference.py"])
+    return folder / "task.toml"
+
+
+def tomllib_name(spec: str) -> str:
+    import tomllib
+
+    return tomllib.loads(spec)["name"]
+
+
+def cli(*args, extra_tasks: Path | None = None, timeout=600):
+    env = dict(os.environ)
+    env.pop(tasks.ENV_TASKS_PATH, None)
+    if extra_tasks is not None:
+        env[tasks.ENV_TASKS_PATH] = str(extra_tasks)
+    return subprocess.run([sys.executable, str(REPO / "epiforge.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)
+
+
+def test_the_guides_example_loads_and_its_reference_matches_its_spec(tmp_path):
+    name = tomllib_name(guide_blocks()["task.toml"])
+    task = load_task_file(write_task(tmp_path, name))
+    assert task.name == name and task.id != name and task.outputs[0].tolerance.factor == 2.0
+    dims = tasks.shape_sets()["smoke"][0].dims()
+    inputs = task.make_inputs(dims, seed=1)
+    exact, low = task.reference(inputs, dims, exact=True), task.reference(inputs, dims, exact=False)
+    (out,) = task.outputs
+    assert exact[out.name].dtype == torch.float64 and low[out.name].dtype == out.torch_dtype
+    want = inputs["a"].double() @ inputs["w"].double().T + inputs["bias"].double()
+    assert torch.allclose(exact[out.name], want)
+
+
+def test_a_new_task_lists_shows_evaluates_and_has_an_empty_expert_track(tmp_path):
+    root = tmp_path / "more_tasks"
+    name = tomllib_name(guide_blocks()["task.toml"])
+    task = load_task_file(write_task(root, name))
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(guide_blocks()["kernel.py"])
+
+    listed = cli("tasks", "list", "--json", extra_tasks=root)
+    assert listed.returncode == 0, listed.stderr
+    by_id = sorted([*((t.id, t.name) for t in CATALOGUE), (task.id, name)], key=lambda p: tasks.task_order(p[0]))
+    assert [t["name"] for t in json.loads(listed.stdout)] == [n for _, n in by_id]
+    assert cli("tasks", "list", "--json").stdout.count(f'"{name}"') == 0  # without the variable it is not there
+
+    show = cli("tasks", "show", task.id, extra_tasks=root)
+    assert show.returncode == 0 and task.title in show.stdout and "none (the expert track is empty)" in show.stdout
+
+    r = cli("eval", "--task", task.id, "--kernel", str(kernel), "--device", "cpu", "--shapes", "smoke", "--json",
+            extra_tasks=root)
+    result = json.loads(r.stdout)
+    assert result["outcome"] == "PASSED", result["message"] + result["stderr_tail"]
+    assert result["task"] == name and result["track"] == "candidate" and result["provisional"]
+    assert [s["hidden"] for s in result["per_shape"]] == [False, False, True, True]
+
+    expert = cli("compare", "--task", task.id, "--kernels", "expert", "--device", "cpu", extra_tasks=root)
+    assert expert.returncode == 2 and expert.stderr.count("\n") == 1, expert.stderr
+    assert "no expert kernel" in expert.stderr and "expert track is empty" in expert.stderr
+    human = cli("eval", "--task", task.id, "--kernel", "human", extra_tasks=root)
+    assert human.returncode == 2 and human.stderr.count("\n") == 1 and "no expert kernel" in human.stderr
+
+
+def test_the_leaderboard_shows_an_empty_expert_track():
+    from eval import leaderboard as lb
+    from eval.result import Outcome, Result, ShapeResult, ShapeTiming
+    from eval.stats import summarize
+
+    def timed(us):
+        return ShapeTiming.measured({"kernel": summarize([us, us], keep=True), "gemm_only": summarize([100.0] * 2, keep=True)})
+
+    def ranked(task, track, **kw):
+        return Result(task=task, kernel="k.py", kernel_sha256="0", track=track, device="cuda", shapes="paper",
+                      outcome=Outcome.PASSED, per_shape=[ShapeResult(shape="1B", dims={}, outcome=Outcome.PASSED,
+                                                                     timing=timed(125.0))], **kw)
+
+    no_expert = "x9_not_a_shipped_task"  # no human_kernels/ file of that name
+    board = lb.build([ranked(no_expert, "generated", backend="b", model="m"), ranked("k1_gemm_rmsnorm", "expert")])
+    rows = {line.split(" | ")[0] + " | " + line.split(" | ")[1]: line for line in lb.render_markdown(board).splitlines()
+            if line.startswith("| ") and " | " in line}
+    assert "none: the task has no expert kernel" in rows[f"| {no_expert} | expert"]
+    assert "| yes | 0.80 |" in rows[f"| {no_expert} | generated:b/m"]
+    assert "none" not in rows["| k1 | expert"] and "| yes |" in rows["| k1 | expert"]
+
+
+def test_spec_ids_names_and_dimensions(tmp_path):
+    def load(folder, edit):
+        return load_task_file(write_task(tmp_path / folder, folder, edit))
+
+    assert load("bias_relu", lambda t: t.replace('id = "x1"', 'id = "bias_relu"')).id == "bias_relu"  # id == name
+    for folder, edit, field in [
+        ("k7x", lambda t: t.replace('id = "x1"', 'id = "K7"'), "id"),
+        ("y1_other", lambda t: t, "name"),  # the name does not start with the id x1
+        ("x1_bad_n", lambda t: t.replace('n = "F"', 'n = "hidden"'), "gemm.n"),
+        ("x1_bad_size", lambda t: t.replace('shape = ["F"]', 'shape = ["d - 4096"]'), "inputs.2.shape"),
+        ("x1_bad_tol", lambda t: t.replace("factor = 2.0", "factor = -1"), "outputs.0.tolerance.factor"),
+    ]:
+        with pytest.raises(TaskError) as err:
+            load(folder, edit)
+        msg = str(err.value)
+        assert "\n" not in msg and f"{folder}/task.toml: {field}:" in msg, msg
+
+
+def test_broken_specs_are_one_line_each_and_the_others_still_list(tmp_path):
+    root = tmp_path / "more_tasks"
+    write_task(root, "x1_gemm_bias")
+    write_task(root, "x2_bad_dim", lambda t: t.replace('id = "x1"', 'id = "x2"').replace('n = "F"', 'n = "hidden"'))
+    write_task(root, "x1_zz_again")  # the id x1 is taken
+    listed = cli("tasks", "list", "--json", extra_tasks=root)
+    assert listed.returncode == 1
+    bad_dim, taken = sorted(listed.stderr.splitlines(), key=lambda line: "x1_zz_again" in line)
+    assert "x2_bad_dim/task.toml: gemm.n:" in bad_dim and "'hidden'" in bad_dim
+    assert "x1_zz_again/task.toml: id:" in taken and "already taken" in taken
+    assert [t["name"] for t in json.loads(listed.stdout)] == [t.name for t in CATALOGUE] + ["x1_gemm_bias"]
+    shown = cli("tasks", "show", "x2_bad_dim", extra_tasks=root)
+    assert shown.returncode == 2 and shown.stderr.count("\n") == 1 and "gemm.n" in shown.stderr
+
+
+def test_task_show_prints_brackets_literally():
+    k3 = tasks.get_task("k3")
+    bracketed = [f"[{', '.join(t.shape)}]" for t in k3.inputs]
+    out = cli("tasks", "show", "k3")
+    assert out.returncode == 0 and all(b in out.stdout for b in bracketed), out.stdout
+
+
+def test_a_raising_reference_is_the_tasks_error_not_the_kernels(tmp_path):
+    root = tmp_path / "more_tasks"
+    spec = write_task(root, "x1_gemm_bias")
+    ref = spec.parent / "reference.py"
+    ref.write_text(ref.read_text() + "\n\ndef reference(inputs, dims, mm=None):\n    raise RuntimeError('reference is broken')\n")
+    task = load_task_file(spec)
+    dims = tasks.shape_sets()["smoke"][0].dims()
+    with pytest.raises(TaskCodeError, match="reference is broken") as err:
+        task.reference(task.make_inputs(dims, seed=0), dims)
+    assert err.value.file == ref
+
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(guide_blocks()["kernel.py"])
+    store = tmp_path / "results.sqlite"
+    r = cli("eval", "--task", "x1", "--kernel", str(kernel), "--json", "--store", str(store), extra_tasks=root)
+    result = json.loads(r.stdout)
+    assert result["outcome"] == "TASK_ERROR" and r.returncode == 1
+    assert str(ref) in result["message"] and "reference is broken" in result["message"]
+    board = cli("leaderboard", "--no-shipped", "--store", str(store))
+    assert board.returncode == 0, board.stderr
+    (row,) = [line for line in board.stdout.splitlines() if "TASK_ERROR" in line]
+    assert "not the kernel" in row and "no (TASK_ERROR)" not in board.stdout  # listed apart, not a failed cell
