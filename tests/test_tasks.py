@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -192,7 +193,7 @@ def guide_blocks() -> dict[str, str]:
 def write_task(root: Path, name: str, edit=lambda text: text) -> Path:
     """The guide's example task as the folder root/<name> (renamed, then `edit`ed); its task.toml."""
     blocks = guide_blocks()
-    old = tomllib_name(blocks["task.toml"])
+    old = spec_name(blocks["task.toml"])
     folder = root / name
     folder.mkdir(parents=True)
     (folder / "task.toml").write_text(edit(blocks["task.toml"].replace(old, name)))
@@ -200,9 +201,7 @@ def write_task(root: Path, name: str, edit=lambda text: text) -> Path:
     return folder / "task.toml"
 
 
-def tomllib_name(spec: str) -> str:
-    import tomllib
-
+def spec_name(spec: str) -> str:
     return tomllib.loads(spec)["name"]
 
 
@@ -216,9 +215,10 @@ def cli(*args, extra_tasks: Path | None = None, timeout=600):
 
 
 def test_the_guides_example_loads_and_its_reference_matches_its_spec(tmp_path):
-    name = tomllib_name(guide_blocks()["task.toml"])
+    name = spec_name(guide_blocks()["task.toml"])
     task = load_task_file(write_task(tmp_path, name))
-    assert task.name == name and task.id != name and task.outputs[0].tolerance.factor == 2.0
+    spec = tomllib.loads(guide_blocks()["task.toml"])
+    assert task.name == name and task.outputs[0].tolerance.atol == spec["outputs"][0]["tolerance"]["atol"] != 1e-6
     dims = tasks.shape_sets()["smoke"][0].dims()
     inputs = task.make_inputs(dims, seed=1)
     exact, low = task.reference(inputs, dims, exact=True), task.reference(inputs, dims, exact=False)
@@ -230,7 +230,7 @@ def test_the_guides_example_loads_and_its_reference_matches_its_spec(tmp_path):
 
 def test_a_new_task_lists_shows_evaluates_and_has_an_empty_expert_track(tmp_path):
     root = tmp_path / "more_tasks"
-    name = tomllib_name(guide_blocks()["task.toml"])
+    name = spec_name(guide_blocks()["task.toml"])
     task = load_task_file(write_task(root, name))
     kernel = tmp_path / "kernel.py"
     kernel.write_text(guide_blocks()["kernel.py"])
@@ -290,7 +290,7 @@ def test_spec_ids_names_and_dimensions(tmp_path):
         ("y1_other", lambda t: t, "name"),  # the name does not start with the id x1
         ("x1_bad_n", lambda t: t.replace('n = "F"', 'n = "hidden"'), "gemm.n"),
         ("x1_bad_size", lambda t: t.replace('shape = ["F"]', 'shape = ["d - 4096"]'), "inputs.2.shape"),
-        ("x1_bad_tol", lambda t: t.replace("factor = 2.0", "factor = -1"), "outputs.0.tolerance.factor"),
+        ("x1_bad_tol", lambda t: t.replace("atol = 1e-5", "atol = -1"), "outputs.0.tolerance.atol"),
     ]:
         with pytest.raises(TaskError) as err:
             load(folder, edit)
