@@ -94,7 +94,7 @@ def worst(cases: list[dict]) -> dict:
             w["margin"] = max(w["margin"], r["margin"] or 0.0)
             w["rms_margin"] = max(w["rms_margin"], r["rms_margin"] or 0.0)
             w["ok"] = w["ok"] and r["ok"]
-    return {t: table[t] for t in sorted(table, key=lambda t: int(t[1:]))}
+    return {t: table[t] for t in sorted(table, key=tasks.task_order)}
 
 
 def main(argv: list[str] | None = None) -> int:
