@@ -41,3 +41,40 @@ def test_fork_needs_a_backend_and_an_unknown_task_is_one_line(tmp_path, capsys):
     assert "--fork-at needs --backend" in capsys.readouterr().err
     assert epiforge.main(["generate", "--task", "k99", "--backend", "anthropic"]) == 2
     assert capsys.readouterr().err.startswith("epiforge: unknown task 'k99'")
+
+
+def _subparsers(parser, prefix=()):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subparsers(sub, (*prefix, name))
+    yield prefix, parser
+
+
+def test_every_agent_flag_is_documented_with_its_default():
+    import argparse
+
+    from agent.cli import DEFAULTS
+
+    parsers = {" ".join(k): p for k, p in _subparsers(epiforge.build_parser())}
+    for name in ("generate", "replay", "ablate", "sessions list", "sessions show"):
+        for action in parsers[name]._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"{name} {action.option_strings[0]} has no help"
+            if action.default not in (None, False, []):
+                assert "default" in action.help, f"{name} {action.option_strings[0]}: default not shown"
+    generate = {a.dest: a for a in parsers["generate"]._actions}
+    assert "required" in generate["task"].help and "required" in generate["backend"].help
+    assert f"default: {DEFAULTS['max_turns']}" in generate["max_turns"].help
+    assert f"default: {DEFAULTS['max_output_tokens']}" in generate["max_output_tokens"].help
+    text = parsers["generate"].format_help()
+    assert "ANTHROPIC_API_KEY" in text and "examples:" in text and "epiforge generate --resume" in text
+
+
+def test_sessions_show_of_an_unknown_id_is_one_line(tmp_path, capsys):
+    assert epiforge.main(["sessions", "show", "nope", "--log-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"epiforge: no session 'nope' in {tmp_path} (epiforge sessions list shows them)"]

@@ -139,3 +139,17 @@ def test_every_shipped_log_is_valid():
         events, warnings = read_events(log)
         assert warnings == [] and events[-1].event == "session_ended"
         assert "/work/" not in log.read_text() and "/home/" not in log.read_text()
+
+
+def test_a_replay_does_not_spend_the_recorded_dollars_again(tmp_path, anthropic_key, said):
+    config = SessionConfig(task="k1", backend="anthropic", model=MODEL, compile=False, device="cpu",
+                           budget=Budget(max_turns=4), price_in=3.0, price_out=15.0)
+    with Loopback("anthropic", [Reply("nothing"), Reply("nothing")]) as server:
+        backend = make_backend("anthropic", model=MODEL, base_url=server.url, timeout_s=10)
+        end, log = run_session(config, backend, log_dir=tmp_path, workspace=tmp_path / "ws", say=said.say)
+    assert end.totals.cost_usd > 0
+    said.clear()
+    report = replay(log, log_dir=tmp_path / "replays", workspace=tmp_path / "ws2", say=said.say)
+    assert report.reproduced
+    (line,) = [s for s in said if s.startswith(f"session {report.new_session}: gave_up")]
+    assert "nothing spent now" in line and f"the recording's ${end.totals.cost_usd:.4f}" in line

@@ -1,0 +1,286 @@
+"""Sessions that survive outages and kills, and budgets that hold (issue 14, sections 1-2),
+through the CLI and the real anthropic SDK against the loopback Messages API server."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from loopback import Fail, Loopback, Reply
+from scenarios import K1_GOOD
+
+import epiforge
+from agent.backends import RetryPolicy, make_backend
+from agent.loop import run_session
+from agent.session import ApiRetry, Budget, ModelRequest, SessionConfig, read_events
+from agent.tools import check_timeout_s
+from eval.kernel import GENERATED_DIR, REPO
+
+PRICED = "claude-sonnet-4-5-loopback"  # the table prices it as claude-sonnet-4 ($3 in, $15 out per MTok)
+FAST = ["--no-compile", "--device", "cpu"]
+# a kernel whose run() never returns: only a timeout ends its check
+K1_HANGS = K1_GOOD.replace("def run(inputs, prepared, config=None):\n",
+                           "def run(inputs, prepared, config=None):\n    n = 0\n    while n >= 0:\n        n += 1\n")
+
+
+def _config(model=PRICED, **budget):
+    return SessionConfig(task="k1", backend="anthropic", model=model, compile=False, device="cpu",
+                         budget=Budget(**({"max_turns": 8} | budget)))
+
+
+def _session(tmp_path, script, said, config, retry=None):
+    with Loopback("anthropic", script, model=config.model) as server:
+        backend = make_backend("anthropic", model=config.model, base_url=server.url, timeout_s=10,
+                               retry=retry or RetryPolicy(max_retries=2, backoff_s=0.01))
+        end, log = run_session(config, backend, log_dir=tmp_path / "logs", workspace=tmp_path / "ws",
+                               out_dir=tmp_path / "gen", say=said.say)
+    return end, log, server
+
+
+def _generate(capsys, *argv):
+    rc = epiforge.main(["generate", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _kernels_in_repo():
+    return sorted(p.name for p in GENERATED_DIR.rglob("*.py"))
+
+
+# ---- retries -------------------------------------------------------------------------------
+
+
+def test_backoff_is_exponential_with_jitter_and_retry_after_is_honoured():
+    policy = RetryPolicy(backoff_s=1.0, max_wait_s=8.0)
+    for attempt, full in [(0, 1.0), (1, 2.0), (2, 4.0), (3, 8.0), (6, 8.0)]:
+        waits = [policy.wait_s(attempt, None) for _ in range(200)]
+        assert all(full / 2 <= w <= full for w in waits)
+        assert max(waits) - min(waits) > full / 10  # jittered, not in step
+    asked = [policy.wait_s(0, 30.0) for _ in range(50)]
+    assert all(30.0 <= w <= 33.0 for w in asked)  # never less than the server's retry-after, even over max_wait_s
+
+
+def test_a_retry_after_header_sets_the_wait(tmp_path, anthropic_key, said):
+    script = [Fail(429, "rate_limit_error", retry_after="0.6"), Reply("nothing"), Reply("still nothing")]
+    t0 = time.monotonic()
+    end, log, server = _session(tmp_path, script, said, _config(), retry=RetryPolicy(max_retries=2, backoff_s=0.01))
+    assert time.monotonic() - t0 >= 0.6
+    (retry,) = [e for e in read_events(log)[0] if isinstance(e, ApiRetry)]
+    assert 0.6 <= retry.wait_s <= 0.7 and "429" in retry.error
+    assert end.outcome == "gave_up" and len(server.requests) == 3
+
+
+def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path, anthropic_key, capsys, monkeypatch):
+    logs = tmp_path / "runs"
+    before = _kernels_in_repo()
+    with Loopback("anthropic", lambda body: Fail(529, "overloaded_error", retry_after="0"), model=PRICED) as down:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 down.url, "--max-retries", "2", "--log-dir", str(logs), *FAST)
+        assert len(down.requests) == 3  # the first try and --max-retries 2
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "HTTP 529 overloaded_error" in err and "--resume" in err
+    (log,) = logs.glob("*.jsonl")
+    assert read_events(log)[0][-1].outcome == "backend_error"
+
+    # the service is back at another address; the environment names it, and it wins over the log
+    script = [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})]),
+              Reply("submitting", [("submit", {})])]
+    with Loopback("anthropic", script, model=PRICED) as up:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", up.url)
+        rc, out, err = _generate(capsys, "--resume", str(log), "--max-turns", "6")
+        assert len(up.requests) == 2
+        # the resumed model sees the whole conversation: the prompt, nothing lost
+        assert up.requests[0]["messages"][0]["role"] == "user" and len(up.requests[0]["messages"]) == 1
+    assert rc == 0, err
+    assert f"base url = {up.url} (from ANTHROPIC_BASE_URL; the log had {down.url})" in out
+    assert "max turns = 6 (from --max-turns; the log had 30)" in out
+    assert "model = claude-sonnet-4-5-loopback (from the log)" in out
+    events, _ = read_events(log)
+    resumed = next(e for e in events if e.event == "session_resumed")
+    assert resumed.after_outcome == "backend_error" and resumed.from_step == 0
+    assert resumed.config.base_url == up.url and resumed.config.budget.max_turns == 6
+    assert [e.outcome for e in events if e.event == "session_ended"] == ["backend_error", "passed"]
+    # the run was told to write elsewhere: the kernel and the workspace are beside the log
+    end = events[-1]
+    assert end.generated_kernel.startswith(str(logs / "generated_kernels"))
+    assert (logs / "workspaces" / events[0].session / "kernel.py").read_text() == K1_GOOD
+    assert _kernels_in_repo() == before
+
+    assert epiforge.main(["sessions", "list", "--log-dir", str(logs), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["outcome"], row["turns"], row["kernel"]) == ("passed", 2, end.generated_kernel)
+    assert epiforge.main(["sessions", "show", events[0].session, "--log-dir", str(logs)]) == 0
+    shown = capsys.readouterr().out
+    assert "outcome: passed" in shown and "step 0: write_kernel, run_check -> check cpu/smoke: PASSED" in shown
+
+
+def test_a_session_that_ended_otherwise_is_not_resumed(tmp_path, anthropic_key, said, capsys):
+    end, log, _ = _session(tmp_path, [Reply("nothing"), Reply("nothing")], said, _config())
+    assert end.outcome == "gave_up"
+    rc, out, err = _generate(capsys, "--resume", str(log))
+    assert rc == 2 and err.strip().splitlines() == [
+        f"epiforge: {log}: the session already ended (gave_up); only a session that ended on a backend error can "
+        "be resumed: replay or fork it instead"]
+
+
+def test_kill_9_during_a_check_then_a_resume(tmp_path, anthropic_key, capsys):
+    logs = tmp_path / "runs"
+    with Loopback("anthropic", [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})])],
+                  model=PRICED) as server:
+        env = os.environ | {"PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "epiforge", "generate", "--task", "k1", "--backend", "anthropic",
+                                 "--model", PRICED, "--base-url", server.url, "--log-dir", str(logs), *FAST],
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            text = "".join(p.read_text() for p in logs.glob("*.jsonl")) if logs.is_dir() else ""
+            if '"event":"tool_called"' in text and '"name":"run_check"' in text:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        os.killpg(proc.pid, signal.SIGKILL)  # the session and its judge, mid-check
+        proc.wait()
+    (log,) = logs.glob("*.jsonl")
+    killed = log.read_text()
+    assert '"event":"evaluation"' not in killed and '"session_ended"' not in killed
+    with Loopback("anthropic", [Reply("submitting", [("submit", {})])], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url)
+        assert len(server.requests) == 1
+    assert rc == 0, err
+    assert log.read_text().startswith(killed)  # nothing the killed run wrote is lost or rewritten
+    events, _ = read_events(log)
+    checks = [e for e in events if e.event == "evaluation"]
+    assert [(e.step, e.purpose, e.outcome) for e in checks] == [(0, "check", "PASSED"), (1, "submit", "PASSED")]
+    assert events[-1].outcome == "passed" and events[-1].totals.turns == 2
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--budget-usd", "0"], "--budget-usd must be more than 0 (got 0)"),
+    (["--budget-usd", "-1"], "--budget-usd must be more than 0 (got -1)"),
+    (["--max-turns", "0"], "--max-turns must be at least 1 (got 0)"),
+    (["--max-wall-s", "0"], "--max-wall-s must be more than 0 (got 0)"),
+    (["--max-retries", "-1"], "--max-retries must be at least 0 (got -1)"),
+    (["--price-in", "1"], "--price-in and --price-out go together: give both (USD per million tokens) or neither"),
+])
+def test_bad_numbers_are_one_line_and_leave_no_log(tmp_path, anthropic_key, capsys, flags, line):
+    rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--base-url", "http://127.0.0.1:9",
+                             "--log-dir", str(tmp_path), *flags)
+    assert rc == 2 and err.strip().splitlines() == [f"epiforge: {line}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_with_a_zero_dollar_budget_resumes_once_given_a_budget(tmp_path, anthropic_key, said, capsys):
+    """What the old CLI left behind (--budget-usd 0): resuming it says what to do, in one line."""
+    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
+    lines = log.read_text().splitlines()
+    start = json.loads(lines[0])
+    start["config"]["budget"]["max_usd"] = 0
+    log.write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", "http://127.0.0.1:9")
+    assert rc == 2 and err.strip().splitlines() == ["epiforge: --budget-usd must be more than 0 dollars (got 0)"]
+    with Loopback("anthropic", [Reply("nothing"), Reply("nothing")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url, "--budget-usd", "5")
+    assert rc == 1 and "max usd = 5.0 (from --budget-usd; the log had 0.0)" in out
+    assert read_events(log)[0][-1].outcome == "gave_up"
+
+
+# ---- budgets -------------------------------------------------------------------------------
+
+
+def test_an_unpriced_model_with_a_dollar_budget_is_refused_before_anything(tmp_path, anthropic_key, capsys):
+    with Loopback("anthropic", [Reply("hi")], model="my-local-model") as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", "my-local-model",
+                                 "--base-url", server.url, "--budget-usd", "1", "--log-dir", str(tmp_path), *FAST)
+        assert server.requests == []
+    assert rc == 2 and err.strip().splitlines() == [
+        "epiforge: --budget-usd needs a price for model 'my-local-model', which agent/pricing.py does not list: "
+        "give --price-in and --price-out (USD per million tokens)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_given_prices_price_every_turn_and_hold_the_budget(tmp_path, anthropic_key, said):
+    # each turn: 30,000 input tokens (the pack is ~29k) and 1,000 output at $2 / $10 per MTok = $0.07
+    reply = Reply("looking", [("list_examples", {})], input_tokens=30000, output_tokens=1000, cache_read=0,
+                  cache_write=0)
+    config = _config(model="my-local-model", max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
+    end, log, server = _session(tmp_path, [reply] * 8, said, config)
+    responses = [e for e in read_events(log)[0] if e.event == "model_response"]
+    assert all(r.cost_usd == pytest.approx(0.07) for r in responses)
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("dollar budget")
+    assert end.totals.cost_usd <= 0.25 and len(server.requests) == len(responses) == 3  # a 4th would pass $0.25
+
+
+def test_no_request_is_sent_that_the_budget_cannot_pay_for(tmp_path, anthropic_key, said):
+    end, log, server = _session(tmp_path, [Reply("hi")], said, _config(max_usd=0.0001))
+    assert server.requests == [] and end.outcome == "budget_exhausted" and end.reason.startswith("dollar budget")
+    assert not [e for e in read_events(log)[0] if isinstance(e, ModelRequest)]
+    end, _, server = _session(tmp_path / "t", [Reply("hi")], said, _config(max_tokens=200))
+    assert server.requests == [] and end.reason.startswith("token budget")
+
+
+def test_the_last_turn_warning_covers_the_token_budget(tmp_path, anthropic_key, said):
+    reply = Reply("looking", [("list_examples", {})], input_tokens=30000, output_tokens=500, cache_read=0,
+                  cache_write=0)
+    end, _, server = _session(tmp_path, [reply] * 8, said, _config(max_tokens=100_000))
+    warned = ["last turn the budget allows (token budget" in json.dumps(body["messages"][-1])
+              for body in server.requests]
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("token budget")
+    assert end.totals.usage.total <= 100_000 and len(server.requests) == 3
+    assert warned[-1] and not warned[0]  # the model heard it before its last request, not from the start
+
+
+def test_a_check_timeout_follows_the_task():
+    import tasks
+
+    k1, k5 = tasks.get_task("k1"), tasks.get_task("k5")
+    assert check_timeout_s(k5, "cpu", "smoke", False) > check_timeout_s(k1, "cpu", "smoke", False)  # more GEMM work
+    assert check_timeout_s(k1, "cpu", "smoke", True) > check_timeout_s(k1, "cpu", "smoke", False)  # the compile
+    assert check_timeout_s(k1, "cuda", "paper", False) > check_timeout_s(k1, "cuda", "smoke", False)
+    assert check_timeout_s(k5, "cpu", "smoke", True) < 600  # under the evaluator's blanket default
+
+
+def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, anthropic_key, said):
+    script = [Reply("writing", [("write_kernel", {"source": K1_HANGS}), ("run_check", {})]), Reply("more")]
+    t0 = time.monotonic()
+    end, log, server = _session(tmp_path, script, said, _config(max_wall_s=8))
+    assert time.monotonic() - t0 < 40  # not the task's check timeout (> 60 s)
+    (check,) = [e for e in read_events(log)[0] if e.event == "evaluation"]
+    assert check.outcome == "TIMEOUT" and "wall-time budget ran out" in check.message
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
+    assert len(server.requests) == 1
+    assert any(line.startswith("step 0: check (CPU, smoke): numerics") for line in said)
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def test_generate_json_prints_only_json_on_stdout(tmp_path, anthropic_key, capsys):
+    script = [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])]
+    with Loopback("anthropic", script, model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--log-dir", str(tmp_path), "--json", *FAST)
+    assert rc == 0
+    end = json.loads(out)
+    assert end["event"] == "session_ended" and end["outcome"] == "passed"
+    assert f"session {end['session']}: passed" in err and "step 0: write_kernel, submit" in err
+
+
+def test_feedback_reaching_the_model_after_a_static_rejection(tmp_path, anthropic_key, said):
+    script = [Reply("writing", [("write_kernel", {"source": "import os\n" + K1_GOOD}), ("run_check", {})]),
+              Reply("done"), Reply("done")]
+    end, log, _ = _session(tmp_path, script, said, _config())
+    events, _ = read_events(log)
+    write, check = [e for e in events if e.event == "tool_result"]
+    assert write.is_error and "static checks reject it (STATIC_REJECTED; nothing ran)" in write.content
+    assert "import os" in write.content and "Next: run_check" not in write.content
+    assert "nothing ran" in check.content
+    assert "emulator" not in check.content.lower() and "seed" not in check.content.lower()
+    (evaluation,) = [e for e in events if e.event == "evaluation"]
+    assert evaluation.seed is None and evaluation.outcome == "STATIC_REJECTED"
