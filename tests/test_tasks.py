@@ -342,3 +342,20 @@ def test_a_raising_reference_is_the_tasks_error_not_the_kernels(tmp_path):
     assert board.returncode == 0, board.stderr
     (row,) = [line for line in board.stdout.splitlines() if "TASK_ERROR" in line]
     assert "not the kernel" in row and "no (TASK_ERROR)" not in board.stdout  # listed apart, not a failed cell
+
+
+def test_a_reference_failing_at_a_hidden_shape_keeps_its_dims_withheld(tmp_path):
+    root = tmp_path / "more_tasks"
+    spec = write_task(root, "x1_gemm_bias")
+    ref = spec.parent / "reference.py"
+    named = sorted({s.M for s in tasks.shape_sets()["smoke"]})
+    ref.write_text(ref.read_text() + f"\n\n_reference = reference\n\n\ndef reference(inputs, dims, mm=None):\n"
+                   f"    if dims['M'] not in {named}:\n        raise ValueError(f\"no M = {{dims['M']}} here\")\n"
+                   f"    return _reference(inputs, dims, mm)\n")
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(guide_blocks()["kernel.py"])
+    r = cli("eval", "--task", "x1", "--kernel", str(kernel), "--json", "--seed", "7", extra_tasks=root)
+    result = json.loads(r.stdout)
+    assert result["outcome"] == "TASK_ERROR", result["message"]
+    assert [s["outcome"] for s in result["per_shape"]] == ["PASSED", "PASSED"]  # the named shapes passed
+    assert "no M = N here" in result["message"] and str(ref) in result["message"]
