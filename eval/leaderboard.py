@@ -166,7 +166,7 @@ def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
             except Exception:  # not a session log
                 continue
             start = next((e for e in events if isinstance(e, SessionStarted)), None)
-            end = next((e for e in events if isinstance(e, SessionEnded)), None)
+            end = next((e for e in reversed(events) if isinstance(e, SessionEnded)), None)  # a resumed session: its last end
             if start is None or end is None or start.replay_of is not None:
                 continue
             key = (start.config.backend, start.config.model)

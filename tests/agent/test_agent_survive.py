@@ -109,6 +109,11 @@ def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path
     assert (logs / "workspaces" / events[0].session / "kernel.py").read_text() == K1_GOOD
     assert _kernels_in_repo() == before
 
+    from eval.leaderboard import agent_rows
+
+    (board,) = agent_rows([logs])  # the leaderboard counts the resumed session by how it ended last
+    assert board.tasks == {"k1_gemm_rmsnorm": (1, 1)} and board.solved == 1
+
     assert epiforge.main(["sessions", "list", "--log-dir", str(logs), "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["outcome"], row["turns"], row["kernel"]) == ("passed", 2, end.generated_kernel)
