@@ -1,1 +1,15 @@
-"""The kernel-authoring agent: loop, LLM backends, prompt building, session logs."""
+"""The kernel-authoring agent: loop, LLM backends, prompt building, session logs.
+
+    loop.py        the session: model turn, tools, feedback, budgets (estimated before each
+                   request), resume of a killed session or one that ended on a backend error
+    tools.py       the model's tools; every kernel through eval.evaluate, with a per-task timeout
+    feedback.py    what the model hears about an evaluation (plain text, paths scrubbed)
+    session.py     the log's events (JSONL, append-only) and the session's configuration
+    transcript.py  a session's state rebuilt from its log (resume)
+    pack.py        the knowledge pack: system prompt, pages, examples
+    pricing.py     dollars per model (or the session's --price-in/--price-out)
+    replay.py      replay and fork of a recorded session
+    sessions.py    epiforge sessions list|show
+    ablate.py      knowledge-pack ablations
+    cli.py         the agent's subcommands; backends/: anthropic, openai, command, replay
+"""

@@ -78,8 +78,9 @@ def add_commands(sub) -> None:
     p.add_argument("--max-turns", type=int, default=None, help="a fork's turn budget (default: as recorded)")
     p.add_argument("--docs-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-dir", default=None, help="where the new log goes (default: .epiforge/replays/, forks: logs/)")
-    p.add_argument("--out", default=None, metavar="DIR", help="where a fork's passing kernel goes "
-                                                             "(default: generated_kernels/, or LOG_DIR/generated_kernels)")
+    p.add_argument("--out", default=None, metavar="DIR", help="where a fork's passing kernel goes (default: "
+                                                             "generated_kernels/, or LOG_DIR/generated_kernels for a "
+                                                             "--log-dir outside the repository)")
     p.add_argument("--json", action="store_true", help="print the replay report as JSON on stdout")
     p.set_defaults(func=cmd_replay)
 
@@ -123,7 +124,7 @@ def _backend_options(p) -> None:
                                                               "command: per run, default 1800)")
     p.add_argument("--max-retries", type=int, default=None,
                    help="retries of a failed API request (429, 5xx, overloaded, timeouts), waiting 1, 2, 4 ... "
-                        "up to 60 s with jitter, or the server's retry-after (default: 9, about four minutes)")
+                        "up to 60 s with jitter, or the server's retry-after (default: 9: an outage of 2 to 4 minutes)")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                    help="stream responses (default: on for anthropic, off for openai)")
     p.add_argument("--max-output-tokens", type=int, default=None,
@@ -157,9 +158,9 @@ def _output_options(p) -> None:
     p.add_argument("--log-dir", default=None, help="where the session log goes (default: logs/)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="where a passing kernel goes (default: generated_kernels/, or LOG_DIR/generated_kernels "
-                        "with --log-dir)")
-    p.add_argument("--workspace", default=None, help="the session's working directory "
-                                                     "(default: .epiforge/workspaces/ID, or LOG_DIR/workspaces/ID)")
+                        "for a --log-dir outside the repository)")
+    p.add_argument("--workspace", default=None, help="the session's working directory (default: "
+                                                     ".epiforge/workspaces/ID, or LOG_DIR/workspaces/ID likewise)")
 
 
 def _die(msg: str, code: int = 2) -> int:
@@ -269,7 +270,7 @@ def cmd_generate(args) -> int:
         else:
             if not (args.task and args.backend):
                 return _die("generate needs --task and --backend (or --resume LOG)")
-            from agent.loop import DEFAULT_LOG_DIR, run_session
+            from agent.loop import DEFAULT_LOG_DIR, WORKSPACES, beside, run_session
             import tasks
 
             tasks.get_task(args.task)  # an unknown task is one line before any backend is made
@@ -282,7 +283,7 @@ def cmd_generate(args) -> int:
             try:
                 end, _ = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
                                      out_dir=_out_dir(args), docs_dir=args.docs_dir, say=say,
-                                     workspaces=Path(args.log_dir) / "workspaces" if args.log_dir else None)
+                                     workspaces=beside(log_dir, WORKSPACES, "workspaces"))
             finally:
                 backend.close()
     except (BackendError, ConfigError, LogError) as e:
@@ -321,11 +322,12 @@ def _resume(args, say):
 
 
 def _out_dir(args) -> Path:
+    from agent.loop import beside
     from eval.kernel import GENERATED_DIR
 
     if getattr(args, "out", None):
         return Path(args.out)
-    return Path(args.log_dir) / "generated_kernels" if args.log_dir else GENERATED_DIR
+    return beside(Path(args.log_dir), GENERATED_DIR, "generated_kernels") if args.log_dir else GENERATED_DIR
 
 
 def cmd_replay(args) -> int:

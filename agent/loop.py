@@ -132,7 +132,7 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     system = pack.system_prompt(speed_target=config.speed_target)
     if pack.sha256 != start.pack.sha256:
         say("warning: the knowledge pack changed since this session started; resuming with the current one")
-    workspace = Path(workspace or _beside(log_path, WORKSPACES, "workspaces") / start.session)
+    workspace = Path(workspace or beside(log_path.parent, WORKSPACES, "workspaces") / start.session)
     workspace.mkdir(parents=True, exist_ok=True)
     backend.start(SessionContext(start.session, task, pack, workspace, system, start.prompt, config))
     skipped = truncated_last_line(log_path)
@@ -147,7 +147,7 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
         toolbox.kernel_path.write_text(state.sources[state.current], encoding="utf-8")
     after = f" after {state.ended.outcome} ({state.ended.reason})" if state.ended else ""
     say(f"session {start.session}: resumed at step {state.next_step}{after} with {backend.name} / {backend.model}")
-    out_dir = out_dir or _beside(log_path, GENERATED_DIR, "generated_kernels")
+    out_dir = out_dir or beside(log_path.parent, GENERATED_DIR, "generated_kernels")
     driver = _Driver(config, backend, log, toolbox, system, state.messages, say, out_dir,
                      step=state.next_step, totals=state.totals, idle=state.idle)
     if state.pending:  # the kill came between a response and (some of) its tool results
@@ -155,9 +155,11 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     return driver.run(), log.path
 
 
-def _beside(log_path: Path, default: Path, name: str) -> Path:
-    """`default` for a log inside the repository; else the folder `name` beside the log."""
-    return default if Path(log_path).resolve().is_relative_to(REPO) else Path(log_path).resolve().parent / name
+def beside(log_dir: Path, default: Path, name: str) -> Path:
+    """Where a session's kernel or workspace goes: `default` (in the repository) for logs
+    inside the repository, else the folder `name` in `log_dir`: a run told to log elsewhere
+    writes nothing into the source tree."""
+    return default if Path(log_dir).resolve().is_relative_to(REPO) else Path(log_dir).resolve() / name
 
 
 class _Driver:

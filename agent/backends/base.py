@@ -93,7 +93,8 @@ class RetryPolicy:
     """How transient API failures are retried: up to `max_retries` times, waiting
     backoff_s * 2**attempt (capped at max_wait_s) with jitter, or what the server's
     retry-after asks for (up to max_retry_after_s). The default rides out an outage of
-    about four minutes (1 + 2 + 4 + ... + 60 + 60 + 60 s)."""
+    2 to 4 minutes (half to all of 1 + 2 + 4 + ... + 60 + 60 + 60 s); a longer one ends the
+    session as backend_error, which --resume continues."""
 
     max_retries: int = 9
     backoff_s: float = 1.0
