@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from agent.backends.base import Backend, BackendError, RecordingExhausted, SessionContext
+from agent.backends.replay_backend import ReplayBackend
 from agent.pack import build_pack
 from agent.pricing import cost_usd, session_price
 from agent.session import (
@@ -81,7 +82,7 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFA
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
-    problem = config_problem(config)
+    problem = None if isinstance(backend, ReplayBackend) else config_problem(config)  # a replay spends nothing
     if problem:
         raise ConfigError(problem)
     pack = build_pack(task, docs_dir, config.pack_without)

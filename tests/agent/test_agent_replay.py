@@ -153,3 +153,15 @@ def test_a_replay_does_not_spend_the_recorded_dollars_again(tmp_path, anthropic_
     assert report.reproduced
     (line,) = [s for s in said if s.startswith(f"session {report.new_session}: gave_up")]
     assert "nothing spent now" in line and f"the recording's ${end.totals.cost_usd:.4f}" in line
+
+
+def test_a_log_with_a_budget_the_cli_now_refuses_still_replays(recorded, tmp_path, said):
+    """Older logs may hold what a live run now refuses (a $0 budget, an unpriced model with a
+    dollar budget): a replay spends nothing, so it runs them as recorded."""
+    lines = recorded.read_text().splitlines()
+    start = json.loads(lines[0])
+    start["config"]["budget"]["max_usd"] = 0
+    old = tmp_path / "old.jsonl"
+    old.write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    report = replay(old, log_dir=tmp_path / "replays", workspace=tmp_path / "ws", say=said.say)
+    assert report.reproduced and report.outcome == "passed"
