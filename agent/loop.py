@@ -349,8 +349,10 @@ class _Driver:
                            generated_kernel=str(generated) if generated else None, totals=self.totals)
         self.log.write(end)
         cost = "unpriced" if self.totals.cost_usd is None else f"${self.totals.cost_usd:.4f}"
-        if self.replayed_turns:
-            live = (self.totals.cost_usd or 0.0) - self.replayed_usd
+        if self.replayed_turns and self.totals.cost_usd is None:
+            cost = "unpriced, nothing spent now"
+        elif self.replayed_turns:
+            live = self.totals.cost_usd - self.replayed_usd
             cost = (f"${live:.4f} spent now" if self.totals.turns > self.replayed_turns else "nothing spent now") + (
                 f" (the recording's ${self.replayed_usd:.4f} for {self.replayed_turns} replayed turns is not spent again)")
         self.say(f"session {self.session}: {outcome} ({reason}); {self.totals.turns} turns, "

@@ -79,6 +79,7 @@ class _Progress:
     def __init__(self, say, label: str, limit_s: float, every_s: float = 15.0):
         self.say, self.label, self.limit_s, self.every_s = say, label, limit_s, every_s
         self.stage_name, self.t0 = "starting", time.monotonic()
+        self._said: set[str] = set()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
@@ -91,8 +92,10 @@ class _Progress:
         self._thread.join()
 
     def stage(self, name: str) -> None:
-        if name != self.stage_name:
-            self.stage_name = name
+        """A stage starts; said the first time (the judge repeats compile and numerics per shape)."""
+        self.stage_name = name
+        if name not in self._said:
+            self._said.add(name)
             self.say(f"{self.label}: {name} ({time.monotonic() - self.t0:.0f} s)")
 
     def _beat(self) -> None:
