@@ -239,8 +239,6 @@ class Task(_Strict):
             return module
         except (MemoryError, KeyboardInterrupt):
             raise
-        except FileNotFoundError:
-            raise TaskCodeError(file, "missing (a task needs make_inputs and reference there)") from None
         except BaseException as e:  # noqa: BLE001 - whatever the task's own code does is the task's fault
             raise TaskCodeError(file, f"importing it raised {_first_line(e)}") from None
 
@@ -394,6 +392,8 @@ def load_task_file(path: Path) -> Task:
         raise TaskError(f"{path}: {e}") from None
     if task.name != path.parent.name:
         raise TaskError(f"{path}: name: {task.name!r} must match its folder {path.parent.name!r}")
+    if not (path.parent / "reference.py").is_file():
+        raise TaskError(f"{path.parent / 'reference.py'}: missing (a task needs make_inputs and reference there)")
     _check_sizes(task, path)
     return task
 

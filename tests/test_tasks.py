@@ -309,6 +309,10 @@ def test_broken_specs_are_one_line_each_and_the_others_still_list(tmp_path):
     assert "x2_bad_dim/task.toml: gemm.n:" in bad_dim and "'hidden'" in bad_dim
     assert "x1_zz_again/task.toml: id:" in taken and "already taken" in taken
     assert [t["name"] for t in json.loads(listed.stdout)] == [t.name for t in CATALOGUE] + ["x1_gemm_bias"]
+    no_reference = load_task_file(write_task(tmp_path / "alone", "x1_alone")).folder / "reference.py"
+    no_reference.unlink()
+    with pytest.raises(TaskError, match=f"{no_reference}: missing"):
+        load_task_file(no_reference.parent / "task.toml")
     shown = cli("tasks", "show", "x2_bad_dim", extra_tasks=root)
     assert shown.returncode == 2 and shown.stderr.count("\n") == 1 and "gemm.n" in shown.stderr
 
