@@ -289,3 +289,20 @@ def test_feedback_reaching_the_model_after_a_static_rejection(tmp_path, anthropi
     assert "emulator" not in check.content.lower() and "seed" not in check.content.lower()
     (evaluation,) = [e for e in events if e.event == "evaluation"]
     assert evaluation.seed is None and evaluation.outcome == "STATIC_REJECTED"
+
+
+def test_a_long_stage_is_never_silence(said):
+    from agent.tools import _Progress
+
+    with _Progress(said.say, "step 3: check (CPU, smoke)", 160, every_s=0.05) as progress:
+        progress.stage("load")
+        progress.stage("numerics")
+        progress.stage("numerics")  # the judge says it again for the next shape
+        time.sleep(0.3)
+    assert said[:2] == ["step 3: check (CPU, smoke): load (0 s)", "step 3: check (CPU, smoke): numerics (0 s)"]
+    beats = said[2:]
+    assert beats and all(b.startswith("step 3: check (CPU, smoke): still in numerics, ") for b in beats)
+    assert beats[-1].endswith("of at most 160 s")
+    n = len(said)
+    time.sleep(0.2)
+    assert len(said) == n  # and quiet once the evaluation is over
