@@ -194,14 +194,14 @@ def _number_problem(args) -> str | None:
     return None
 
 
-def _live_backend(args, name: str | None = None, *, model=None, base_url=None, command=None):
+def _live_backend(args, name: str | None = None, *, model=None, base_url=None, command=None, max_output_tokens=None):
     """The live backend the options name; the keyword arguments fill options left unset."""
     from agent.backends import RetryPolicy, make_backend
 
     retry = RetryPolicy() if args.max_retries is None else RetryPolicy(max_retries=args.max_retries)
     return make_backend(name or args.backend, model=args.model or model, base_url=args.base_url or base_url,
                         command=args.command or command,
-                        max_output_tokens=args.max_output_tokens or DEFAULTS["max_output_tokens"],
+                        max_output_tokens=args.max_output_tokens or max_output_tokens or DEFAULTS["max_output_tokens"],
                         timeout_s=args.timeout, stream=args.stream, retry=retry,
                         note=lambda line: print(line, file=sys.stderr))
 
@@ -312,7 +312,8 @@ def _resume(args, say):
         return _die(problem)
     for line in lines:
         say(line)
-    backend = _live_backend(args, config.backend, model=config.model, base_url=config.base_url, command=config.command)
+    backend = _live_backend(args, config.backend, model=config.model, base_url=config.base_url, command=config.command,
+                            max_output_tokens=config.max_output_tokens)
     try:
         end, _ = resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
                                 out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say)

@@ -183,7 +183,8 @@ def test_bad_numbers_are_one_line_and_leave_no_log(tmp_path, anthropic_key, caps
 
 def test_a_log_with_a_zero_dollar_budget_resumes_once_given_a_budget(tmp_path, anthropic_key, said, capsys):
     """What the old CLI left behind (--budget-usd 0): resuming it says what to do, in one line."""
-    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
+    config = _config().model_copy(update={"max_output_tokens": 2048})
+    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, config)
     lines = log.read_text().splitlines()
     start = json.loads(lines[0])
     start["config"]["budget"]["max_usd"] = 0
@@ -194,6 +195,7 @@ def test_a_log_with_a_zero_dollar_budget_resumes_once_given_a_budget(tmp_path, a
         rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url, "--budget-usd", "5")
     assert rc == 1 and "max usd = 5.0 (from --budget-usd; the log had 0.0)" in out
     assert read_events(log)[0][-1].outcome == "gave_up"
+    assert {body["max_tokens"] for body in server.requests} == {2048}  # the log's, not the default
 
 
 # ---- budgets -------------------------------------------------------------------------------
