@@ -90,7 +90,8 @@ allowed      `x = ...` and tuple unpacking (`g, u = P.unpack(acc)`) into names, 
              > >=); constants; tuple and dict displays (no `**`); the function's parameters
              and locals; module-level constants; math.pi e tau inf nan; values captured
              from an enclosing def (a number compiles, a tensor does not); calls of P.exp
-             log rsqrt sigmoid silu swiglu dswiglu fma pack unpack rope_rotate (also as
+             log rsqrt sigmoid silu swiglu dswiglu fma pack unpack rope_rotate abs max
+             min relu squared_relu tanh erf erfc gelu gelu_tanh where (also as
              `from primitives import exp ...`) and of epilogue helpers, with `*` in their
              arguments; `if` and `x if c else y` whose condition uses only constants and
              module-level constants; `for i in range(<constants>)`.
@@ -197,7 +198,7 @@ PRIMITIVE_NAMES = frozenset({
     "ColReduce", "DEFAULT_CONFIG", "EpilogueError", "GemmConfig", "PerCol", "PerRow", "RowLogSumExp",
     "RowReduce", "RowSelect", "Scalar", "Tile", "dswiglu", "epilogue", "exp", "finish", "fma", "from_quack",
     "log", "pack", "partials_shape", "pick_config", "prepare", "rope_rotate", "rsqrt", "sigmoid", "silu",
-    "swiglu", "unpack", "config",
+    "swiglu", "unpack", "config", *"abs erf erfc gelu gelu_tanh max min relu squared_relu tanh where".split(),
 })
 PRIMITIVE_SUBMODULES = {
     "finish": frozenset({"rstd_from_sumsq", "row_sum", "col_sum", "cross_entropy"}),
@@ -212,6 +213,7 @@ PRIMITIVE_DATA = frozenset({
 # the math an epilogue body may call (primitive_docs/math.md, pairs.md)
 EPILOGUE_MATH = frozenset({
     "exp", "log", "rsqrt", "sigmoid", "silu", "swiglu", "dswiglu", "fma", "pack", "unpack", "rope_rotate",
+    "abs", "erf", "erfc", "gelu", "gelu_tanh", "max", "min", "relu", "squared_relu", "tanh", "where",
 })
 TORCH_DTYPES = frozenset({
     "bfloat16", "float16", "half", "float32", "float", "float64", "double", "int8", "uint8", "int16",

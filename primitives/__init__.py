@@ -7,7 +7,10 @@ source runs on the GPU (quack's SM90 GEMM) and on the CPU (the tile emulator).
 from primitives import finish, prepare
 from primitives.config import DEFAULT_CONFIG, GemmConfig, pick_config
 from primitives.epilogue import Epilogue, EpilogueError, epilogue
-from primitives.math import dswiglu, exp, fma, log, rope_rotate, rsqrt, sigmoid, silu, swiglu
+from primitives.math import (
+    abs, dswiglu, erf, erfc, exp, fma, gelu, gelu_tanh, log, max, min, relu, rope_rotate, rsqrt, sigmoid, silu,
+    squared_relu, swiglu, tanh, where,
+)
 from primitives.spec import (
     ColReduce,
     PerCol,
@@ -34,7 +37,8 @@ def from_quack(target, operands=None):
 
 __all__ = [
     "ColReduce", "DEFAULT_CONFIG", "Epilogue", "EpilogueError", "GemmConfig", "PerCol",
-    "PerRow", "RowLogSumExp", "RowReduce", "RowSelect", "Scalar", "Tile", "dswiglu",
-    "epilogue", "exp", "finish", "fma", "from_quack", "log", "pack", "partials_shape", "pick_config",
-    "prepare", "rope_rotate", "rsqrt", "sigmoid", "silu", "swiglu", "unpack",
+    "PerRow", "RowLogSumExp", "RowReduce", "RowSelect", "Scalar", "Tile", "abs", "dswiglu",
+    "epilogue", "erf", "erfc", "exp", "finish", "fma", "from_quack", "gelu", "gelu_tanh", "log", "max", "min", "pack",
+    "partials_shape", "pick_config", "prepare", "relu", "rope_rotate", "rsqrt", "sigmoid", "silu", "squared_relu",
+    "swiglu", "tanh", "unpack", "where",
 ]

@@ -114,3 +114,115 @@ def rope_rotate(x1, x2, pos, freq):
 
     s, c = _sincos_turns(*_angle_turns(pos, freq))
     return x1 * c - x2 * s, x1 * s + x2 * c
+
+
+# ---- piecewise and transcendental math -------------------------------------------------
+# Each has a torch meaning (the emulator) and an sm_90a one. Where torch propagates NaN
+# (max, min, relu), so does the GPU side (IEEE maximum/minimum, not maxNum/minNum), so
+# that the emulator and the GPU agree on every input. tanh and erf use the precise
+# (not the fast approximate) instructions: the approximate tanh is off by ~2**-11.
+
+
+def _float32(v):
+    """A plain number as a DSL Float32 (a traced value passes through)."""
+    from cutlass import Float32
+
+    return v if isinstance(v, Float32) else Float32(v)
+
+
+def _plain(*values) -> bool:
+    return all(isinstance(v, (int, float)) for v in values)
+
+
+def max(a, b):  # noqa: A001 - P.max, as torch.maximum
+    """The larger of a and b; NaN if either is NaN (torch.maximum)."""
+    if is_torch(a, b) or _plain(a, b):
+        return torch.maximum(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32))
+    import cutlass.cute as cute
+
+    return cute.math.max(_float32(a), _float32(b), propagate_nan=True)
+
+
+def min(a, b):  # noqa: A001 - P.min, as torch.minimum
+    """The smaller of a and b; NaN if either is NaN (torch.minimum)."""
+    if is_torch(a, b) or _plain(a, b):
+        return torch.minimum(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32))
+    import cutlass.cute as cute
+
+    return cute.math.min(_float32(a), _float32(b), propagate_nan=True)
+
+
+def abs(x):  # noqa: A001 - P.abs, as torch.abs
+    """|x|."""
+    if is_torch(x):
+        return torch.abs(x)
+    import cutlass.cute as cute
+
+    return cute.math.abs(_float32(x))
+
+
+def relu(x):
+    """max(x, 0); NaN stays NaN (torch.relu)."""
+    return max(x, 0.0)
+
+
+def squared_relu(x):
+    """relu(x) ** 2 (Primer's squared ReLU)."""
+    r = relu(x)
+    return r * r
+
+
+def tanh(x):
+    """Hyperbolic tangent (the precise instruction sequence on the GPU, not tanh.approx)."""
+    if is_torch(x):
+        return torch.tanh(x)
+    import cutlass.cute as cute
+
+    return cute.math.tanh(_float32(x), fastmath=False)
+
+
+def erf(x):
+    """The error function, 2/sqrt(pi) * integral of exp(-t**2) from 0 to x."""
+    if is_torch(x):
+        return torch.erf(x)
+    import cutlass.cute as cute
+
+    return cute.math.erf(_float32(x), fastmath=False)
+
+
+def erfc(x):
+    """1 - erf(x), accurate where erf(x) is near 1 (no cancellation)."""
+    if is_torch(x):
+        return torch.erfc(x)
+    import cutlass.cute as cute
+
+    return cute.math.erfc(_float32(x), fastmath=False)
+
+
+def gelu(x):
+    """Exact GELU: x/2 * (1 + erf(x / sqrt(2))) (torch's approximate='none'), computed as
+    x/2 * erfc(-x / sqrt(2)) so that the negative tail keeps its digits."""
+    return 0.5 * x * erfc(x * (-1.0 / _math.sqrt(2.0)))
+
+
+def gelu_tanh(x):
+    """GELU's tanh form: x/2 * (1 + tanh(z)), z = sqrt(2/pi) * (x + 0.044715 x**3)
+    (torch's approximate='tanh', GPT-2's), computed as x * sigmoid(2 z), the same value
+    without the cancellation of 1 + tanh(z) at negative z."""
+    z = _math.sqrt(2.0 / _math.pi) * (x + 0.044715 * (x * x * x))
+    return x * sigmoid(2.0 * z)
+
+
+def where(cond, a, b):
+    """a where cond holds, else b. `cond` is one comparison of values (`acc > 0`,
+    `x <= t`); a and b are values or numbers (torch.where)."""
+    if is_torch(cond, a, b):
+        if not (isinstance(cond, torch.Tensor) and cond.dtype == torch.bool):
+            raise TypeError("P.where: the condition must be a comparison such as `acc > 0`")
+        return torch.where(cond, torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32))
+    from cutlass import Boolean
+    from cutlass._mlir.dialects import arith
+
+    from cutlass import Float32
+
+    return Float32(arith.select(Boolean(cond).ir_value(), _float32(a).ir_value(), _float32(b).ir_value()))
