@@ -101,6 +101,16 @@ def main(argv=None) -> int:
                     except Exception as e:
                         failures += 1
                         print(f"gemm_only {cfg.key()}: FAILED {type(e).__name__}", flush=True)
+            # the judge's mainloop GEMM for the low-precision reference (eval/numerics.mainloop_mm):
+            # a float32 D at the default config, both B layouts
+            from primitives.config import DEFAULT_CONFIG
+
+            for ww in (w, w_t):
+                try:
+                    gemm_only(a, ww, config=DEFAULT_CONFIG, dtypes={"D": torch.float32})
+                except Exception as e:
+                    failures += 1
+                    print(f"mainloop float32 GEMM: FAILED {type(e).__name__}: {e}", flush=True)
     _drop_stale(CACHE_DIR)
     (CACHE_DIR / "compile_log.json").write_text(json.dumps(lowering.COMPILE_LOG, indent=1))
     print(f"{len(lowering.COMPILE_LOG)} compiles, {failures} failures; cache in {CACHE_DIR}")

@@ -8,9 +8,11 @@ its user can read or write its memory) and starts the candidate in a runner proc
 its own (eval/runner.py, via eval/remote.py), which sees only inputs and output buffers.
 
 Stages (after the harness's static stage on the source, eval/evaluation.py): load ->
-compile -> numerics -> on a GPU, per named shape: launches -> benchmark -> recheck ->
-plausibility -> done. Every named shape set is followed by a hidden shape drawn from the
-seed (eval/secret_shapes.py), checked for numerics only, whose dims are never reported.
+compile -> numerics at every shape -> on a GPU, per named shape: launches -> benchmark ->
+recheck -> plausibility -> done. The named shapes are followed by hidden shapes drawn from
+the seed (eval/secret_shapes.py), checked for numerics only, whose dims are never
+reported. Nothing is timed until every shape's numerics passed, so a rejected kernel never
+shows a speed.
 
 The channel to the harness: newline-delimited JSON frames on an inherited pipe, each
 with the nonce the harness sent; progress {"stage": ...} and one final {"result": ...}
@@ -116,19 +118,25 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
                 c.finish(Outcome(f.outcome), f.message)
         named = shape_sets()[request["shapes"]]
         hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
+        # numerics at every shape (named, then hidden) before anything is timed: a kernel
+        # that fails anywhere never shows a speed, and no GPU time is spent timing it
         for i, shape in enumerate([*named, *hidden]):
             is_hidden = i >= len(named)
             at("numerics")
             for c in [c for c in cands if c.live]:
                 c.per_shape.append(check_shape(task, c.kp, shape, request["seed"], i, device, hidden=is_hidden))
-            if device == "cuda" and not is_hidden:
-                group = {c.label: (c.kp, c.per_shape[-1]) for c in cands if c.live and c.per_shape[-1].outcome == Outcome.PASSED}
-                if group:
-                    run_timed_stages(task, group, shape, request["seed"], i, stage=at, ceilings=ceilings,
-                                     reps=request.get("reps", 50), shapes_name=request["shapes"], device=device,
-                                     timed=request.get("timing", True), baselines=request.get("baselines", []))
-            for c in [c for c in cands if c.live]:
                 res = c.per_shape[-1]
+                if res.outcome != Outcome.PASSED:
+                    c.finish(res.outcome, f"{res.shape}: {res.message}")
+        is_hidden = False
+        for i, shape in enumerate(named if device == "cuda" else []):
+            group = {c.label: (c.kp, c.per_shape[i]) for c in cands if c.live}
+            if group:
+                run_timed_stages(task, group, shape, request["seed"], i, stage=at, ceilings=ceilings,
+                                 reps=request.get("reps", 50), shapes_name=request["shapes"], device=device,
+                                 timed=request.get("timing", True), baselines=request.get("baselines", []))
+            for c in [c for c in cands if c.live]:
+                res = c.per_shape[i]
                 if res.outcome != Outcome.PASSED:
                     c.finish(res.outcome, f"{res.shape}: {res.message}")
         at("done")

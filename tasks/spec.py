@@ -283,20 +283,21 @@ class Task(_Strict):
         self._check_io(inputs, self.inputs, dims, "make_inputs")
         return inputs
 
-    def reference(self, inputs: dict, dims: dict[str, int], exact: bool = True) -> dict[str, torch.Tensor]:
+    def reference(self, inputs: dict, dims: dict[str, int], exact: bool = True, mm=None) -> dict[str, torch.Tensor]:
         """The reference outputs. exact: every floating input cast to reference_dtype, the
         whole computation in it. Otherwise the low-precision reference that sets the
         tolerance (see Tolerance): what an honest fused kernel computes. The GEMM operands
-        stay in their dtype and the GEMM accumulates in float32 (common.mm); every other
-        floating input is cast to float32, so the epilogue and its reductions run in
-        float32 on unrounded values; each output is rounded once, to its dtype."""
+        stay in their dtype and the GEMM accumulates in float32 (common.mm, or `mm`: the
+        judge passes the fixed mainloop's own GEMM on a GPU, eval/numerics.references);
+        every other floating input is cast to float32, so the epilogue and its reductions
+        run in float32 on unrounded values; each output is rounded once, to its dtype."""
         if exact:
             rdt = getattr(torch, self.reference_dtype)
             inputs = {k: v.to(rdt) if _floating(v) else v for k, v in inputs.items()}
             return self._run_reference(inputs, dims, mm=common.mm)
         operands = {self.gemm.a, self.gemm.b}
         inputs = {k: v.float() if _floating(v) and k not in operands else v for k, v in inputs.items()}
-        out = self._run_reference(inputs, dims, mm=common.mm)
+        out = self._run_reference(inputs, dims, mm=mm or common.mm)
         return {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
 
     def _check_io(self, values: dict, specs, dims, where) -> None:

@@ -356,3 +356,15 @@ def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
     named = [r for r in rows if not r["hidden"]]
     assert len(named) == len(CODA_TASKS) * 5 and all(r["outcome"] == "PASSED" and r["launches_ok"] and r["launch_names"] for r in named)
     assert all(r["outcome"] == "PASSED" and r["shape"] == "hidden" for r in rows if r["hidden"])
+
+
+def test_the_allowance_takes_the_mainloops_larger_error_up_to_a_cap():
+    from eval.numerics import MAINLOOP_ERROR_CAP, larger_honest_error
+
+    exact = {"dw": torch.zeros(4, dtype=torch.float64), "h": torch.zeros(4, dtype=torch.float64)}
+    cublas = {"dw": torch.full((4,), 1e-6), "h": torch.full((4,), 1e-3)}
+    mainloop = {"dw": torch.full((4,), 3e-6),  # errs more, within the cap: the allowance follows it
+                "h": torch.full((4,), 1e-3 * (MAINLOOP_ERROR_CAP + 1))}  # beyond the cap: not believed
+    out = larger_honest_error(exact, cublas, mainloop)
+    assert out["dw"] is mainloop["dw"] and out["h"] is cublas["h"]
+    assert larger_honest_error(exact, mainloop, cublas)["dw"] is mainloop["dw"]  # never below cuBLAS's
