@@ -28,8 +28,11 @@ PACKAGES = ("nvidia-cutlass-dsl", "quack-kernels", "triton", "liger-kernel")
 
 
 def source_commit(where: Path | None = None) -> str | None:
-    """The git commit the sources came from (+ "-dirty" with uncommitted changes); on a
-    machine that received the working tree without .git, $EPIFORGE_COMMIT if the caller set it."""
+    """The git commit the sources came from (+ "-dirty" with uncommitted changes), or
+    $EPIFORGE_COMMIT where the caller set it: a machine that received a copy of the working
+    tree may hold no .git, or a stale one (the H200's, 2026-12-02), so the caller's word wins."""
+    if os.environ.get("EPIFORGE_COMMIT"):
+        return os.environ["EPIFORGE_COMMIT"]
     where = where or REPO
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20, check=False,
@@ -40,7 +43,7 @@ def source_commit(where: Path | None = None) -> str | None:
             return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("EPIFORGE_COMMIT")
+    return None
 
 
 def fingerprint(device: str | None = None, command: str | None = None, *, commit: bool = True) -> dict:

@@ -190,9 +190,9 @@ def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
     from bench import gpu_env
 
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", gpu_env.source_commit())
-    # a machine that received the working tree without .git: the caller's stamp
+    # a machine that received the working tree without .git, or with a stale one: the caller's stamp wins
     monkeypatch.setenv("EPIFORGE_COMMIT", "abc123")
-    assert gpu_env.source_commit(tmp_path) == "abc123"
+    assert gpu_env.source_commit(tmp_path) == "abc123" and gpu_env.source_commit() == "abc123"
 
 
 def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):

@@ -349,10 +349,10 @@ def test_tamper_check_sees_patches():
 def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
     report = json.loads(H200_CHECK.read_text())
     rows = report["rows"]
-    # the CODA track's tasks x (2 smoke + 3 paper shapes + the hidden shape of each set), through the judge
+    # the CODA track's tasks x (2 smoke + 3 paper shapes + the 2 hidden shapes of each set), through the judge
     from tasks import CODA_TASKS
 
-    assert report["all_passed"] and len(rows) == len(CODA_TASKS) * 7
+    assert report["all_passed"] and len(rows) == len(CODA_TASKS) * 9
     named = [r for r in rows if not r["hidden"]]
     assert len(named) == len(CODA_TASKS) * 5 and all(r["outcome"] == "PASSED" and r["launches_ok"] and r["launch_names"] for r in named)
     assert all(r["outcome"] == "PASSED" and r["shape"] == "hidden" for r in rows if r["hidden"])
@@ -368,3 +368,14 @@ def test_the_allowance_takes_the_mainloops_larger_error_up_to_a_cap():
     out = larger_honest_error(exact, cublas, mainloop)
     assert out["dw"] is mainloop["dw"] and out["h"] is cublas["h"]
     assert larger_honest_error(exact, mainloop, cublas)["dw"] is mainloop["dw"]  # never below cuBLAS's
+
+
+def test_the_exploit_suite_passed_on_the_h200():
+    """bench/h200.sh judge-exploits: every shard of the GPU cases passed (known limits xfail
+    strictly), over 100 cases in all."""
+    import re
+
+    log = (H200_CHECK.parent / "judge" / "pytest-gpu-exploits.log").read_text()
+    shards = re.findall(r"^(\d+) passed(?:, (\d+) xfailed)? in ", log, flags=re.M)
+    assert shards and "failed," not in log.replace("xfailed", "") and "FAILED" not in log and "XPASS" not in log
+    assert sum(int(p) + int(x or 0) for p, x in shards) >= 100
