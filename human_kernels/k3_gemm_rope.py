@@ -1,11 +1,13 @@
 """k3: RoPE in the QKV projection's epilogue with quack's rope_posfreq_epi: the angle
-pos * inv_freq is computed in-kernel in float-float turns from a per-column frequency
-table (zero for V columns, an exact identity)."""
+pos * freq is computed in-kernel in float-float turns from a per-column frequency table
+(zero for V columns, an exact identity). quack rotates by +angle (Hugging Face's
+direction); the task follows CODA v0.1's -angle, so the table holds -inv_freq."""
 
 import primitives as P
 
 TASK = "k3_gemm_rope"
 AUTHOR = "quack library (CODA's authors)"
+ROPE_DIRECTION = -1  # the task's scalar rope_direction (CODA v0.1)
 
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
@@ -21,8 +23,8 @@ qkv_rope = P.from_quack("quack.epilogue.rotary:rope_posfreq_epi")
 
 
 def prepare(consts):
-    # w_qkv is (3d, d): q and k rotate, v passes through
-    return {"freq": P.prepare.qkv_rope_freq_table(consts["inv_freq"], d=consts["w_qkv"].shape[1])}
+    # w_qkv is (3d, d): q and k rotate (by -pos * inv_freq: the task's rope_direction), v passes through
+    return {"freq": P.prepare.qkv_rope_freq_table(consts["inv_freq"], d=consts["w_qkv"].shape[1], direction=ROPE_DIRECTION)}
 
 
 def run(inputs, prepared, config=None):

@@ -1,9 +1,12 @@
-"""k4: the deferred RMSNorm row scale, then RoPE, with quack's rstd_rope_posfreq_epi."""
+"""k4: the deferred RMSNorm row scale, then RoPE, with quack's rstd_rope_posfreq_epi. quack
+rotates by +angle (Hugging Face's direction); the task follows CODA v0.1's -angle, so the
+frequency table holds -inv_freq."""
 
 import primitives as P
 
 TASK = "k4_gemm_rmsnorm_rope"
 AUTHOR = "quack library (CODA's authors)"
+ROPE_DIRECTION = -1  # the task's scalar rope_direction (CODA v0.1)
 
 # measured best tile configs on the H200 by GEMM m x n x k, written by
 # python -m bench.tuning --write from:
@@ -19,8 +22,8 @@ qkv_rmsnorm_rope = P.from_quack("quack.epilogue.rotary:rstd_rope_posfreq_epi")
 
 
 def prepare(consts):
-    # w_qkv is (3d, d): q and k rotate, v passes through
-    return {"freq": P.prepare.qkv_rope_freq_table(consts["inv_freq"], d=consts["w_qkv"].shape[1])}
+    # w_qkv is (3d, d): q and k rotate (by -pos * inv_freq: the task's rope_direction), v passes through
+    return {"freq": P.prepare.qkv_rope_freq_table(consts["inv_freq"], d=consts["w_qkv"].shape[1], direction=ROPE_DIRECTION)}
 
 
 def run(inputs, prepared, config=None):

@@ -81,12 +81,17 @@ def swiglu_interleaved(z: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(g) * u
 
 
-def rope_interleaved(z: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int) -> torch.Tensor:
+def rope_interleaved(z: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int,
+                     direction: float = 1.0) -> torch.Tensor:
     """Rotate the first `rotary_cols` columns of z (whole heads) in adjacent pairs
-    (2j, 2j+1) of each head by pos[m] * inv_freq[j]; the rest pass through."""
+    (2j, 2j+1) of each head by direction * pos[m] * inv_freq[j]; the rest pass through.
+    direction +1: (x, y) -> (x cos - y sin, x sin + y cos), Hugging Face LLaMA's rotation;
+    -1: (x cos + y sin, -x sin + y cos), CODA v0.1's (kernels/refs/gpt.py)."""
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 or -1, got {direction!r}")
     m = z.shape[0]
     head_dim = 2 * inv_freq.shape[0]
-    angle = pos[:, None] * inv_freq[None, :]  # (M, head_dim/2)
+    angle = direction * (pos[:, None] * inv_freq[None, :])  # (M, head_dim/2)
     cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
     rot = z[:, :rotary_cols].reshape(m, rotary_cols // head_dim, head_dim // 2, 2)
     x1, x2 = rot[..., 0], rot[..., 1]

@@ -363,3 +363,53 @@ def test_a_reference_failing_at_a_hidden_shape_keeps_its_dims_withheld(tmp_path)
     assert result["outcome"] == "TASK_ERROR", result["message"]
     assert [s["outcome"] for s in result["per_shape"]] == ["PASSED", "PASSED"]  # the named shapes passed
     assert "no M = N here" in result["message"] and str(ref) in result["message"]
+
+
+def _rotated_pairs(task_id, z, pos, inv_freq):
+    """task_id's reference applied to a projection whose q, k, v are z (one head each)."""
+    task = tasks.get_task(task_id)
+    d = z.shape[1] // 3
+    dims = {"d": d, "M": z.shape[0]}
+    from tasks.common import rope_interleaved
+
+    direction = next(s.value for s in task.scalars if s.name == "rope_direction")
+    return rope_interleaved(z, pos, inv_freq, 2 * d, direction=direction), dims
+
+
+def test_k3_and_k4_rotate_as_coda_does_and_their_hf_pairs_as_hugging_face_does():
+    """CODA v0.1 (kernels/refs/gpt.py): (x, y) -> (x cos + y sin, -x sin + y cos); Hugging
+    Face LLaMA's apply_rotary_pos_emb, on interleaved pairs: (x cos - y sin, x sin + y cos)."""
+    gen = torch.Generator().manual_seed(0)
+    head_dim = 8
+    z = torch.randn(5, 3 * head_dim, generator=gen, dtype=torch.float64)
+    pos = torch.arange(5, dtype=torch.float64) * 7
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    t = pos[:, None] * inv_freq[None, :]
+    x, y = z[:, 0:2 * head_dim:2].reshape(5, 2, -1), z[:, 1:2 * head_dim:2].reshape(5, 2, -1)
+    c, s = torch.cos(t)[:, None, :], torch.sin(t)[:, None, :]
+    coda = (x * c + y * s, -x * s + y * c)
+    hf = (x * c - y * s, x * s + y * c)
+    for task_id, (want_x, want_y) in (("k3", coda), ("k4", coda), ("k3hf", hf), ("k4hf", hf)):
+        got, _ = _rotated_pairs(task_id, z, pos, inv_freq)
+        assert torch.allclose(got[:, 0:2 * head_dim:2].reshape(5, 2, -1), want_x), task_id
+        assert torch.allclose(got[:, 1:2 * head_dim:2].reshape(5, 2, -1), want_y), task_id
+        assert torch.equal(got[:, 2 * head_dim:], z[:, 2 * head_dim:])  # v passes through
+    # and the task's own reference reads its scalar
+    for task_id in ("k3", "k3hf"):
+        task = tasks.get_task(task_id)
+        dims = tasks.shape_sets()["smoke"][0].dims()
+        inputs = task.make_inputs(dims, seed=1)
+        want, _ = _rotated_pairs(task_id, (inputs["a"].double() @ inputs["w_qkv"].double().T),
+                                 inputs["positions"].double(), inputs["inv_freq"].double())
+        assert torch.allclose(task.reference(inputs, dims, exact=True)["qkv"], want)
+
+
+def test_a_kernel_that_rotates_the_wrong_way_fails(tmp_path):
+    """The Hugging Face direction's expert kernel, submitted for k3 (CODA's direction)."""
+    from eval import evaluate
+    from eval.machine import HUMAN_DIR
+
+    wrong = tmp_path / "k3_hf_direction.py"
+    wrong.write_text((HUMAN_DIR / "k3hf_gemm_rope.py").read_text().replace('"k3hf_gemm_rope"', '"k3_gemm_rope"'))
+    r = evaluate("k3", str(wrong), seed=3)
+    assert r.outcome.value == "INCORRECT_NUMERICS", r.message

@@ -17,4 +17,5 @@ def make_inputs(dims, gen, device):
 
 def reference(inputs, dims, mm=torch.matmul):
     z = inputs["rstd"][:, None] * mm(inputs["h"], inputs["w_qkv"].T)
-    return {"qkv": common.rope_interleaved(z, inputs["positions"], inputs["inv_freq"], 2 * dims["d"])}
+    return {"qkv": common.rope_interleaved(z, inputs["positions"], inputs["inv_freq"], 2 * dims["d"],
+                                          direction=inputs["rope_direction"])}

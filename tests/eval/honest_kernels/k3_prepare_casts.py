@@ -12,7 +12,7 @@ AUTHOR = "tests: honest kernels"
 def frequency_table(inv_freq, d):
     """Runs once per weight set (prepare scope): casts are fine here."""
     inv_freq = inv_freq.to(torch.float32).contiguous()
-    return P.prepare.qkv_rope_freq_table(inv_freq.clone(), d=d)
+    return P.prepare.qkv_rope_freq_table(inv_freq.clone(), d=d, direction=-1)  # k3 rotates by -angle (CODA v0.1)
 
 
 def prepare(consts):

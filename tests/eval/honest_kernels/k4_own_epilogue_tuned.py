@@ -20,9 +20,10 @@ TUNED = {
 
 
 def frequency_table(inv_freq, d):
-    """Per pair (hi, lo) = the float-float split of inv_freq / (2 pi), in turns, for every q
-    and k head; zeros (an exact identity) for the v columns."""
-    turns = inv_freq.double() / (2 * math.pi)
+    """Per pair (hi, lo) = the float-float split of -inv_freq / (2 pi), in turns (k4 rotates
+    by -angle, CODA v0.1's direction), for every q and k head; zeros (an exact identity) for
+    the v columns."""
+    turns = -inv_freq.double() / (2 * math.pi)
     hi = turns.float()
     lo = (turns - hi.double()).float()
     head = torch.stack((hi, lo), dim=-1).reshape(1, -1)  # (1, head_dim)

@@ -1,0 +1,29 @@
+"""k3hf: k3's kernel in Hugging Face's direction, quack's rope_posfreq_epi as it is (+angle)."""
+
+import primitives as P
+
+TASK = "k3hf_gemm_rope"
+AUTHOR = "quack library (CODA's authors)"
+ROPE_DIRECTION = 1  # the task's scalar rope_direction (Hugging Face, quack's own)
+
+# measured best tile configs on the H200 by GEMM m x n x k, written by
+# python -m bench.tuning --write from:
+#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
+#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
+TUNED = {
+    "16384x6144x2048": "128x192_c1x2_pp",  # 1.012 of GEMM-only
+    "16384x12288x4096": "128x192_c2x1_pp",  # 1.005 of GEMM-only
+    "16384x24576x8192": "128x128_c1x2_pp",  # 0.989 of GEMM-only
+}
+
+qkv_rope = P.from_quack("quack.epilogue.rotary:rope_posfreq_epi")
+
+
+def prepare(consts):
+    # w_qkv is (3d, d): q and k rotate (by +pos * inv_freq: the task's rope_direction), v passes through
+    return {"freq": P.prepare.qkv_rope_freq_table(consts["inv_freq"], d=consts["w_qkv"].shape[1], direction=ROPE_DIRECTION)}
+
+
+def run(inputs, prepared, config=None):
+    out = qkv_rope(inputs["a"], inputs["w_qkv"], pos=inputs["positions"], freq=prepared["freq"], config=config or P.pick_config(TUNED, inputs["a"], inputs["w_qkv"]))
+    return {"qkv": out["D"]}
