@@ -379,3 +379,12 @@ def test_the_exploit_suite_passed_on_the_h200():
     shards = re.findall(r"^(\d+) passed(?:, (\d+) xfailed)? in ", log, flags=re.M)
     assert shards and "failed," not in log.replace("xfailed", "") and "FAILED" not in log and "XPASS" not in log
     assert sum(int(p) + int(x or 0) for p, x in shards) >= 100
+
+
+def test_the_h200_check_of_both_rope_directions_passed():
+    """bench/results/h200/check-rope.json (`bench.check_gpu --tasks k3 k3hf k4 k4hf`): CODA's
+    direction (k3, k4) and Hugging Face's (k3hf, k4hf), every shape, through the judge."""
+    report = json.loads((H200_CHECK.parent / "check-rope.json").read_text())
+    rows = report["rows"]
+    assert report["all_passed"] and {r["task"].split("_")[0] for r in rows} == {"k3", "k3hf", "k4", "k4hf"}
+    assert len(rows) == 4 * 9 and all(r["outcome"] == "PASSED" for r in rows)
