@@ -17,6 +17,8 @@ labelled so; `epiforge compare` measures it in one run.
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,6 +232,7 @@ def _tasks_table(board: Board) -> list[str]:
            + " | ".join(f"x {b} (geomean)" for b in present) + " | generated / expert |",
            "|---|---|---|---|" + "---|" * len(present) + "---|"]
     tasks = sorted({c.task for c in board.cells} | {t for t, _ in board.unsolved}, key=lambda t: task_order(id_of(t)))
+    stale: list[str] = []
     for task in tasks:
         expert = board.cell(task, "expert")
         for track in ["expert", *(t for t in board.tracks() if t != "expert")]:  # an empty expert track shows too
@@ -243,6 +246,9 @@ def _tasks_table(board: Board) -> list[str]:
                                + " | ".join("-" for _ in present) + " | - |")
                 continue
             by_shape = {s.shape: s.timing for s in c.shapes()}
+            if track == "expert" and not expert_is_current(c.result):
+                stale.append(id_of(task))
+                track = "expert (earlier version)"
             sol = " / ".join(_f(by_shape[s].fraction_of_speed_of_light) if s in by_shape else "-" for s in shapes)
             vs = [_f(c.speedup_geomean(b)) + "x" if c.speedup_geomean(b) is not None else "-" for b in present]
             ge = "-"
@@ -253,6 +259,16 @@ def _tasks_table(board: Board) -> list[str]:
     out.append("fraction of the speed of light: GEMM-only time / the kernel's (1.00 = as fast as the plain GEMM). "
                "x baseline: how many times faster than it (median of per-repetition ratios, geometric mean over "
                "the shapes).")
+    if stale:
+        out.append("")
+        out.append(f"expert (earlier version): {', '.join(stale)} were timed with an earlier version of today's "
+                   "expert kernel (its sha256 differs from the file's now; `git log human_kernels/` says what changed).")
+    quack = [id_of(t) for t in tasks if expert_author(t).startswith("quack library")]
+    if quack:
+        out.append("")
+        out.append(f"Expert kernels that are quack's library epilogues: {', '.join(quack)}; the others are ours. "
+                   "Where quack's convention differs from CODA v0.1's (the RoPE direction), the task follows CODA and "
+                   "its kernel adapts quack's epilogue (README: conventions).")
     out.append("")
     out += ["fast_p (shapes at least p times faster than the baseline / shapes timed against it):", ""]
     out += ["| track | baseline | " + " | ".join(f"p = {p}" for p in FAST_P) + " |",
@@ -295,3 +311,21 @@ def describe_source(results: list[Result], where: str) -> str:
             (env.get("date") or results[0].started_at or "")[:10] or None,
             f"commit {str(env['commit'])[:12]}" if env.get("commit") else None]
     return f"{where}: {len(results)} results ({', '.join(b for b in bits if b)})"
+
+
+def expert_is_current(r: Result) -> bool:
+    """Was this expert-track Result measured with the task's expert kernel as it is now?"""
+    path = expert_kernel(r.task)
+    return path is None or hashlib.sha256(path.read_bytes()).hexdigest() == r.kernel_sha256
+
+
+def expert_author(task_name: str) -> str:
+    """The AUTHOR constant of the task's expert kernel, read without importing it ("" if none)."""
+    path = expert_kernel(task_name)
+    if path is None:
+        return ""
+    for node in ast.parse(path.read_text()).body:
+        if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["AUTHOR"]
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node.value.value
+    return ""
