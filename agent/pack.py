@@ -4,7 +4,9 @@ examples, and the prompts are rendered with jinja2 from agent/templates/.
 
 Pages whose path names the session's own task (e.g. an implementation log of k8 while
 solving k8), or that quote a kernel file of it (`TASK = "<task>"`), are withheld: they
-would hand the model the answer. `without` removes pages
+would hand the model the answer. Then the content rule (agent/screen.py): any code block
+or example kernel that, adapted to the task by a trivial edit, passes the task's check is
+withheld too (a block replaced by a note, an example dropped), each with its reason. `without` removes pages
 for ablations. The pack's hash identifies exactly what the model could read.
 """
 
@@ -52,6 +54,7 @@ class Pack:
     examples: dict[str, str]  # other task's name -> expert kernel source
     without: list[str] = field(default_factory=list)
     withheld: list[str] = field(default_factory=list)
+    withheld_code: list[dict] = field(default_factory=list)  # {"where", "why"}: agent/screen.py
 
     # ---- lookups used by the tools ---------------------------------------------------
 
@@ -97,7 +100,7 @@ class Pack:
         inside, _ = self.prompt_docs()
         return PackInfo(sha256=self.sha256, docs={d.name: d.sha for d in self.docs}, in_prompt=[d.name for d in inside],
                         examples=sorted(self.examples, key=task_order), without=list(self.without),
-                        withheld=list(self.withheld))
+                        withheld=list(self.withheld), withheld_code=[dict(w) for w in self.withheld_code])
 
     @property
     def sha256(self) -> str:
@@ -126,9 +129,12 @@ class Pack:
         return self.render("task.md.j2", **extra)
 
 
-def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[str, ...] = ()) -> Pack:
+def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[str, ...] = (), *,
+               screen_cache: Path | None = None) -> Pack:
     """Discover the pages and examples for `task`; `without` names pages to leave out (by
-    name, e.g. "operands" or "logs/k0", or by file name); an unknown name is an error."""
+    name, e.g. "operands" or "logs/k0", or by file name); an unknown name is an error.
+    Code that would pass the task's check is withheld (agent/screen.py); `screen_cache`:
+    where new verdicts are written (default: the user cache)."""
     docs_dir = Path(docs_dir or DOCS_DIR)
     docs = [Doc(p.relative_to(docs_dir).with_suffix("").as_posix(), p.read_text(encoding="utf-8"))
             for p in sorted(docs_dir.rglob("*.md"))] if docs_dir.is_dir() else []
@@ -147,7 +153,36 @@ def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[st
     kept = [d for d in docs if d.name not in removed and d.name not in withheld]
     examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("*.py"))
                 if p.stem not in (task.name, "__init__")}
-    return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld)
+    kept, examples, withheld_code = _screen(task, kept, examples, screen_cache)
+    return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld,
+                withheld_code=withheld_code)
+
+
+def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None):
+    """The content rule (agent/screen.py): every code block and example that, adapted to
+    the task by a trivial edit, passes the task's check is withheld: a block is replaced
+    by a note in its page, an example dropped."""
+    from agent import screen
+
+    out_docs, withheld = [], []
+    for d in docs:
+        text, parts, at = d.text, [], 0
+        for i, m in enumerate(screen.code_blocks(d.text), 1):
+            why = screen.screen_block(task, m.group("body"), write_to=cache)
+            if why:
+                where = f"page {d.name}, code block {i}"
+                parts += [text[at:m.start()], screen.note(where)]
+                at = m.end()
+                withheld.append({"where": where, "why": why})
+        out_docs.append(Doc(d.name, "".join(parts) + text[at:]) if parts else d)
+    kept = {}
+    for name, source in examples.items():
+        why = screen.screen_example(task, source, write_to=cache)
+        if why:
+            withheld.append({"where": f"example {name}", "why": why})
+        else:
+            kept[name] = source
+    return out_docs, kept, withheld
 
 
 def kernel_stub(task) -> str:

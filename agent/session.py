@@ -134,6 +134,8 @@ class PackInfo(_Model):
     examples: list[str] = Field([], description="expert kernels of other tasks offered")
     without: list[str] = []
     withheld: list[str] = Field([], description="pages left out because they name this task")
+    withheld_code: list[dict] = Field([], description="code blocks and examples withheld because, adapted to "
+                                      "this task, they pass its check: {where, why} (agent/screen.py)")
 
 
 class Totals(_Model):

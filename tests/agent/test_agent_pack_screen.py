@@ -1,0 +1,120 @@
+"""The pack's content rule (agent/screen.py): no code the model reads for task T passes T's
+check. Verdicts come from the real evaluator (eval.evaluate on the CPU emulator); the
+repository's are shipped in agent/data/screen_cache.json, and a test keeps them complete."""
+
+import ast
+
+import pytest
+
+import tasks
+from agent import screen
+from agent.pack import build_pack
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPIFORGE_SCREEN_CACHE", str(tmp_path / "screen_cache.json"))
+    return tmp_path / "screen_cache.json"
+
+
+def _epilogue_returns(src: str):
+    """(parameter names, the returned dict's D expression) of every @P.epilogue in src."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return
+    for f in ast.walk(tree):
+        if isinstance(f, ast.FunctionDef) and any("epilogue" in ast.unparse(d) for d in f.decorator_list):
+            for r in ast.walk(f):
+                if isinstance(r, ast.Return) and isinstance(r.value, ast.Dict):
+                    for k, v in zip(r.value.keys, r.value.values):
+                        if isinstance(k, ast.Constant) and k.value == "D":
+                            yield [a.arg for a in f.args.args], ast.unparse(v)
+
+
+def _row_scale_only(params, d_expr) -> bool:
+    """D = acc * <the one other parameter> (either order): k1's whole epilogue."""
+    if len(params) != 2:
+        return False
+    other = params[1]
+    return d_expr.replace(" ", "") in (f"acc*{other}", f"{other}*acc")
+
+
+def _code(pack) -> list[str]:
+    out = [m.group("body") for d in pack.docs for m in screen.BLOCK.finditer(d.text)]
+    return out + list(pack.examples.values())
+
+
+def test_k1_pack_holds_no_row_scale_epilogue():
+    full = [m.group("body") for m in screen.BLOCK.finditer((screen.Path(tasks.__file__).parents[1]
+                                                            / "primitive_docs" / "index.md").read_text())]
+    assert any(_row_scale_only(p, d) for b in full for p, d in _epilogue_returns(b))  # the page has one ...
+    p = build_pack(tasks.get_task("k1"))
+    hits = [d for b in _code(p) for params, d in _epilogue_returns(b) if _row_scale_only(params, d)]
+    assert hits == []  # ... k1's pack does not
+    system = p.system_prompt(speed_target=1.05)
+    assert "def row_scale(acc, scale)" not in system and screen.note("page index, code block 1") in system
+    assert {"where": "page index, code block 1", "why": "epilogue row_scale with scale=rstd passes k1's check"} \
+        in p.withheld_code
+    assert p.info().withheld_code == p.withheld_code  # what the session log records
+
+
+def test_other_tasks_keep_the_teaching_examples():
+    p = build_pack(tasks.get_task("k8"))
+    assert "def row_scale(acc, scale)" in p.doc("index").text
+    assert not any(w["where"].startswith("page index") for w in p.withheld_code)
+    experts = {f.stem for f in (screen.Path(tasks.__file__).parents[1] / "human_kernels").glob("k*.py")}
+    assert set(build_pack(tasks.get_task("k1")).examples) == experts - {"k1_gemm_rmsnorm"}
+    assert "k1_gemm_rmsnorm" in p.examples  # k1's expert is no answer to k8
+
+
+def test_k3_and_k3hf_do_not_see_each_others_kernel():
+    for task, sibling in (("k3", "k3hf_gemm_rope"), ("k3hf", "k3_gemm_rope"),
+                          ("k4", "k4hf_gemm_rmsnorm_rope"), ("k4hf", "k4_gemm_rmsnorm_rope")):
+        p = build_pack(tasks.get_task(task))
+        assert sibling not in p.examples, task
+        assert any(w["where"] == f"example {sibling}" for w in p.withheld_code), task
+        assert "k8_gemm_swiglu" in p.examples  # unrelated experts stay
+
+
+def test_the_pack_is_deterministic():
+    a, b = build_pack(tasks.get_task("k1")), build_pack(tasks.get_task("k1"))
+    assert a.sha256 == b.sha256 and a.withheld_code == b.withheld_code
+    assert a.system_prompt(speed_target=1.05) == b.system_prompt(speed_target=1.05)
+
+
+@pytest.mark.parametrize("name", [t.name for t in tasks.load_catalogue()[0]])
+def test_every_verdict_is_shipped(name):
+    """Every code block and example of every task's pack has a recorded verdict (else the
+    pages changed: run `python -m agent.screen --write`)."""
+    task = tasks.get_task(name)
+    p = build_pack(task)
+    docs = screen.Path(tasks.__file__).parents[1] / "primitive_docs"
+    for page in sorted(docs.rglob("*.md")):
+        for m in screen.code_blocks(page.read_text()):
+            assert screen.shipped(task, "block", m.group("body")), (name, page.name)
+    for src in p.examples.values():
+        assert screen.shipped(task, "example", src)
+
+
+def test_a_renamed_answer_is_withheld_by_its_content(tmp_path, user_cache):
+    """No name gives it away: an epilogue called mul_rows(acc, r) on a page called
+    'scaling' is k1's answer once r is bound to rstd; the evaluator says so."""
+    d = tmp_path / "primitive_docs"
+    d.mkdir()
+    answer = ('```python\nimport primitives as P\n\n@P.epilogue(operands={"r": P.PerRow()})\n'
+              'def mul_rows(acc, r):\n    return {"D": acc * r}\n```\n')
+    teaching = ('```python\nimport primitives as P\n\n@P.epilogue(operands={"b": P.PerCol()})\n'
+                'def add_bias(acc, b):\n    return {"D": acc + b}\n```\n')
+    (d / "index.md").write_text("# Index\n")
+    (d / "scaling.md").write_text("# Scaling\nA row scale:\n" + answer + "A bias:\n" + teaching)
+    p = build_pack(tasks.get_task("k1"), d)
+    text = p.doc("scaling").text
+    assert "mul_rows" not in text and "add_bias" in text and "A row scale:" in text
+    assert p.withheld_code[0] == {"where": "page scaling, code block 1",
+                                  "why": "epilogue mul_rows with r=rstd passes k1's check"}
+    assert user_cache.is_file()  # the new verdicts were cached ...
+    again = build_pack(tasks.get_task("k1"), d)  # ... and give the same pack
+    assert again.sha256 == p.sha256
+    # for k8 (SwiGLU) the same page stays whole
+    assert "mul_rows" in build_pack(tasks.get_task("k8"), d).doc("scaling").text
