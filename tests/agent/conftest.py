@@ -16,6 +16,8 @@ def _workspaces_in_tmp(tmp_path, monkeypatch):
     import agent.loop
 
     monkeypatch.setattr(agent.loop, "WORKSPACES", tmp_path / "workspaces")
+    # the pack's screen writes verdicts it has not shipped to the user cache: keep it in tmp
+    monkeypatch.setenv("EPIFORGE_SCREEN_CACHE", str(tmp_path / "screen_cache.json"))
 
 
 @pytest.fixture
