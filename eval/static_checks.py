@@ -195,7 +195,7 @@ MAX_AST_DEPTH = 100
 # ---- what a kernel may name ------------------------------------------------------------
 
 PRIMITIVE_NAMES = frozenset({
-    "ColReduce", "DEFAULT_CONFIG", "EpilogueError", "GemmConfig", "PerCol", "PerRow", "RowLogSumExp",
+    "ColReduce", "DEFAULT_CONFIG", "EpilogueError", "GemmConfig", "HeadRMS", "PerCol", "PerRow", "RowLogSumExp",
     "RowReduce", "RowSelect", "Scalar", "Tile", "dswiglu", "epilogue", "exp", "finish", "fma", "from_quack",
     "log", "pack", "partials_shape", "pick_config", "prepare", "rope_rotate", "rsqrt", "sigmoid", "silu",
     "swiglu", "unpack", "config", *"abs erf erfc gelu gelu_tanh max min relu squared_relu tanh where".split(),
@@ -207,7 +207,7 @@ PRIMITIVE_SUBMODULES = {
 }
 # usable as plain values: a config, an exception class, the config and declaration classes
 PRIMITIVE_DATA = frozenset({
-    "DEFAULT_CONFIG", "EpilogueError", "GemmConfig", "PerRow", "PerCol", "Scalar", "Tile", "RowReduce",
+    "DEFAULT_CONFIG", "EpilogueError", "GemmConfig", "HeadRMS", "PerRow", "PerCol", "Scalar", "Tile", "RowReduce",
     "ColReduce", "RowLogSumExp", "RowSelect",
 })
 # the math an epilogue body may call (primitive_docs/math.md, pairs.md)

@@ -13,6 +13,7 @@ from primitives.math import (
 )
 from primitives.spec import (
     ColReduce,
+    HeadRMS,
     PerCol,
     PerRow,
     RowLogSumExp,
@@ -36,7 +37,7 @@ def from_quack(target, operands=None):
 
 
 __all__ = [
-    "ColReduce", "DEFAULT_CONFIG", "Epilogue", "EpilogueError", "GemmConfig", "PerCol",
+    "ColReduce", "DEFAULT_CONFIG", "Epilogue", "EpilogueError", "GemmConfig", "HeadRMS", "PerCol",
     "PerRow", "RowLogSumExp", "RowReduce", "RowSelect", "Scalar", "Tile", "abs", "dswiglu",
     "epilogue", "erf", "erfc", "exp", "finish", "fma", "from_quack", "gelu", "gelu_tanh", "log", "max", "min", "pack",
     "partials_shape", "pick_config", "prepare", "relu", "rope_rotate", "rsqrt", "sigmoid", "silu", "squared_relu",

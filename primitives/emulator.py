@@ -17,6 +17,7 @@ from primitives.config import GemmConfig
 from primitives.epilogue import Call, Epilogue, EpilogueError
 from primitives.spec import (
     ColReduce,
+    HeadRMS,
     PerCol,
     PerRow,
     RowLogSumExp,
@@ -58,7 +59,8 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
         m1 = min(mp, m0 + rows)
         real = min(m, m1) - m0  # rows of this stripe inside the output
         acc = _pad_rows(call.a[m0 : m0 + real].float(), m1 - m0) @ w32.T
-        args = {p: _operand_view(epi, p, call, m0, m1, real, np_) for p in epi.params}
+        args = {p: _head_rms(acc, epi.operands[p], paired) if isinstance(epi.operands.get(p), HeadRMS)
+                else _operand_view(epi, p, call, m0, m1, real, np_) for p in epi.params}
         # the function gets its own copies: an in-place op in it (x += c) must not reach
         # the accumulator stored as D, nor an input (on the GPU it only rebinds a name)
         body_acc = acc.clone()
@@ -83,6 +85,18 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
             val = _reduction_value(epi, r_name, red, res[r_name], shape, paired)
             _fold(red, val, result[r_name], m0, real, n, config, call.values)
     return result
+
+
+def _head_rms(acc: torch.Tensor, kind: HeadRMS, paired: bool) -> torch.Tensor:
+    """HeadRMS's value: rsqrt(mean over each head's columns of acc**2 + eps), one per
+    (row, head), broadcast over the head's columns (its pairs in acc_pair mode). Out-of-range
+    columns of a ragged tile cannot occur: N is whole heads."""
+    rows, cols = acc.shape
+    heads = acc[:, : cols - cols % kind.head_dim].reshape(rows, -1, kind.head_dim)
+    rstd = torch.rsqrt(heads.pow(2).mean(-1) + kind.eps)  # (rows, heads)
+    per_col = rstd.repeat_interleave(kind.head_dim // 2 if paired else kind.head_dim, dim=1)
+    width = cols // 2 if paired else cols
+    return torch.nn.functional.pad(per_col, (0, width - per_col.shape[1]))
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ from primitives.config import DEFAULT_CONFIG, GemmConfig
 from primitives.spec import (
     MODES,
     Operand,
+    HeadRMS,
     PerCol,
     PerRow,
     Reduction,
@@ -71,7 +72,7 @@ class Epilogue:
             if p != "c" and p not in self.operands:
                 raise EpilogueError(
                     f"{self.name}: parameter {p!r} has no declaration; add operands={{{p!r}: "
-                    "PerRow() | PerCol() | Scalar() | Tile()}} (or name it 'c' for the GEMM's C)".replace("}}", "}")
+                    "PerRow() | PerCol() | Scalar() | Tile() | HeadRMS(head_dim)}} (or name it 'c' for the GEMM's C)".replace("}}", "}")
                 )
         for p in self.operands:
             if p not in self.params:
@@ -85,6 +86,8 @@ class Epilogue:
             raise EpilogueError(f"{self.name}: output/reduction names clash: {sorted(clash)}")
         if self.mode == "packed_pair" and "c" not in self.params:
             raise EpilogueError(f"{self.name}: mode='packed_pair' needs the 'c' parameter")
+        if sum(isinstance(k, HeadRMS) for k in self.operands.values()) > 1:
+            raise EpilogueError(f"{self.name}: at most one HeadRMS() operand (one prepass statistic)")
         if self.mode == "acc_pair" and any(
             getattr(r, "product", False) for r in self.reductions.values()
         ):
@@ -123,6 +126,10 @@ class Epilogue:
         call = self.check_call(a, w, c, values, dtypes, store_d)
         config = config or DEFAULT_CONFIG
         trace.record("gemm", f"{self.name}@{config.key()}")
+        for p, kind in self.operands.items():
+            if isinstance(kind, HeadRMS) and config.tile_n % kind.head_dim:
+                raise EpilogueError(f"{self.name}(): {p} is HeadRMS(head_dim={kind.head_dim}): tile_n must be whole "
+                                    f"heads, got {config.tile_n} (e.g. a 128x128 or 128x256 tile)")
         if self.mode == "acc_pair" and self.outputs and config.tile_n % 32:
             raise EpilogueError(f"{self.name}(): acc_pair outputs need tile_n a multiple of 32 on SM90, got {config.tile_n}")
         if a.device.type == "cuda":
@@ -166,9 +173,16 @@ class Epilogue:
                 raise EpilogueError(f"{where}: packed_pair c must be bf16/fp16, got {c.dtype}")
         elif c is not None:
             raise EpilogueError(f"{where}: c was passed but the function has no 'c' parameter")
+        computed = {p for p, kind in self.operands.items() if isinstance(kind, HeadRMS)}
         for p in self.params:
-            if p != "c" and p not in values:
+            if p in computed and p in values:
+                raise EpilogueError(f"{where}: {p}= is HeadRMS(), computed in the kernel; do not pass it")
+            if p != "c" and p not in values and p not in computed:
                 raise EpilogueError(f"{where}: missing operand {p}=")
+        for p in computed:
+            hd = self.operands[p].head_dim
+            if n % hd:
+                raise EpilogueError(f"{where}: {p}= is HeadRMS(head_dim={hd}); N={n} must be whole heads")
         for name in self.index_names:
             idx = values.get(name)
             if not isinstance(idx, torch.Tensor) or idx.shape != (m,) or idx.dtype not in (torch.int32, torch.int64):
@@ -177,7 +191,8 @@ class Epilogue:
         if unknown:
             raise EpilogueError(f"{where}: unexpected arguments {sorted(unknown)}")
         for p, kind in self.operands.items():
-            _check_operand(where, p, kind, values[p], m, n, a.device)
+            if p not in computed:
+                _check_operand(where, p, kind, values[p], m, n, a.device)
         dtypes = dict(dtypes or {})
         unknown = set(dtypes) - {"D", *self.outputs}
         if unknown:

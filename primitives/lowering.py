@@ -18,7 +18,9 @@ import torch
 from primitives import trace
 from primitives.config import GemmConfig
 from primitives.epilogue import Call, Epilogue
-from primitives.spec import ColReduce, PerCol, PerRow, RowLogSumExp, RowReduce, RowSelect, Scalar, Tile, partials_shape
+from primitives.spec import (
+    ColReduce, HeadRMS, PerCol, PerRow, RowLogSumExp, RowReduce, RowSelect, Scalar, Tile, partials_shape,
+)
 
 #: the H200/H100 SM count; stands in for the driver's cluster-occupancy query when compiling without a GPU
 SM90_SM_COUNT = 132
@@ -89,8 +91,14 @@ def quack_mod(epi: Epilogue):
     if epi.quack_mod is not None:
         return epi.quack_mod
     frontend, ops = _import_quack()
-    pin = {PerRow: ops.ColVecLoad, PerCol: ops.RowVecLoad, Scalar: ops.Scalar, Tile: ops.TileLoad}
-    pins = {p: pin[type(kind)](p) for p, kind in epi.operands.items()}
+    from quack.epilogue.head_rmsnorm import HeadRstd
+
+    pin = {PerRow: ops.ColVecLoad, PerCol: ops.RowVecLoad, Scalar: ops.Scalar, Tile: ops.TileLoad,
+           HeadRMS: lambda p, kind: HeadRstd(p, eps=float(kind.eps))}
+    pins = {p: pin[type(kind)](p, kind) if isinstance(kind, HeadRMS) else pin[type(kind)](p)
+            for p, kind in epi.operands.items()}
+    head = [p for p, kind in epi.operands.items() if isinstance(kind, HeadRMS)]
+    prepass = {"prepass": _squares_prepass(head[0]), "prepass_outs": (head[0],)} if head else {}
     sinks, extra = {}, []
     for name, red in epi.reductions.items():
         if isinstance(red, RowReduce):
@@ -104,9 +112,19 @@ def quack_mod(epi: Epilogue):
             extra.append(idx)
             sinks[name] = ops.ColVecSelect(name, idx_op=idx)
     epi.quack_mod = frontend.gemm_epilogue(
-        outputs=epi.outputs, ops=pins, outs=sinks, mode=_QUACK_MODE[epi.mode], extra_ops=tuple(extra)
+        outputs=epi.outputs, ops=pins, outs=sinks, mode=_QUACK_MODE[epi.mode], extra_ops=tuple(extra), **prepass
     )(epi.fn)
     return epi.quack_mod
+
+
+def _squares_prepass(name: str):
+    """The prepass a HeadRMS operand needs: the accumulator's squares under its name, which
+    quack's HeadRstd folds per (row, head) before the epilogue proper runs."""
+    def squares(acc):
+        return {name: acc * acc}
+
+    squares.__qualname__ = f"squares_prepass[{name}]"  # part of quack's compile key
+    return squares
 
 
 def _buffers(epi: Epilogue, call: Call, config: GemmConfig, device):
@@ -127,6 +145,9 @@ def _buffers(epi: Epilogue, call: Call, config: GemmConfig, device):
         shape = partials_shape(red, m, n, config.tile_m, config.tile_n)
         result[name] = epi_args[name] = torch.empty(shape, dtype=torch.float32, device=device)
     for p, kind in epi.operands.items():
+        if isinstance(kind, HeadRMS):
+            epi_args[p] = kind.head_dim  # HeadRstd's host argument: the group width
+            continue
         v = call.values[p]
         if isinstance(kind, Scalar):
             epi_args[p] = float(v) if not isinstance(v, torch.Tensor) else float(v.reshape(()).item())

@@ -40,7 +40,25 @@ class Tile:
     The GEMM's own C operand is always the parameter named `c` and needs no declaration."""
 
 
-Operand = Union[PerRow, PerCol, Scalar, Tile]
+@dataclass(frozen=True)
+class HeadRMS:
+    """One value per (row, head): the reciprocal RMS of the accumulator over the head's
+    `head_dim` columns, rsqrt(mean(acc**2) + eps), computed inside the kernel (a prepass
+    over the tile, quack's HeadRstd), so there is no input to pass. Multiply by it (and by
+    a PerCol weight) for a per-head RMSNorm such as Qwen3's QK-norm. N and the tile's N
+    must be whole heads."""
+
+    head_dim: int
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if not (isinstance(self.head_dim, int) and self.head_dim > 0 and self.head_dim % 8 == 0):
+            raise ValueError(f"HeadRMS: head_dim must be a positive multiple of 8, got {self.head_dim!r}")
+        if not (isinstance(self.eps, (int, float)) and self.eps >= 0):
+            raise ValueError(f"HeadRMS: eps must be a number >= 0, got {self.eps!r}")
+
+
+Operand = Union[PerRow, PerCol, Scalar, Tile, HeadRMS]
 
 
 # ---- reductions: values the function returns that are folded, not stored -----------
