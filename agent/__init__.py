@@ -7,6 +7,7 @@
     session.py     the log's events (JSONL, append-only) and the session's configuration
     transcript.py  a session's state rebuilt from its log (resume)
     pack.py        the knowledge pack: system prompt, pages, examples
+    screen.py      the pack's content rule: no code a session reads would pass its task's check
     pricing.py     dollars per model (or the session's --price-in/--price-out)
     replay.py      replay and fork of a recorded session
     sessions.py    epiforge sessions list|show

@@ -388,3 +388,13 @@ def test_the_h200_check_of_both_rope_directions_passed():
     rows = report["rows"]
     assert report["all_passed"] and {r["task"].split("_")[0] for r in rows} == {"k3", "k3hf", "k4", "k4hf"}
     assert len(rows) == 4 * 9 and all(r["outcome"] == "PASSED" for r in rows)
+
+
+def test_the_h200_check_of_the_qk_norm_task_passed():
+    """bench/results/h200/check-qkn.json (`bench.check_gpu --tasks qkn`): Qwen3's QK-norm +
+    RoPE as one fused launch (P.HeadRMS), every shape, through the judge."""
+    report = json.loads((H200_CHECK.parent / "check-qkn.json").read_text())
+    rows = report["rows"]
+    assert report["all_passed"] and {r["task"] for r in rows} == {"qkn_gemm_qknorm_rope"} and len(rows) == 9
+    assert all(r["outcome"] == "PASSED" for r in rows)
+    assert all(len(r["launch_names"]) == 1 for r in rows if not r["hidden"])
