@@ -2,6 +2,7 @@
 every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed)."""
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,12 @@ def cli(*args, timeout=600):
 
 @pytest.mark.parametrize("task", TASKS)
 def test_expert_kernel_passes_on_cpu(task):
-    out = cli("eval", "--task", task, "--kernel", "human", "--device", "cpu", "--shapes", "smoke", "--json")
+    # a new seed every run, as a user's evaluation gets; named, so that a failure can be replayed
+    seed = random.SystemRandom().randrange(2**31)
+    out = cli("eval", "--task", task, "--kernel", "human", "--device", "cpu", "--shapes", "smoke", "--json",
+              "--seed", str(seed))
     result = json.loads(out.stdout)
-    assert result["outcome"] == "PASSED", result["message"] + result["stderr_tail"]
+    assert result["outcome"] == "PASSED", f"seed {seed}: " + result["message"] + result["stderr_tail"]
     assert result["track"] == "expert" and result["author"]
     checks = [c for s in result["per_shape"] for c in s["outputs"]]
     assert checks and all(c["max_error"] <= c["allowed"] for c in checks)
