@@ -43,3 +43,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_CROSS_COMPILE = '''
+import json, os, sys
+os.environ.update(EPIFORGE_CROSS_COMPILE="1", CUTE_DSL_ARCH="sm_90a", QUACK_ARCH="90")
+import torch
+import primitives as P
+kernel, calls = json.load(sys.stdin)
+scope = {"torch": torch, "P": P}
+exec(compile(kernel, "kernel.py", "exec"), scope)
+exec(compile(calls, "calls.py", "exec"), scope)
+from primitives.lowering import COMPILE_LOG
+print("LOG" + json.dumps(COMPILE_LOG))
+'''
+
+
+@pytest.fixture
+def sm90a_compile_log(tmp_path):
+    """compile(kernel_source, calls) -> the primitives' COMPILE_LOG after `calls` (code that
+    sees the kernel's names, torch and P) ran with the kernel cross-compiled for sm_90a, in a
+    fresh process with its own quack cache."""
+    import json
+    import os
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def compile_(kernel: str, calls: str) -> list[dict]:
+        env = {**os.environ, "QUACK_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(repo)}
+        proc = subprocess.run([sys.executable, "-c", _CROSS_COMPILE], input=json.dumps([kernel, calls]),
+                              capture_output=True, text=True, env=env, cwd=repo, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (log,) = [json.loads(ln[3:]) for ln in proc.stdout.splitlines() if ln.startswith("LOG")]
+        return log
+
+    return compile_

@@ -5,16 +5,11 @@ its declaration and call errors, the static checks, the sm_90a cross-compile, an
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import primitives as P
-from eval.machine import REPO
 from eval.static_checks import check_source
 
 KERNEL = '''
@@ -106,29 +101,17 @@ def run(inputs, prepared, config=None):
     assert check_source(source) == []
 
 
-COMPILE = '''
-import json, os, sys
-os.environ.update(EPIFORGE_CROSS_COMPILE="1", CUTE_DSL_ARCH="sm_90a", QUACK_ARCH="90")
-import torch
-import primitives as P
-scope = {}
-exec(compile(sys.stdin.read(), "head_norm.py", "exec"), scope)
+CALLS = """
 a, w, g = torch.randn(256, 64).bfloat16(), torch.randn(256, 64).bfloat16(), torch.rand(256)
 table = P.prepare.rope_freq_table(torch.rand(32), 64, rotary_cols=256)
 cfg = P.GemmConfig(tile_n=128)
-scope["head_norm"](a, w, w=g, config=cfg)
-scope["head_norm_rope"](a, w, w=g, pos=torch.arange(256.0), freq=table, config=cfg)
-from primitives.lowering import COMPILE_LOG
-print("LOG" + json.dumps(COMPILE_LOG))
-'''
+head_norm(a, w, w=g, config=cfg)
+head_norm_rope(a, w, w=g, pos=torch.arange(256.0), freq=table, config=cfg)
+"""
 
 
-def test_head_rms_cross_compiles_for_sm90a(tmp_path):
-    env = {**os.environ, "QUACK_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", COMPILE], input=KERNEL, capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (log,) = [json.loads(ln[3:]) for ln in proc.stdout.splitlines() if ln.startswith("LOG")]
+def test_head_rms_cross_compiles_for_sm90a(sm90a_compile_log):
+    log = sm90a_compile_log(KERNEL, CALLS)
     assert [(e["epilogue"], e["ok"]) for e in log] == [("head_norm", True), ("head_norm_rope", True)]
 
 

@@ -6,11 +6,7 @@ emulator."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -18,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 import primitives as P
-from eval.machine import REPO
 from eval.static_checks import check_source
 
 EDGES = torch.tensor([-math.inf, -30.0, -2.5, -1.0, -1e-30, -0.0, 0.0, 1e-30, 0.5, 1.0, 3.0, 30.0, math.inf, math.nan])
@@ -121,25 +116,9 @@ def test_the_static_checks_accept_the_new_math_in_an_epilogue_body():
     assert check_source(source) == []
 
 
-COMPILE = '''
-import json, os, sys
-os.environ.update(EPIFORGE_CROSS_COMPILE="1", CUTE_DSL_ARCH="sm_90a", QUACK_ARCH="90")
-import torch
-scope = {}
-exec(compile(sys.stdin.read(), "new_math.py", "exec"), scope)
-a, w, t = torch.randn(256, 64).bfloat16(), torch.randn(192, 64).bfloat16(), torch.randn(192)
-scope["new_math"](a, w, t=t)
-from primitives.lowering import COMPILE_LOG
-print("LOG" + json.dumps(COMPILE_LOG))
-'''
-
-
-def test_the_new_math_cross_compiles_for_sm90a(tmp_path):
-    env = {**os.environ, "QUACK_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", COMPILE], input=KERNEL, capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (log,) = [json.loads(ln[3:]) for ln in proc.stdout.splitlines() if ln.startswith("LOG")]
+def test_the_new_math_cross_compiles_for_sm90a(sm90a_compile_log):
+    log = sm90a_compile_log(KERNEL, "a, w, t = torch.randn(256, 64).bfloat16(), torch.randn(192, 64).bfloat16(), "
+                                    "torch.randn(192)\nnew_math(a, w, t=t)\n")
     assert [e["ok"] for e in log] == [True] and log[0]["epilogue"] == "new_math"
 
 
