@@ -208,29 +208,53 @@ def cmd_compare(args) -> int:
 
 
 def render_comparison(cmp) -> str:
-    """One task's comparison as a Markdown table."""
+    """One task's comparison as a Markdown table: per kernel and shape the fraction of the
+    speed of light, the speedup over each baseline timed (median and 95% interval, from the
+    one interleaved run) and generated / expert time; then what each baseline computed, or
+    why it was left out."""
+    results = list(zip(cmp.labels, cmp.results))
+    timed = [s.timing for _, r in results for s in r.per_shape if s.timing]
+    shown = [b for b in COMPARE_COLUMNS if any(b in t.speedup for t in timed)]
+    head = ["kernel", "track", "outcome", "sm_90a build", "shape", "fraction of the speed of light",
+            *(f"x {b} (95%)" for b in shown), "vs expert (time, 95%)"]
     lines = [f"## {cmp.task} on {'the GPU' if cmp.device == 'cuda' else 'the CPU'} ({cmp.shapes} shapes)", "",
-             "| kernel | track | outcome | sm_90a build | shape | fraction of the speed of light | x eager | "
-             "vs expert (time, 95% interval) |", "|---|---|---|---|---|---|---|---|"]
-    for label, r in zip(cmp.labels, cmp.results):
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, r in results:
         build = ("-" if not r.compiled else "ok" if all(c.get("ok") for c in r.compiled) else "FAILED")
         outcome = r.outcome.value + (" (provisional)" if r.provisional else "")
         shapes = [s for s in r.per_shape if not s.hidden] or [None]
         for s in shapes:
             t = s.timing if s else None
             sol = f"{t.fraction_of_speed_of_light:.3f}" if t else "-"
-            eager = f"{t.speedup['eager'].median:.2f}x" if t and "eager" in t.speedup else "-"
+            speedups = [_ratio_cell(t.speedup.get(b) if t else None, "x") for b in shown]
             vs = cmp.versus(label, "expert", s.shape) if s and label != "expert" else None
-            vs_text = f"{vs.median:.3f} ({vs.ci_low:.3f}-{vs.ci_high:.3f})" if vs and vs.ci_low else "-"
-            lines.append(f"| {label} | {r.track} | {outcome} | {build} | {s.shape if s else '-'} | {sol} | {eager} | "
-                         f"{vs_text} |")
+            lines.append("| " + " | ".join([label, r.track, outcome, build, s.shape if s else "-", sol, *speedups,
+                                            _ratio_cell(vs, "")]) + " |")
         if not r.passed:
-            lines.append(f"|  |  | {r.message[:160].replace('|', '/')} |  |  |  |  |  |")
+            lines.append(f"|  |  | {r.message[:160].replace('|', '/')} |" + "  |" * (len(head) - 3))
+    notes = {}
+    for t in timed:
+        for name, note in t.notes.items():
+            if name in COMPARE_COLUMNS or name == "gemm_only":
+                notes.setdefault(name, note.replace("|", "/"))
+    if notes:
+        lines += ["", *(f"- {name}: {note}" for name, note in notes.items())]
     if cmp.device == "cpu":
         lines += ["", "Timing: absent. Nothing is timed on a CPU (the emulator's speed says nothing about the GPU's); "
                       "run `epiforge compare --device gpu` on a Hopper GPU for one interleaved run of these kernels "
                       "beside the baselines."]
     return "\n".join(lines) + "\n"
+
+
+#: the baselines compare's table gives a speedup column, in this order, where they were timed
+COMPARE_COLUMNS = ("eager", "torch_compile", "liger", "flashinfer", "quack_library", "cublas")
+
+
+def _ratio_cell(stat, unit: str) -> str:
+    if stat is None:
+        return "-"
+    interval = f" ({stat.ci_low:.3f}-{stat.ci_high:.3f})" if stat.ci_low and stat.ci_high else ""
+    return f"{stat.median:.3f}{unit}{interval}"
 
 
 # ---- leaderboard -------------------------------------------------------------------------
@@ -325,9 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto (default): a Hopper GPU when there is one, else the CPU")
     p.add_argument("--reps", type=int, default=50, help="timed repetitions per shape on a GPU (default: 50)")
-    p.add_argument("--baselines", nargs="*", default=["torch_compile", "liger", "quack_library"],
+    p.add_argument("--baselines", nargs="*", default=["torch_compile", "liger", "flashinfer", "quack_library"],
                    help="baselines timed beside cuBLAS, quack's plain GEMM (the speed of light) and eager PyTorch, "
-                        "on a GPU (default: torch_compile liger quack_library; see eval/baselines.py)")
+                        "on a GPU (default: torch_compile liger flashinfer quack_library; see eval/baselines.py)")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
     p.add_argument("--store", default=None, help="also record every Result in this SQLite file")
     p.add_argument("--json", action="store_true")

@@ -4,6 +4,12 @@ instead of compiling (10-40 s each there). Compiled kernels do not depend on M, 
 smoke-shaped inputs describe them fully.
 
     .venv/bin/python -m bench.precompile [--tasks k0 k3] [--configs 0 1]
+    .venv/bin/python -m bench.precompile --tuned --parts kernels library gemm
+
+--tuned compiles only what the paper shapes run: each expert kernel (and library
+alternative) at the configs of its own TUNED table and the default, the GEMM-only baseline
+at those and at the speed-of-light configs (eval/data/sol-configs.json). The "generated"
+part builds each committed generated kernel at its own config choice.
 """
 
 from __future__ import annotations
@@ -44,7 +50,11 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", nargs="*", default=["kernels", "library", "diagnostics", "gemm"],
                     help="what to compile: the expert kernels, quack's library alternatives and the diagnostics "
                          "(bench.quack_library), the GEMM-only baseline")
+    ap.add_argument("--tuned", action="store_true",
+                    help="only the configs the TUNED tables and the speed-of-light table name (see the docstring)")
     args = ap.parse_args(argv)
+    if args.tuned and args.configs is not None:
+        ap.error("--tuned picks the configs itself: give --configs or --tuned, not both")
     os.environ["QUACK_CACHE_DIR"] = str(CACHE_DIR)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
 
@@ -59,6 +69,24 @@ def main(argv=None) -> int:
     dims = tasks.shape_sets()["smoke"][0].dims()
     failures = 0
     library = alternatives()
+    from primitives.config import DEFAULT_CONFIG, GemmConfig
+
+    paper = [x.dims() for x in tasks.shape_sets()["paper"]]
+
+    def tuned_configs(table: dict, task) -> list:
+        """The table's configs, and the default where a paper shape is not in the table."""
+        picked = {c: GemmConfig.parse(c) for c in sorted(set(table.values()))}
+        if any("x".join(map(str, task.gemm_shape(d))) not in table for d in paper):
+            picked.setdefault(DEFAULT_CONFIG.key(), DEFAULT_CONFIG)
+        return list(picked.values())
+
+    gemm_configs = {c.key(): c for c in configs}
+    if args.tuned:
+        from eval.baselines import SOL_TABLE
+
+        gemm_configs = {DEFAULT_CONFIG.key(): DEFAULT_CONFIG}
+        for known in json.loads(SOL_TABLE.read_text()).get("configs", {}).values():
+            gemm_configs.update({c: GemmConfig.parse(c) for c in known})
     for task in catalogue:
         if expert_kernel(task.name) is None:
             print(f"{task.id}: no expert kernel, skipped", flush=True)
@@ -67,16 +95,24 @@ def main(argv=None) -> int:
         inputs = task.make_inputs(dims, seed=0)
         consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
         prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
+        own = configs
+        if args.tuned:
+            # a kernel without a TUNED table runs at its own choice (config=None), e.g. a CONFIG
+            own = tuned_configs(module.TUNED, task) if hasattr(module, "TUNED") else [None]
+            fixed = getattr(module, "CONFIG", None)
+            gemm_configs.update({c.key(): c for c in [*own, fixed] if isinstance(c, GemmConfig)})
         runs = []
         if "kernels" in args.parts:
-            runs.append((task.id, lambda cfg: module.run(dict(inputs), prepared, config=cfg)))
+            runs.append((task.id, lambda cfg: module.run(dict(inputs), prepared, config=cfg), own))
         if "library" in args.parts and task.name in library:
-            runs.append((f"{task.id} quack library", lambda cfg, _f=library[task.name][0]: _f(dict(inputs), cfg)))
+            lib_configs = tuned_configs(library[task.name][2], task) if args.tuned else configs
+            runs.append((f"{task.id} quack library", lambda cfg, _f=library[task.name][0]: _f(dict(inputs), cfg),
+                         lib_configs))
         if "diagnostics" in args.parts:
             for dname, (dfn, _) in DIAGNOSTICS.get(task.name, {}).items():
-                runs.append((f"{task.id} {dname}", lambda cfg, _f=dfn: _f(dict(inputs), cfg)))
-        for what, run in runs:
-            for cfg in configs:
+                runs.append((f"{task.id} {dname}", lambda cfg, _f=dfn: _f(dict(inputs), cfg), own))
+        for what, run, run_configs in runs:
+            for cfg in run_configs:
                 t0 = time.monotonic()
                 try:
                     run(cfg)
@@ -84,7 +120,7 @@ def main(argv=None) -> int:
                 except Exception as e:  # report and go on: one config may not fit an epilogue
                     failures += 1
                     ok = f"FAILED {type(e).__name__}: {str(e).splitlines()[-1][:300] if str(e) else ''}"
-                print(f"{what} {cfg.key()}: {ok} ({time.monotonic() - t0:.1f} s)", flush=True)
+                print(f"{what} {cfg.key() if cfg else 'its own config'}: {ok} ({time.monotonic() - t0:.1f} s)", flush=True)
     if "gemm" in args.parts:
         # the GEMM-only baseline with every task's operand layouts
         import torch
@@ -94,7 +130,7 @@ def main(argv=None) -> int:
             a = torch.zeros(m, k, dtype=torch.bfloat16)
             w = torch.zeros(n, k, dtype=torch.bfloat16)
             w_t = torch.zeros(k, n, dtype=torch.bfloat16).T  # the dgrad tasks pass a transposed view
-            for cfg in configs:
+            for cfg in gemm_configs.values():
                 for ww in (w, w_t):
                     try:
                         gemm_only(a, ww, config=cfg)

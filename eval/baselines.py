@@ -47,8 +47,9 @@ REGISTRY = {b.name: b for b in (
              "where Liger has the op", "judge"),
     Baseline("quack_library", "quack's own library epilogue where the expert kernel is ours (bench/quack_library.py)",
              "quack 0.6.5", "k2 k5 k6", "judge"),
-    Baseline("flashinfer", "cuBLAS + FlashInfer norm / activation / rope kernels", "flashinfer 0.7.2.post1",
-             "k0 k1 k2 k3 k4 k8", "not yet timed (../shared/gpu/stage-flashinfer stages it for the H200)"),
+    Baseline("flashinfer", "cuBLAS + FlashInfer's norm / activation / rope kernels (bench/flashinfer.py)",
+             "flashinfer-python 0.7.2.post1", "k0 k1 k2 k3 k3hf k4 k4hf k8 (no cross-entropy or backward kernels)",
+             "judge"),
 )}
 
 
@@ -129,6 +130,14 @@ def extra_baselines(names, task, dims: dict, input_sets: list, device: str) -> t
             found = composites().get(task.name)
             if found is None:
                 skipped[name] = "Liger is not installed here, or has no composite for this task"
+                continue
+            fn, note = (lambda j, _f=found[0]: _f(input_sets[j], dims)), found[1]
+        elif name == "flashinfer":
+            from bench.flashinfer import composites as flashinfer_composites
+
+            found = flashinfer_composites().get(task.name)
+            if found is None:
+                skipped[name] = "FlashInfer is not installed here, or has no composite for this task"
                 continue
             fn, note = (lambda j, _f=found[0]: _f(input_sets[j], dims)), found[1]
         elif name == "quack_library":

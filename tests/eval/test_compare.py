@@ -76,6 +76,18 @@ def test_kernels_timed_together_have_per_repetition_ratios_to_each_other(tmp_pat
                      results=[_as_result(res["expert"]), _as_result(res["gen"])])
     vs = cmp.versus("gen", "expert", "smoke-a")  # gen_i / expert_i over the 7 repetitions
     assert vs.median == pytest.approx(e.speedup["kernel:gen"].median) and vs.ci_low <= vs.median <= vs.ci_high
+    # the table: one speedup column per baseline timed, each cell that baseline's median and interval
+    from epiforge import render_comparison
+
+    table = render_comparison(cmp).splitlines()
+    head = next(line for line in table if line.startswith("| kernel"))
+    assert "x eager (95%)" in head and "x cublas (95%)" in head and "x liger" not in head  # liger not asked for
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    gen_row = [c.strip() for c in next(line for line in table if line.startswith("| gen ")).strip("|").split("|")]
+    eager = g.speedup["eager"]
+    assert gen_row[cols.index("x eager (95%)")] == f"{eager.median:.3f}x ({eager.ci_low:.3f}-{eager.ci_high:.3f})"
+    assert gen_row[-1].startswith(f"{vs.median:.3f} (")
+    assert any(line.startswith("- gemm_only: the speed of light") for line in table)
 
 
 def test_a_kernel_that_fails_in_the_timed_phase_is_dropped_and_the_others_timed(tmp_path):
