@@ -17,9 +17,17 @@ edit (its *adaptations*):
 Every adaptation is judged by T's real evaluation (eval.evaluate: CPU emulator, smoke
 shapes plus the hidden one, a fixed seed). A candidate with an adaptation that passes is
 withheld for T: a page's block is replaced by a one-line note, an example is dropped. The
-verdicts are cached by (task files, adaptation source): agent/data/screen_cache.json ships
-them for the repository's pages, new ones go to the user cache ($EPIFORGE_SCREEN_CACHE or
-~/.cache/epiforge/screen_cache.json). `python -m agent.screen [--write]` recomputes them.
+verdicts are cached by (the fingerprint of the code that decides them, task files,
+adaptation source): agent/data/screen_cache.json ships them for the repository's pages, new
+ones go to the user cache ($EPIFORGE_SCREEN_CACHE or ~/.cache/epiforge/screen_cache.json).
+The fingerprint (`fingerprint()`) hashes VERDICT_SOURCES: this file, the primitives, the
+shared task code and shapes, and the CPU evaluation's modules, by their code (comments and
+docstrings aside); a change there makes every cached verdict stale, so it is recomputed
+(tests/agent/test_agent_pack_screen.py then asks for `python -m agent.screen --write`).
+Not in it: eval's modules that only time, compare or report (baselines, gpu_stages, timing,
+stats, plausibility, compare, leaderboard, store), and the installed torch.
+`python -m agent.screen [--write]` recomputes the verdicts (--write: into the shipped file,
+dropping the stale ones).
 """
 
 from __future__ import annotations
@@ -31,11 +39,19 @@ import json
 import os
 import re
 import tempfile
+import threading
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 SEED = 20261201
 SHIPPED_CACHE = Path(__file__).resolve().parent / "data" / "screen_cache.json"
+REPO = Path(__file__).resolve().parents[1]
+#: what decides a verdict besides the task's own folder (hashed per task): see the docstring
+VERDICT_SOURCES = ("agent/screen.py", "primitives/*.py", "tasks/*.py", "tasks/shapes.toml",
+                   *(f"eval/{m}.py" for m in ("__init__", "channel", "evaluation", "guard", "isolation", "judge",
+                                             "kernel", "launches", "machine", "numerics", "remote", "result",
+                                             "runner", "secret_shapes", "static_checks")))
 BLOCK = re.compile(r"^(?P<fence>```|~~~)[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
 #: a looser bound than any task's tolerance: only adaptations this close go to the evaluator
 PREFILTER_REL_RMS = 0.25
@@ -217,8 +233,28 @@ def _task_key(task) -> str:
     return h.hexdigest()[:16]
 
 
+@lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """A hash of VERDICT_SOURCES: Python files by their syntax tree without docstrings (a
+    comment, a docstring or the layout changes no verdict), other files by their bytes."""
+    h = hashlib.sha256()
+    for path in sorted({p for pattern in VERDICT_SOURCES for p in REPO.glob(pattern)}):
+        text = path.read_bytes()
+        if path.suffix == ".py":
+            tree = ast.parse(text)
+            for node in ast.walk(tree):
+                body = getattr(node, "body", None)
+                if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                        and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                        and isinstance(body[0].value.value, str)):
+                    node.body = body[1:] or [ast.Pass()]
+            text = ast.dump(tree).encode()
+        h.update(path.relative_to(REPO).as_posix().encode() + b"\0" + text + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _key(task, kernel: str) -> str:
-    return hashlib.sha256((_task_key(task) + "\0" + kernel).encode()).hexdigest()[:24]
+    return hashlib.sha256((fingerprint() + "\0" + _task_key(task) + "\0" + kernel).encode()).hexdigest()[:24]
 
 
 def _user_cache() -> Path:
@@ -247,17 +283,25 @@ def passes(task, kernel: str, *, write_to: Path | None = None) -> bool:
         path.write_text(kernel)
         result = evaluate(task.name, path, device="cpu", shapes="smoke", seed=SEED, compile=False)
     _store(write_to or _user_cache(), key, {"task": task.name, "passed": bool(result.passed),
-                                             "outcome": result.outcome.value})
+                                             "outcome": result.outcome.value, "fingerprint": fingerprint()})
     return bool(result.passed)
 
 
-def _store(target: Path, key: str, value: dict) -> None:
-    data = _load(target)
-    data[key] = value
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
-    tmp.replace(target)
+_STORING = threading.Lock()  # sessions run side by side (generate --runs) share the cache
+
+
+def _store(target: Path, key: str | None = None, value: dict | None = None, *, prune: bool = False) -> None:
+    """Add one verdict to `target` (a rewrite, atomic); `prune`: drop the stale ones too."""
+    with _STORING:
+        data = _load(target)
+        if key is not None:
+            data[key] = value
+        if prune:
+            data = {k: v for k, v in data.items() if v.get("fingerprint") == fingerprint()}
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
+        tmp.replace(target)
 
 
 def _verdict(kind: str, adapt, task, src: str, write_to: Path | None) -> str | None:
@@ -271,7 +315,7 @@ def _verdict(kind: str, adapt, task, src: str, write_to: Path | None) -> str | N
         if passes(task, kernel, write_to=write_to):
             why = f"{what} passes {task.id}'s check"
             break
-    _store(write_to or _user_cache(), key, {"task": task.name, "why": why})
+    _store(write_to or _user_cache(), key, {"task": task.name, "why": why, "fingerprint": fingerprint()})
     return why
 
 
@@ -298,13 +342,16 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m agent.screen", description=__doc__.splitlines()[0])
     ap.add_argument("--task", action="append", help="tasks to screen (default: all)")
-    ap.add_argument("--write", action="store_true", help="record new verdicts in agent/data/screen_cache.json")
+    ap.add_argument("--write", action="store_true", help="record new verdicts in agent/data/screen_cache.json "
+                                                         "and drop its stale ones")
     args = ap.parse_args(argv)
     names = args.task or [t.name for t in tasks.load_catalogue()[0]]
     for name in names:
         task = tasks.get_task(name)
         p = build_pack(task, screen_cache=SHIPPED_CACHE if args.write else None)
         print(f"{task.id}: " + ("; ".join(f"{w['where']}: {w['why']}" for w in p.withheld_code) or "nothing withheld"))
+    if args.write:
+        _store(SHIPPED_CACHE, prune=True)
     return 0
 
 

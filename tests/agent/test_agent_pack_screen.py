@@ -85,8 +85,9 @@ def test_the_pack_is_deterministic():
 
 @pytest.mark.parametrize("name", [t.name for t in tasks.load_catalogue()[0]])
 def test_every_verdict_is_shipped(name):
-    """Every code block and example of every task's pack has a recorded verdict (else the
-    pages changed: run `python -m agent.screen --write`)."""
+    """Every code block and example of every task's pack has a recorded verdict under
+    today's fingerprint (else the pages, or the code that decides a verdict, changed: run
+    `python -m agent.screen --write`)."""
     task = tasks.get_task(name)
     p = build_pack(task)
     docs = screen.Path(tasks.__file__).parents[1] / "primitive_docs"
@@ -118,3 +119,38 @@ def test_a_renamed_answer_is_withheld_by_its_content(tmp_path, user_cache):
     assert again.sha256 == p.sha256
     # for k8 (SwiGLU) the same page stays whole
     assert "mul_rows" in build_pack(tasks.get_task("k8"), d).doc("scaling").text
+
+
+def test_a_change_in_the_code_behind_the_verdicts_makes_them_stale(tmp_path, monkeypatch):
+    """The cache's key holds a fingerprint of what decides a verdict (agent/screen.py, the
+    primitives, the shared task code, the CPU evaluation): a change of code there finds no
+    shipped verdict; a comment or a docstring changes nothing."""
+    task = tasks.get_task("k1")
+    block = screen.code_blocks((screen.REPO / "primitive_docs" / "index.md").read_text())[0].group("body")
+    assert screen.shipped(task, "block", block)
+    today = screen.fingerprint()
+    copy = tmp_path / "repo"
+    for pattern in screen.VERDICT_SOURCES:
+        for path in screen.REPO.glob(pattern):
+            (copy / path.relative_to(screen.REPO)).parent.mkdir(parents=True, exist_ok=True)
+            (copy / path.relative_to(screen.REPO)).write_bytes(path.read_bytes())
+    assert not (copy / "eval" / "baselines.py").exists()  # GPU-only: not behind a CPU verdict
+    emulator = copy / "primitives" / "emulator.py"
+    original = emulator.read_text()
+
+    def fingerprint_after(text):
+        emulator.write_text(text)
+        screen.fingerprint.cache_clear()
+        return screen.fingerprint()
+
+    with monkeypatch.context() as m:
+        m.setattr(screen, "REPO", copy)
+        try:
+            assert fingerprint_after(original) == today
+            assert fingerprint_after("# a comment\n" + original.replace('"""', '"""A reworded docstring. ', 1)) == today
+            assert screen.shipped(task, "block", block)
+            assert fingerprint_after(original + "\nROUNDING = 'changed'\n") != today
+            assert not screen.shipped(task, "block", block)  # stale: recomputed, not served
+        finally:
+            screen.fingerprint.cache_clear()
+    assert screen.fingerprint() == today
