@@ -11,6 +11,7 @@
     pricing.py     dollars per model (or the session's --price-in/--price-out)
     replay.py      replay and fork of a recorded session
     sessions.py    epiforge sessions list|show
+    runs.py        generate --runs N --concurrency C: N sessions side by side, pass@k
     ablate.py      knowledge-pack ablations
     cli.py         the agent's subcommands; backends/: anthropic, openai, command, replay
 """

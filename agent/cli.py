@@ -2,6 +2,7 @@
 
     epiforge generate --task k8 --backend anthropic [--model M] [--max-turns N] [--budget-usd X]
     epiforge generate --resume logs/<session>.jsonl          # continue a killed or failed session
+    epiforge generate --task k8 --backend anthropic --runs 10 --concurrency 4   # pass@k over 10 sessions
     epiforge replay logs/<session>.jsonl                      # offline, kernels re-evaluated here
     epiforge replay LOG --fork-at 3 --backend openai --base-url http://127.0.0.1:8000/v1 --model M
     epiforge ablate --task k8 --backend anthropic --runs 5 --pack-without operands --pack-without logs/k0
@@ -35,10 +36,16 @@ examples:
   epiforge generate --task k1 --backend command --command 'claude -p' --max-turns 3
   epiforge generate --task k1 --backend anthropic --log-dir /tmp/runs --json
   epiforge generate --resume logs/20261130T181500Z-k1-3f9a2c.jsonl --max-retries 20
+  epiforge generate --task k1 --backend anthropic --runs 10 --concurrency 4 --budget-usd 1 --json
 
 A session that was killed, or ended on a backend error (an outage longer than the
 retries), resumes from its last finished step with --resume; the flags and environment
 given then replace what the log recorded, and the command says which values it used.
+
+--runs N runs N independent sessions (for pass@k; the budgets apply to each run), at most
+--concurrency C at a time, and prints one line per run and pass@k for k = 1..N. A run that
+fails never stops the others; after Ctrl-C or a backend outage, each unfinished run's log
+resumes on its own with --resume.
 """
 
 
@@ -58,9 +65,16 @@ def add_commands(sub) -> None:
     _session_options(p)
     p.add_argument("--resume", metavar="LOG", help="continue a killed session, or one that ended on a backend error, "
                                                   "from its log (appends to it)")
+    p.add_argument("--runs", type=int, default=None, metavar="N",
+                   help="N independent sessions of the task for pass@k, each with its own session id, log, kernel "
+                        "and budgets (--max-turns, --budget-usd, --max-tokens, --max-wall-s apply to each run); "
+                        "ends with a summary and pass@1..pass@N. Exit 0 when a run passed, 1 when none did, 2 when "
+                        "a run is left to --resume (default: one session, no summary)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="with --runs: at most C sessions at a time (default: 1)")
     _output_options(p)
-    p.add_argument("--json", action="store_true", help="print the session_ended event as JSON on stdout "
-                                                       "(progress goes to stderr)")
+    p.add_argument("--json", action="store_true", help="print the session_ended event as JSON on stdout (with --runs: "
+                                                       "one object, the runs and pass@k); progress goes to stderr")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("replay", help="re-run a recorded session offline (or fork it into a live backend)",
@@ -176,7 +190,8 @@ def _say(args):
 def _number_problem(args) -> str | None:
     """A flag's number that cannot work, in one line (budgets are checked with the config)."""
     checks = [("max_retries", "--max-retries", 0, "at least 0"), ("max_output_tokens", "--max-output-tokens", 1, "at least 1"),
-              ("runs", "--runs", 1, "at least 1"), ("max_turns", "--max-turns", 1, "at least 1"),
+              ("runs", "--runs", 1, "at least 1"), ("concurrency", "--concurrency", 1, "at least 1"),
+              ("max_turns", "--max-turns", 1, "at least 1"),
               ("max_tokens", "--max-tokens", 1, "at least 1")]
     for name, flag, low, words in checks:
         value = getattr(args, name, None)
@@ -194,8 +209,10 @@ def _number_problem(args) -> str | None:
     return None
 
 
-def _live_backend(args, name: str | None = None, *, model=None, base_url=None, command=None, max_output_tokens=None):
-    """The live backend the options name; the keyword arguments fill options left unset."""
+def _live_backend(args, name: str | None = None, *, model=None, base_url=None, command=None, max_output_tokens=None,
+                  note=None):
+    """The live backend the options name; the keyword arguments fill options left unset
+    (`note`: where the backend reports retries; default: stderr)."""
     from agent.backends import RetryPolicy, make_backend
 
     retry = RetryPolicy() if args.max_retries is None else RetryPolicy(max_retries=args.max_retries)
@@ -203,7 +220,7 @@ def _live_backend(args, name: str | None = None, *, model=None, base_url=None, c
                         command=args.command or command,
                         max_output_tokens=args.max_output_tokens or max_output_tokens or DEFAULTS["max_output_tokens"],
                         timeout_s=args.timeout, stream=args.stream, retry=retry,
-                        note=lambda line: print(line, file=sys.stderr))
+                        note=note or (lambda line: print(line, file=sys.stderr)))
 
 
 def _pick(value, default):
@@ -262,6 +279,10 @@ def cmd_generate(args) -> int:
     if problem:
         return _die(problem)
     say = _say(args)
+    if args.concurrency is not None and args.runs is None:
+        return _die("--concurrency goes with --runs N")
+    if args.runs is not None:
+        return _generate_runs(args, say)
     try:
         if args.resume:
             end = _resume(args, say)
@@ -293,6 +314,51 @@ def cmd_generate(args) -> int:
     if end.outcome == "backend_error":
         return _die(f"{end.reason}; the log is kept: continue with epiforge generate --resume LOG")
     return 0 if end.outcome in ("passed", "passed_slow") else 1
+
+
+def _generate_runs(args, say) -> int:
+    """--runs N: N sessions, at most --concurrency at a time (agent/runs.py), then the summary."""
+    from agent.backends import BackendError
+    from agent.loop import DEFAULT_LOG_DIR, config_problem
+    from agent.runs import PASSED, render, run_sessions
+    from agent.session import ConfigError
+    import tasks
+
+    if args.resume:
+        return _die("--runs starts new sessions; --resume continues one (resume each run's log on its own)")
+    if not (args.task and args.backend):
+        return _die("generate needs --task and --backend")
+    if args.workspace:
+        return _die("--workspace names one session's folder; with --runs each run gets WORKSPACES/ID "
+                    "(LOG_DIR/workspaces/ID for a --log-dir outside the repository)")
+    tasks.get_task(args.task)
+    budget, make_config = _config(args)
+    problem = budget.problem()
+    if problem:
+        return _die(problem)
+    try:
+        probe = _live_backend(args)  # a missing key or option is one line, before any run
+        config = make_config(probe)
+        probe.close()
+        problem = config_problem(config)
+        if problem:
+            return _die(problem)
+        log_dir = Path(args.log_dir) if args.log_dir else DEFAULT_LOG_DIR
+        rep = run_sessions(config, lambda note: _live_backend(args, note=note), runs=args.runs,
+                           concurrency=args.concurrency or 1, log_dir=log_dir, out_dir=_out_dir(args),
+                           docs_dir=args.docs_dir, say=say)
+    except (BackendError, ConfigError) as e:
+        return _die(str(e))
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(render(rep))
+    if rep["interrupted"]:
+        return _die("interrupted", 130)
+    if rep["to_resume"]:
+        return _die(f"{len(rep['to_resume'])} of {rep['n']} runs did not finish: continue each with "
+                    "epiforge generate --resume LOG")
+    return 0 if any(r["outcome"] in PASSED for r in rep["runs"]) else 1
 
 
 def _resume(args, say):

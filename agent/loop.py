@@ -73,11 +73,12 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFA
                 workspace: Path | None = None, out_dir: Path | None = GENERATED_DIR, docs_dir: Path | None = None,
                 say: Callable[[str], None] = print, forked_from: dict | None = None,
                 replay_of: dict | None = None, seeds: dict | None = None,
-                workspaces: Path | None = None) -> tuple[SessionEnded, Path]:
+                workspaces: Path | None = None, session_id: str | None = None) -> tuple[SessionEnded, Path]:
     """Run one new session; returns its end event and the log's path. `out_dir=None` keeps
     a passing kernel out of generated_kernels/ (replays); `seeds` fixes the evaluation seeds
     by (step, call_id, device, shapes) (a replay reuses the recorded ones); the workspace is
-    `workspace`, else `workspaces`/ID (default: .epiforge/workspaces/ID)."""
+    `workspace`, else `workspaces`/ID (default: .epiforge/workspaces/ID); `session_id`: the
+    new session's id, chosen by the caller (default: a fresh one)."""
     import tasks
 
     task = tasks.get_task(config.task)
@@ -86,7 +87,7 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFA
     if problem:
         raise ConfigError(problem)
     pack = build_pack(task, docs_dir, config.pack_without)
-    session_id = new_session_id(task.id)
+    session_id = session_id or new_session_id(task.id)
     system = pack.system_prompt(speed_target=config.speed_target)
     prompt = pack.task_prompt(speed_target=config.speed_target)
     workspace = Path(workspace or Path(workspaces or WORKSPACES) / session_id)

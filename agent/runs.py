@@ -1,0 +1,160 @@
+"""Many sessions of one task, for pass@k: `epiforge generate --runs N --concurrency C`.
+
+    report = run_sessions(config, make_backend, runs=3, concurrency=2, log_dir=..., say=print)
+
+Each run is a full, normal session (agent.loop.run_session): its own backend, session id,
+log, workspace, kernel and budgets. At most `concurrency` run at once, each in a thread of
+its own (a session mostly waits: on the model's server, on the evaluator's subprocesses). A
+run that fails (a backend outage past its retries, an exception) ends that run only; the
+others go on. Ctrl-C stops every run where it is: a cut-off run's log is a killed session's,
+and `epiforge generate --resume LOG` continues it (as it does one that ended on a backend
+error). The report says, per run, its session, outcome, turns, tokens and dollars, and
+pass@k over the N runs (the unbiased estimator, eval/leaderboard.py's pass_at_k).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from agent.session import SessionConfig, new_session_id
+
+PASSED = ("passed", "passed_slow")  # what counts as a pass for pass@k, as on the leaderboard
+#: outcomes whose log `generate --resume` continues
+RESUMABLE = ("backend_error", "unfinished")
+
+
+@dataclass
+class Run:
+    index: int  # 1..N
+    session: str
+    log: Path
+    error: str | None = None  # the exception that ended this run's thread, in one line
+
+    def row(self) -> dict:
+        """What the run's log says (agent/sessions.py's row), or why there is no log."""
+        from agent.sessions import summarize
+
+        started = self.log.is_file() or self.error is not None
+        row = summarize(self.log) if self.log.is_file() else "Ctrl-C came before it started"
+        if isinstance(row, str):  # no usable log
+            row = {"session": self.session, "outcome": "error" if started else "not_started", "reason": row,
+                   "turns": 0, "tokens": 0, "cost_usd": None, "kernel": None, "log": None}
+        if self.error:
+            row |= {"outcome": "error" if row["outcome"] in ("not_started", "unfinished") else row["outcome"],
+                    "reason": self.error}
+        keep = ("session", "outcome", "reason", "turns", "tokens", "cost_usd", "kernel", "log")
+        return {"run": self.index} | {k: row[k] for k in keep}
+
+
+def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], None]], object], *, runs: int,
+                 concurrency: int = 1, log_dir: Path, out_dir: Path | None, docs_dir: Path | None = None,
+                 say: Callable[[str], None] = print) -> dict:
+    """Run `runs` sessions of `config`, at most `concurrency` at a time; `make_backend(note)`
+    gives each run a fresh backend (`note`: where it reports retries). Returns the report
+    (`report()`), with "interrupted" true when Ctrl-C cut the runs short."""
+    import tasks
+    from agent.loop import WORKSPACES, beside, run_session
+    from agent.pack import build_pack
+
+    task = tasks.get_task(config.task)
+    config = config.model_copy(update={"task": task.name})
+    build_pack(task, docs_dir, config.pack_without)  # the pack's verdicts cached once, before the runs share them
+    ids: list[str] = []
+    while len(ids) < runs:
+        sid = new_session_id(task.id)
+        if sid not in ids:
+            ids.append(sid)
+    all_runs = [Run(i + 1, sid, Path(log_dir) / f"{sid}.jsonl") for i, sid in enumerate(ids)]
+    todo: queue.SimpleQueue[Run] = queue.SimpleQueue()
+    for run in all_runs:
+        todo.put(run)
+    # After Ctrl-C the runs' threads live on until the process exits: they print nothing more
+    lock, quiet = threading.Lock(), threading.Event()
+
+    def tell(line: str) -> None:
+        with lock:
+            if not quiet.is_set():
+                say(line)
+
+    def one(run: Run) -> None:
+        tag = f"[run {run.index}/{runs}] "
+        note = lambda line: tell(tag + line)  # noqa: E731
+        backend = None
+        try:
+            backend = make_backend(note)
+            run_session(config, backend, log_dir=log_dir, session_id=run.session, out_dir=out_dir, docs_dir=docs_dir,
+                        say=note, workspaces=beside(log_dir, WORKSPACES, "workspaces"))
+        except Exception as e:  # this run's failure is its own: the others go on
+            run.error = (str(e).splitlines() or [type(e).__name__])[0]
+            note(f"failed: {run.error}")
+        finally:
+            if backend is not None:
+                backend.close()
+
+    def worker() -> None:
+        while not quiet.is_set():
+            try:
+                run = todo.get_nowait()
+            except queue.Empty:
+                return
+            one(run)
+
+    tell(f"runs: {runs} sessions of {task.name} with {config.backend} / {config.model}, at most {concurrency} at a "
+         f"time; the budgets apply to each run; logs in {log_dir}")
+    threads = [threading.Thread(target=worker, daemon=True, name=f"run-{i}") for i in range(min(concurrency, runs))]
+    for t in threads:
+        t.start()
+    interrupted = False
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        with lock:
+            quiet.set()
+        interrupted = True
+    return report(config, [r.row() for r in all_runs], interrupted=interrupted)
+
+
+def report(config: SessionConfig, rows: list[dict], *, interrupted: bool = False) -> dict:
+    """The runs' rows, their totals and pass@k for k = 1..N over the N runs (a run that did
+    not pass, for whatever reason, counts as a failure)."""
+    from eval.leaderboard import pass_at_k
+
+    n, c = len(rows), sum(r["outcome"] in PASSED for r in rows)
+    costs = [r["cost_usd"] for r in rows if r["turns"]]
+    return {"task": config.task, "backend": config.backend, "model": config.model, "runs": rows, "n": n, "passed": c,
+            "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
+            "turns": sum(r["turns"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
+            "cost_usd": None if None in costs else round(sum(costs), 6),
+            "to_resume": [r["log"] for r in rows if r["log"] and r["outcome"] in RESUMABLE + ("error",)],
+            "interrupted": interrupted}
+
+
+def shown_ks(n: int) -> list[int]:
+    """The k a person is shown: every k up to 10, then 1, 2, 5, 10, 20, 50, ... and N."""
+    if n <= 10:
+        return list(range(1, n + 1))
+    return sorted({k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500) if k < n} | {n})
+
+
+def render(rep: dict) -> str:
+    lines = [f"{rep['n']} runs of {rep['task']} with {rep['backend']} / {rep['model']}: {rep['passed']} passed"
+             + (" (interrupted by Ctrl-C)" if rep["interrupted"] else ""),
+             f"{'run':>4}  {'session':34} {'outcome':19} {'turns':>5} {'tokens':>9} {'$':>8}  kernel"]
+    for r in rep["runs"]:
+        cost = "unpriced" if r["cost_usd"] is None else f"{r['cost_usd']:.4f}"
+        lines.append(f"{r['run']:>4}  {r['session']:34} {r['outcome']:19} {r['turns']:>5} {r['tokens']:>9} "
+                     f"{cost:>8}  {r['kernel'] or '-'}")
+    lines.append("  ".join(f"pass@{k} = {rep['pass_at_k'][str(k)]:.3f}" for k in shown_ks(rep["n"]))
+                 + f"  (unbiased estimator over {rep['n']} runs, a run that did not pass counted as failed)")
+    cost = "unpriced" if rep["cost_usd"] is None else f"${rep['cost_usd']:.4f}"
+    lines.append(f"total: {rep['turns']} turns, {rep['tokens']:,} tokens, {cost}")
+    if rep["to_resume"]:
+        lines.append(f"{len(rep['to_resume'])} run(s) did not finish (a backend error, an error or Ctrl-C); "
+                     "each continues with epiforge generate --resume LOG:")
+        lines += [f"  {log}" for log in rep["to_resume"]]
+    return "\n".join(lines)
