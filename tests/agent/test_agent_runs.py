@@ -24,7 +24,7 @@ FAST = ["--no-compile", "--device", "cpu"]
 class Sessions:
     """A scripted model for sessions side by side: the n-th session to send its first request
     is answered by plans[n]. It counts the requests in flight at once; the first two sessions'
-    first requests wait (up to 10 s) until two have been in flight together, so that runs
+    first requests wait (up to 30 s) until two have been in flight together, so that runs
     which really overlap are seen to."""
 
     def __init__(self, *plans):
@@ -40,7 +40,7 @@ class Sessions:
             self.lock.notify_all()
             n, self.started = self.started, self.started + 1
             if n < 2:
-                self.lock.wait_for(lambda: self.most_in_flight >= 2, timeout=10)
+                self.lock.wait_for(lambda: self.most_in_flight >= 2, timeout=30)
             self.in_flight -= 1
         return self.plans[n]
 
