@@ -212,6 +212,8 @@ def render_comparison(cmp) -> str:
     speed of light, the speedup over each baseline timed (median and 95% interval, from the
     one interleaved run) and generated / expert time; then what each baseline computed, or
     why it was left out."""
+    from eval.baselines import REPORTED as COMPARE_COLUMNS
+
     results = list(zip(cmp.labels, cmp.results))
     timed = [s.timing for _, r in results for s in r.per_shape if s.timing]
     shown = [b for b in COMPARE_COLUMNS if any(b in t.speedup for t in timed)]
@@ -244,10 +246,6 @@ def render_comparison(cmp) -> str:
                       "run `epiforge compare --device gpu` on a Hopper GPU for one interleaved run of these kernels "
                       "beside the baselines."]
     return "\n".join(lines) + "\n"
-
-
-#: the baselines compare's table gives a speedup column, in this order, where they were timed
-COMPARE_COLUMNS = ("eager", "torch_compile", "liger", "flashinfer", "quack_library", "cublas")
 
 
 def _ratio_cell(stat, unit: str) -> str:

@@ -89,6 +89,10 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
     return fns, skipped
 
 
+#: the baselines that reports (compare's tables, the leaderboard) give a speedup column, in
+#: this order, where a Result has them
+REPORTED = ("torch_compile", "liger", "flashinfer", "quack_library", "eager", "cublas")
+
 #: baselines the evaluator always times; the others are asked for by name
 STANDARD = ("cublas", "quack_gemm", "gemm_only", "eager")
 

@@ -24,7 +24,7 @@ def expert_kernel(task_name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-PACKAGES = ("nvidia-cutlass-dsl", "quack-kernels", "triton", "liger-kernel")
+PACKAGES = ("nvidia-cutlass-dsl", "quack-kernels", "triton", "liger-kernel", "flashinfer-python")
 
 
 def source_commit(where: Path | None = None) -> str | None:

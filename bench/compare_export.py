@@ -1,0 +1,129 @@
+"""Results of `epiforge compare` runs on the H200 (their stores, one per GPU call) as one
+committed file of Results, its Markdown tables, and its agreement with bench/.
+
+    python -m bench.compare_export STORE [STORE ...] --commit HASH --command "..." \
+        --jsonl eval/data/h200-compare.jsonl --markdown bench/results/h200/compare-paper.md \
+        [--bench bench/results/h200/final.json]
+
+Kernel paths become repo-relative (no machine path leaves the machine), and each Result's
+environment gets the commit and command that made it (the judge records neither). With
+--bench, each expert row's fused / GEMM-only is set beside the bench file's for the same
+task and shape: two separate runs of the same kernel, each against its own speed of light,
+so they agree only up to run-to-run drift (the file says how far apart they are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from eval.machine import REPO
+
+
+#: what the header says where a run's fingerprint has no FlashInfer version (before eval/machine.py listed it)
+FLASHINFER_UNRECORDED = "0.7.2.post1 (what ../shared/gpu/stage-flashinfer installs; the run's fingerprint did not record it)"
+
+
+def load(stores: list[Path], commit: str, command: str) -> list:
+    """The Results of the stores, in store order, kernel paths repo-relative."""
+    from eval.store import ResultStore
+
+    out = []
+    for store in stores:
+        for row in ResultStore(store).rows()[::-1]:  # rows() is newest first
+            r = row.result
+            kernel = Path(r.kernel)
+            rel = next((str(kernel.relative_to(p)) for p in (REPO, *kernel.parents)
+                        if kernel.is_relative_to(p) and (REPO / kernel.relative_to(p)).is_file()), kernel.name)
+            out.append(r.model_copy(update={"kernel": rel,
+                                            "environment": {**r.environment, "commit": commit, "command": command}}))
+    return out
+
+
+def _repo_relative(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def comparisons(results: list) -> list:
+    """One Comparison per task, expert first, in the order the tasks were run."""
+    from eval.compare import Comparison
+
+    by_task: dict[str, list] = {}
+    for r in results:
+        by_task.setdefault(r.task, []).append(r)
+    cmps = []
+    for task, rs in by_task.items():
+        rs = sorted(rs, key=lambda r: r.track != "expert")
+        labels = ["expert" if r.track == "expert" else f"generated:{Path(r.kernel).stem}" if r.track == "generated"
+                  else Path(r.kernel).stem for r in rs]
+        cmps.append(Comparison(task=task, device=rs[0].device, shapes=rs[0].shapes, labels=labels, results=rs))
+    return cmps
+
+
+def agreement(results: list, bench: dict) -> list[tuple[str, str, float, float, float]]:
+    """(task, shape, compare's fused / GEMM-only, bench's, compare's cuBLAS time / bench's)
+    for each expert row both have: the last says how differently the machine ran."""
+    theirs = {(row["task"], row["shape"]): row for row in bench["rows"]}
+    rows = []
+    for r in results:
+        if r.track != "expert":
+            continue
+        for s in r.per_shape:
+            row = theirs.get((r.task, s.shape))
+            if s.timing and row and "cublas" in s.timing.baselines:
+                rows.append((r.task, s.shape, s.timing.fused_over_gemm_only.median, row["fused_over_gemm_only"],
+                             s.timing.baselines["cublas"].median_us / row["gemm_cublas"]["median_us"]))
+    return rows
+
+
+def main(argv=None) -> int:
+    from epiforge import render_comparison
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stores", nargs="+", type=Path)
+    ap.add_argument("--commit", required=True, help="the commit the GPU ran (EPIFORGE_COMMIT there)")
+    ap.add_argument("--command", required=True, help="the command that made the stores")
+    ap.add_argument("--jsonl", type=Path, required=True)
+    ap.add_argument("--markdown", type=Path, required=True)
+    ap.add_argument("--bench", type=Path, help="a bench result file (final.json) to check agreement with")
+    args = ap.parse_args(argv)
+    results = load(args.stores, args.commit, args.command)
+    if not results:
+        print("compare_export: the stores hold no Results", file=sys.stderr)
+        return 1
+    args.jsonl.write_text("".join(r.model_dump_json() + "\n" for r in results))
+    env = results[0].environment
+    head = [f"# epiforge compare at the paper shapes on the {env.get('gpu')}", "",
+            f"Made by `{args.command}` at commit {args.commit}, {env.get('date', '')[:10]}; driver "
+            f"{env.get('driver')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, quack-kernels "
+            f"{env.get('quack-kernels')}, nvidia-cutlass-dsl {env.get('nvidia-cutlass-dsl')}, liger-kernel "
+            f"{env.get('liger-kernel')}, flashinfer-python {env.get('flashinfer-python', FLASHINFER_UNRECORDED)}. "
+            f"Tables by `python -m bench.compare_export` from {_repo_relative(args.jsonl)}. Each task's kernels and baselines "
+            "were timed in one interleaved run per shape; every ratio is a median of per-repetition ratios "
+            "with its 95% bootstrap interval.", ""]
+    body = [render_comparison(c) for c in comparisons(results)]
+    tail = []
+    if args.bench:
+        rows = agreement(results, json.loads(args.bench.read_text()))
+        if rows:
+            worst = max(abs(a / b - 1) for _, _, a, b, _ in rows)
+            drift = [c for *_, c in rows]
+            tail = ["## Agreement with bench/", "",
+                    f"The expert kernels' fused / GEMM-only here and in {args.bench.name} (bench/run.py, an earlier "
+                    f"run): two runs, each against its own speed of light. Largest difference: {worst:.1%}. The same "
+                    f"cuBLAS GEMM took {min(drift):.3f}-{max(drift):.3f} times its time in the bench run, so the two "
+                    "runs did not see the same machine state (clocks, power); a like-for-like check runs both in one "
+                    "GPU session.", "",
+                    "| task | shape | compare | bench | compare / bench | cuBLAS time, compare / bench |",
+                    "|---|---|---|---|---|---|",
+                    *(f"| {t} | {s} | {a:.3f} | {b:.3f} | {a / b:.3f} | {c:.3f} |" for t, s, a, b, c in rows), ""]
+    args.markdown.write_text("\n".join(head) + "\n" + "\n".join(body) + "\n" + "\n".join(tail))
+    print(f"{len(results)} Results -> {args.jsonl}, tables -> {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
