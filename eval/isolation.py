@@ -44,6 +44,12 @@ FILE_SIZE_LIMIT = 2 * 2**30  # stderr spam or a runaway write stops here (SIGXFS
 RUNNER_HASH_SEED = "0"
 TEMP_PREFIX = "epiforge-eval-"
 
+#: the CPU math libraries' own sources of run-to-run variation, pinned in the judge and the
+#: runner alike: MKL's Conditional Numerical Reproducibility (STRICT: results do not depend
+#: on memory alignment either) and no dynamic thread counts (OpenMP's, MKL's). The thread
+#: count itself is pinned by clean_env (this machine's usable cores unless set).
+NUMERICS_PINS = {"MKL_CBWR": "AUTO,STRICT", "MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
+
 #: the children's environment is these names and prefixes of ours, minus anything secret-looking
 ENV_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ", "PYTHONPATH",
@@ -69,6 +75,10 @@ def clean_env(extra: dict | None = None, base: dict | None = None) -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONHASHSEED"] = RUNNER_HASH_SEED
+    env.update(NUMERICS_PINS)
+    threads = env.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    env.setdefault("OMP_NUM_THREADS", threads)
+    env.setdefault("MKL_NUM_THREADS", threads)
     env.update(extra or {})
     return env
 

@@ -248,6 +248,12 @@ def test_the_childrens_environment_is_allowlisted():
     assert not leaked
     assert env["PYTHONPATH"].split(":")[0] == str(REPO)
     assert env["PYTHONHASHSEED"] == isolation.RUNNER_HASH_SEED  # nothing may vary with a per-process hash seed
+    # the CPU math libraries' run-to-run variation pinned: reproducible MKL, fixed thread counts
+    assert env["MKL_CBWR"] == "AUTO,STRICT" and env["MKL_DYNAMIC"] == env["OMP_DYNAMIC"] == "FALSE"
+    import os
+
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+    assert isolation.clean_env(base={**base, "OMP_NUM_THREADS": "3"})["MKL_NUM_THREADS"] == "3"  # the user's count stands
 
 
 # ---- values, guard, poison, tamper ---------------------------------------------------------
