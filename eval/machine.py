@@ -14,7 +14,19 @@ REPO = Path(__file__).resolve().parent.parent
 HUMAN_DIR = REPO / "human_kernels"
 GENERATED_DIR = REPO / "generated_kernels"
 DATA_DIR = REPO / "eval" / "data"
-STATE_DIR = REPO / ".epiforge"  # git-ignored: the results store, caches, demo logs
+STATE_DIR = REPO / ".epiforge"  # git-ignored: the results store, caches
+
+
+def data_dir() -> Path:
+    """The per-user data directory, where agent sessions write by default (sessions/ for the
+    logs, kernels/ for passing kernels, workspaces/, replays/, ablations/):
+    $EPIFORGE_DATA_DIR, else $XDG_DATA_HOME/epiforge, else ~/.local/share/epiforge. Read at
+    each call, so that the environment of the moment decides; nothing is created here."""
+    if os.environ.get("EPIFORGE_DATA_DIR"):
+        return Path(os.environ["EPIFORGE_DATA_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg and Path(xdg).expanduser().is_absolute() else Path.home() / ".local" / "share"
+    return base / "epiforge"
 
 
 def expert_kernel(task_name: str) -> Path | None:
