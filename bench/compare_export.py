@@ -5,6 +5,8 @@ committed file of Results, its Markdown tables, and its agreement with bench/.
         --jsonl eval/data/h200-compare.jsonl --markdown bench/results/h200/compare-paper.md \
         [--bench bench/results/h200/final.json]
 
+A task and kernel compared again in a later store (given later) replaces the earlier Result.
+
 Kernel paths become repo-relative (no machine path leaves the machine), and each Result's
 environment gets the commit and command that made it (the judge records neither). With
 --bench, each expert row's fused / GEMM-only is set beside the bench file's for the same
@@ -26,20 +28,25 @@ from eval.machine import REPO
 FLASHINFER_UNRECORDED = "0.7.2.post1 (what ../shared/gpu/stage-flashinfer installs; the run's fingerprint did not record it)"
 
 
-def load(stores: list[Path], commit: str, command: str) -> list:
-    """The Results of the stores, in store order, kernel paths repo-relative."""
+def load(stores: list[Path], commits: list[str], command: str) -> list:
+    """The Results of the stores, kernel paths repo-relative; a task and kernel compared in
+    a later store replaces the earlier Result (one Result per task and kernel file).
+    commits: one per store, or one for all."""
     from eval.store import ResultStore
 
-    out = []
-    for store in stores:
+    if len(commits) not in (1, len(stores)):
+        raise SystemExit("compare_export: give one --commit, or one per store")
+    latest: dict[tuple[str, str], object] = {}
+    for store, commit in zip(stores, commits * len(stores) if len(commits) == 1 else commits):
         for row in ResultStore(store).rows()[::-1]:  # rows() is newest first
             r = row.result
             kernel = Path(r.kernel)
             rel = next((str(kernel.relative_to(p)) for p in (REPO, *kernel.parents)
                         if kernel.is_relative_to(p) and (REPO / kernel.relative_to(p)).is_file()), kernel.name)
-            out.append(r.model_copy(update={"kernel": rel,
-                                            "environment": {**r.environment, "commit": commit, "command": command}}))
-    return out
+            latest.pop((r.task, rel), None)  # re-inserted: the order is the latest run's
+            latest[(r.task, rel)] = r.model_copy(update={
+                "kernel": rel, "environment": {**r.environment, "commit": commit, "command": command}})
+    return list(latest.values())
 
 
 def _repo_relative(path: Path) -> str:
@@ -84,20 +91,22 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("stores", nargs="+", type=Path)
-    ap.add_argument("--commit", required=True, help="the commit the GPU ran (EPIFORGE_COMMIT there)")
+    ap.add_argument("--commit", nargs="+", required=True,
+                    help="the commit the GPU ran (EPIFORGE_COMMIT there): one, or one per store")
     ap.add_argument("--command", required=True, help="the command that made the stores")
     ap.add_argument("--jsonl", type=Path, required=True)
     ap.add_argument("--markdown", type=Path, required=True)
     ap.add_argument("--bench", type=Path, help="a bench result file (final.json) to check agreement with")
     args = ap.parse_args(argv)
     results = load(args.stores, args.commit, args.command)
+    commits = ", ".join(dict.fromkeys(args.commit))
     if not results:
         print("compare_export: the stores hold no Results", file=sys.stderr)
         return 1
     args.jsonl.write_text("".join(r.model_dump_json() + "\n" for r in results))
     env = results[0].environment
     head = [f"# epiforge compare at the paper shapes on the {env.get('gpu')}", "",
-            f"Made by `{args.command}` at commit {args.commit}, {env.get('date', '')[:10]}; driver "
+            f"Made by `{args.command}` at commit {commits}, {env.get('date', '')[:10]}; driver "
             f"{env.get('driver')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, quack-kernels "
             f"{env.get('quack-kernels')}, nvidia-cutlass-dsl {env.get('nvidia-cutlass-dsl')}, liger-kernel "
             f"{env.get('liger-kernel')}, flashinfer-python {env.get('flashinfer-python', FLASHINFER_UNRECORDED)}. "

@@ -29,7 +29,7 @@ TASKS = [t for t in CATALOGUE if expert_kernel(t)]  # the expert track (a task m
 # that showed it runs clean.
 CE_RUNNER_FLAKE = pytest.mark.xfail(reason="k5/k9 in the CPU runner: a run-to-run difference not understood yet",
                                     strict=False)
-RUN_PATH_TASKS = [pytest.param(t, marks=CE_RUNNER_FLAKE) if t.startswith(("k5_", "k9_")) else t for t in TASKS]
+RUN_PATH_TASKS = [pytest.param(t, marks=CE_RUNNER_FLAKE) if t.startswith(("k5_", "k9_", "k5l_", "k9l_")) else t for t in TASKS]
 
 
 def cli(*args, timeout=600):
