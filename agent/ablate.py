@@ -35,7 +35,7 @@ class Row:
 def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, pages: list[str], runs: int, log_dir: Path,
                  docs_dir: Path | None = None, say: Callable[[str], None] = print) -> list[Path]:
     """`runs` sessions with the full pack, then `runs` without each page; returns the logs."""
-    from agent.loop import WORKSPACES, beside, run_session
+    from agent.loop import beside, run_session
     from agent.pack import build_pack
     import tasks
 
@@ -50,7 +50,7 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
             try:
                 _, log = run_session(config.model_copy(update={"pack_without": without}), backend, log_dir=log_dir,
                                      out_dir=None, docs_dir=docs_dir, say=say,
-                                     workspaces=beside(log_dir, WORKSPACES, "workspaces"))
+                                     workspaces=beside(log_dir, "workspaces"))
             finally:
                 backend.close()
             logs.append(log)

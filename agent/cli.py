@@ -1,13 +1,21 @@
 """The agent's subcommands of the epiforge CLI: generate, replay (and fork), ablate, sessions.
 
     epiforge generate --task k8 --backend anthropic [--model M] [--max-turns N] [--budget-usd X]
-    epiforge generate --resume logs/<session>.jsonl          # continue a killed or failed session
+    epiforge generate --resume LOG                            # continue a killed or failed session
     epiforge generate --task k8 --backend anthropic --runs 10 --concurrency 4   # pass@k over 10 sessions
-    epiforge replay logs/<session>.jsonl                      # offline, kernels re-evaluated here
+    epiforge replay LOG                                       # offline, kernels re-evaluated here
     epiforge replay LOG --fork-at 3 --backend openai --base-url http://127.0.0.1:8000/v1 --model M
-    epiforge ablate --task k8 --backend anthropic --runs 5 --pack-without operands --pack-without logs/k0
+    epiforge ablate --task k8 --backend anthropic --runs 5 --pack-without operands
     epiforge sessions list [--log-dir DIR]                    # outcome, turns, tokens, dollars, kernel
     epiforge sessions show ID
+
+Where sessions write, unless a flag says otherwise: the per-user data directory DATA
+($EPIFORGE_DATA_DIR, else $XDG_DATA_HOME/epiforge, else ~/.local/share/epiforge; eval/machine.py
+data_dir()): logs in DATA/sessions/, passing kernels in DATA/kernels/<task>/, workspaces in
+DATA/workspaces/, replays in DATA/replays/, ablations in DATA/ablations/<time>/. A --log-dir
+outside the repository and the data directory keeps kernels and workspaces beside its logs
+(LOG_DIR/generated_kernels/, LOG_DIR/workspaces/). Nothing goes into the source tree unless a
+flag names it: `--out generated_kernels` adds a passing kernel to the committed track.
 
 Nothing heavy is imported until a command runs (no SDK, no quack for --help).
 """
@@ -29,13 +37,16 @@ _GENERATE_EXAMPLES = """\
 environment:
   ANTHROPIC_API_KEY    the key of --backend anthropic (required); ANTHROPIC_BASE_URL: its API URL
   OPENAI_API_KEY       the key of --backend openai (a local server needs none); OPENAI_BASE_URL: its URL
+  EPIFORGE_DATA_DIR    where logs, kernels and workspaces go by default (else $XDG_DATA_HOME/epiforge,
+                       else ~/.local/share/epiforge): DATA/sessions/, DATA/kernels/, DATA/workspaces/
 
 examples:
   epiforge generate --task k1 --backend anthropic --budget-usd 2
   epiforge generate --task k8 --backend openai --base-url http://127.0.0.1:8000/v1 --model qwen2.5-coder
   epiforge generate --task k1 --backend command --command 'claude -p' --max-turns 3
   epiforge generate --task k1 --backend anthropic --log-dir /tmp/runs --json
-  epiforge generate --resume logs/20261130T181500Z-k1-3f9a2c.jsonl --max-retries 20
+  epiforge generate --task k1 --backend anthropic --out generated_kernels   # a pass joins the committed track
+  epiforge generate --resume ~/.local/share/epiforge/sessions/20261130T181500Z-k1-3f9a2c.jsonl --max-retries 20
   epiforge generate --task k1 --backend anthropic --runs 10 --concurrency 4 --budget-usd 1 --json
 
 A session that was killed, or ended on a backend error (an outage longer than the
@@ -91,23 +102,29 @@ def add_commands(sub) -> None:
                    help="override the recorded sm_90a cross-compile setting (default: as recorded)")
     p.add_argument("--max-turns", type=int, default=None, help="a fork's turn budget (default: as recorded)")
     p.add_argument("--docs-dir", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--log-dir", default=None, help="where the new log goes (default: .epiforge/replays/, forks: logs/)")
+    p.add_argument("--log-dir", default=None, help="where the new log goes (default: DATA/replays/, forks: "
+                                                   "DATA/sessions/; DATA: $EPIFORGE_DATA_DIR, else "
+                                                   "$XDG_DATA_HOME/epiforge, else ~/.local/share/epiforge)")
     p.add_argument("--out", default=None, metavar="DIR", help="where a fork's passing kernel goes (default: "
-                                                             "generated_kernels/, or LOG_DIR/generated_kernels for a "
-                                                             "--log-dir outside the repository)")
+                                                             "DATA/kernels/, or LOG_DIR/generated_kernels for a "
+                                                             "--log-dir outside the repository and DATA; "
+                                                             "generated_kernels: the committed track)")
     p.add_argument("--json", action="store_true", help="print the replay report as JSON on stdout")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("ablate", help="knowledge-pack ablation: runs with and without pages, and a report",
                        formatter_class=fmt, epilog="examples:\n  epiforge ablate --task k8 --backend anthropic "
-                       "--runs 5 --pack-without operands\n  epiforge ablate --from-logs logs/ablations/20261130T181500Z\n")
+                       "--runs 5 --pack-without operands\n"
+                       "  epiforge ablate --from-logs ~/.local/share/epiforge/ablations/20261130T181500Z\n")
     p.add_argument("--task", help="task id or name (required, unless --from-logs)")
     p.add_argument("--backend", choices=["anthropic", "openai", "command"], help="the LLM backend (required, unless --from-logs)")
     _backend_options(p)
     _session_options(p)
     p.add_argument("--runs", type=int, default=3, help="sessions per condition (default: 3)")
     p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR")
-    p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: logs/ablations/<time>/)")
+    p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: DATA/ablations/<time>/; "
+                                                   "DATA: $EPIFORGE_DATA_DIR, else $XDG_DATA_HOME/epiforge, else "
+                                                   "~/.local/share/epiforge)")
     p.add_argument("--report", default=None, metavar="PATH", help="also write the report as JSON here")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(func=cmd_ablate)
@@ -116,13 +133,15 @@ def add_commands(sub) -> None:
         dest="sessions_command", required=True)
     p = s.add_parser("list", help="one line per session: outcome, turns, tokens, dollars, kernel")
     p.add_argument("--log-dir", action="append", default=None, metavar="DIR",
-                   help="a folder of session logs (repeatable; default: logs/)")
+                   help="a folder of session logs (repeatable; default: DATA/sessions/, DATA: $EPIFORGE_DATA_DIR, "
+                        "else $XDG_DATA_HOME/epiforge, else ~/.local/share/epiforge)")
     p.add_argument("--json", action="store_true", help="print the sessions as JSON on stdout")
     p.set_defaults(func=cmd_sessions_list)
     p = s.add_parser("show", help="one session in full: configuration, steps, evaluations, outcome")
     p.add_argument("session", help="a session id (looked up in --log-dir) or a log's path")
     p.add_argument("--log-dir", action="append", default=None, metavar="DIR",
-                   help="a folder of session logs (repeatable; default: logs/)")
+                   help="a folder of session logs (repeatable; default: DATA/sessions/, DATA: $EPIFORGE_DATA_DIR, "
+                        "else $XDG_DATA_HOME/epiforge, else ~/.local/share/epiforge)")
     p.add_argument("--json", action="store_true", help="print the session as JSON on stdout")
     p.set_defaults(func=cmd_sessions_show)
 
@@ -169,12 +188,15 @@ def _session_options(p) -> None:
 
 
 def _output_options(p) -> None:
-    p.add_argument("--log-dir", default=None, help="where the session log goes (default: logs/)")
+    p.add_argument("--log-dir", default=None, help="where the session log goes (default: DATA/sessions/; DATA: "
+                                                   "$EPIFORGE_DATA_DIR, else $XDG_DATA_HOME/epiforge, else "
+                                                   "~/.local/share/epiforge)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="where a passing kernel goes (default: generated_kernels/, or LOG_DIR/generated_kernels "
-                        "for a --log-dir outside the repository)")
+                   help="where a passing kernel goes, as DIR/<task>/<session>.py (default: DATA/kernels/, or "
+                        "LOG_DIR/generated_kernels for a --log-dir outside the repository and DATA; "
+                        "--out generated_kernels adds it to the repository's committed track)")
     p.add_argument("--workspace", default=None, help="the session's working directory (default: "
-                                                     ".epiforge/workspaces/ID, or LOG_DIR/workspaces/ID likewise)")
+                                                     "DATA/workspaces/ID, or LOG_DIR/workspaces/ID likewise)")
 
 
 def _die(msg: str, code: int = 2) -> int:
@@ -291,7 +313,7 @@ def cmd_generate(args) -> int:
         else:
             if not (args.task and args.backend):
                 return _die("generate needs --task and --backend (or --resume LOG)")
-            from agent.loop import DEFAULT_LOG_DIR, WORKSPACES, beside, run_session
+            from agent.loop import beside, data_path, run_session
             import tasks
 
             tasks.get_task(args.task)  # an unknown task is one line before any backend is made
@@ -300,11 +322,11 @@ def cmd_generate(args) -> int:
             if problem:
                 return _die(problem)
             backend = _live_backend(args)
-            log_dir = Path(args.log_dir) if args.log_dir else DEFAULT_LOG_DIR
+            log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions")
             try:
                 end, _ = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
-                                     out_dir=_out_dir(args), docs_dir=args.docs_dir, say=say,
-                                     workspaces=beside(log_dir, WORKSPACES, "workspaces"))
+                                     out_dir=_out_dir(args, log_dir), docs_dir=args.docs_dir, say=say,
+                                     workspaces=beside(log_dir, "workspaces"))
             finally:
                 backend.close()
     except (BackendError, ConfigError, LogError) as e:
@@ -319,7 +341,7 @@ def cmd_generate(args) -> int:
 def _generate_runs(args, say) -> int:
     """--runs N: N sessions, at most --concurrency at a time (agent/runs.py), then the summary."""
     from agent.backends import BackendError
-    from agent.loop import DEFAULT_LOG_DIR, config_problem
+    from agent.loop import config_problem, data_path
     from agent.runs import PASSED, render, run_sessions
     from agent.session import ConfigError
     import tasks
@@ -329,8 +351,8 @@ def _generate_runs(args, say) -> int:
     if not (args.task and args.backend):
         return _die("generate needs --task and --backend")
     if args.workspace:
-        return _die("--workspace names one session's folder; with --runs each run gets WORKSPACES/ID "
-                    "(LOG_DIR/workspaces/ID for a --log-dir outside the repository)")
+        return _die("--workspace names one session's folder; with --runs each run gets DATA/workspaces/ID "
+                    "(LOG_DIR/workspaces/ID for a --log-dir outside the repository and DATA)")
     tasks.get_task(args.task)
     budget, make_config = _config(args)
     problem = budget.problem()
@@ -343,9 +365,9 @@ def _generate_runs(args, say) -> int:
         problem = config_problem(config)
         if problem:
             return _die(problem)
-        log_dir = Path(args.log_dir) if args.log_dir else DEFAULT_LOG_DIR
+        log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions")
         rep = run_sessions(config, lambda note: _live_backend(args, note=note), runs=args.runs,
-                           concurrency=args.concurrency or 1, log_dir=log_dir, out_dir=_out_dir(args),
+                           concurrency=args.concurrency or 1, log_dir=log_dir, out_dir=_out_dir(args, log_dir),
                            docs_dir=args.docs_dir, say=say)
     except (BackendError, ConfigError) as e:
         return _die(str(e))
@@ -388,18 +410,17 @@ def _resume(args, say):
     return end
 
 
-def _out_dir(args) -> Path:
+def _out_dir(args, log_dir: Path) -> Path:
+    """--out, else beside the log folder (agent/loop.py beside): the data directory's kernels/,
+    never the repository's generated_kernels/ unless --out names it."""
     from agent.loop import beside
-    from eval.kernel import GENERATED_DIR
 
-    if getattr(args, "out", None):
-        return Path(args.out)
-    return beside(Path(args.log_dir), GENERATED_DIR, "generated_kernels") if args.log_dir else GENERATED_DIR
+    return Path(args.out) if getattr(args, "out", None) else beside(log_dir, "kernels")
 
 
 def cmd_replay(args) -> int:
     from agent.backends import BackendError
-    from agent.loop import DEFAULT_LOG_DIR, WORKSPACES
+    from agent.loop import data_path
     from agent.replay import replay
 
     if args.fork_at is not None and not args.backend:
@@ -411,9 +432,9 @@ def cmd_replay(args) -> int:
         return _die(problem)
     try:
         live = _live_backend(args) if args.backend else None
-        log_dir = Path(args.log_dir) if args.log_dir else (DEFAULT_LOG_DIR if live else WORKSPACES.parent / "replays")
+        log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions" if live else "replays")
         report = replay(Path(args.log), log_dir=log_dir, fork_at=args.fork_at, live=live, docs_dir=args.docs_dir,
-                        compile=args.compile, out_dir=_out_dir(args) if live else None, say=_say(args),
+                        compile=args.compile, out_dir=_out_dir(args, log_dir) if live else None, say=_say(args),
                         max_turns=args.max_turns)
     except BackendError as e:
         return _die(str(e))
@@ -446,7 +467,7 @@ def cmd_ablate(args) -> int:
 
     from agent.ablate import print_report, report, rows_json, run_ablation
     from agent.backends import BackendError
-    from agent.loop import DEFAULT_LOG_DIR
+    from agent.loop import data_path
     from agent.session import ConfigError
 
     if args.from_logs:
@@ -463,7 +484,7 @@ def cmd_ablate(args) -> int:
 
         tasks.get_task(args.task)
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        log_dir = Path(args.log_dir) if args.log_dir else DEFAULT_LOG_DIR / "ablations" / stamp
+        log_dir = Path(args.log_dir) if args.log_dir else data_path("ablations") / stamp
         try:
             probe = _live_backend(args)  # a missing key or option fails here, before any run
             _, make_config = _config(args)
@@ -487,9 +508,9 @@ def cmd_ablate(args) -> int:
 
 
 def _log_dirs(args) -> list[Path]:
-    from agent.loop import DEFAULT_LOG_DIR
+    from agent.loop import data_path
 
-    return [Path(d) for d in args.log_dir] if args.log_dir else [DEFAULT_LOG_DIR]
+    return [Path(d) for d in args.log_dir] if args.log_dir else [data_path("sessions")]
 
 
 def cmd_sessions_list(args) -> int:
@@ -498,6 +519,8 @@ def cmd_sessions_list(args) -> int:
     rows, skipped = [], []
     for d in _log_dirs(args):
         if not d.is_dir():
+            if not args.log_dir:
+                continue  # the data directory before any session: no sessions
             return _die(f"--log-dir {d}: not a directory")
         for path in sorted(d.glob("*.jsonl")):
             row = summarize(path)

@@ -4,7 +4,8 @@ It replays the example session shipped in logs/examples/ offline: the recorded m
 responses drive the real loop, and every kernel the session wrote is re-evaluated here on
 the CPU (emulator numerics and the sm_90a cross-compile), so the demo shows the agent
 loop, its feedback and the evaluator at work, and whether this machine reproduces the
-recorded verdicts. `--experts` also evaluates every task's expert kernel. It ends with the
+recorded verdicts (the replay's log goes to the data directory's replays/, as
+`epiforge replay`'s does; nothing is written into the repository). `--experts` also evaluates every task's expert kernel. It ends with the
 leaderboard of the H200 results shipped in eval/data (`epiforge leaderboard`).
 """
 
@@ -16,12 +17,12 @@ from pathlib import Path
 from eval.kernel import REPO
 
 EXAMPLES = REPO / "logs" / "examples"
-DEMO_LOGS = REPO / ".epiforge" / "demo"
 DEFAULT_EXAMPLE = "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl"
 
 
 def run_demo(args) -> int:
     from agent.cli import print_replay
+    from agent.loop import data_path
     from agent.replay import replay
     from agent.session import read_events
 
@@ -31,8 +32,9 @@ def run_demo(args) -> int:
           f"{start.config.backend} backend (model: {start.config.model}).")
     print("The recorded responses drive the loop offline; every kernel is re-evaluated on this machine.\n")
     with tempfile.TemporaryDirectory(prefix="epiforge-demo-") as tmp:
-        # the replay's own log stays (git-ignored) for a look; its workspace does not
-        report = replay(log, log_dir=DEMO_LOGS, workspace=Path(tmp))
+        # the replay's own log stays in the data directory's replays/ for a look (nothing is
+        # written into the repository); its workspace does not
+        report = replay(log, log_dir=data_path("replays"), workspace=Path(tmp))
         print()
         print_replay(report)
     ok = report.reproduced

@@ -30,10 +30,9 @@ from agent.session import (
     read_events, truncated_last_line,
 )
 from agent.tools import TOOLS, ToolBox
-from eval.kernel import GENERATED_DIR, REPO
+from eval.kernel import REPO
+from eval.machine import data_dir
 
-DEFAULT_LOG_DIR = REPO / "logs"
-WORKSPACES = REPO / ".epiforge" / "workspaces"  # git-ignored
 _NUDGE = ("No tool call received. Work through the tools: write_kernel, run_check, then submit "
           "when the check passes.")
 _MAX_IDLE = 2  # consecutive turns without a tool call before the session counts as given up
@@ -60,6 +59,26 @@ def config_problem(config: SessionConfig) -> str | None:
     return None
 
 
+def data_path(name: str) -> Path:
+    """A folder of the per-user data directory (eval/machine.py data_dir()), where sessions
+    write unless a flag says otherwise: "sessions" (logs), "kernels" (passing kernels,
+    <task>/<session>.py), "workspaces", "replays", "ablations"."""
+    return data_dir() / name
+
+
+def beside(log_dir: Path, name: str) -> Path:
+    """Where a session logged in `log_dir` keeps its passing kernels (`name` "kernels") or its
+    workspaces ("workspaces"). A log folder in the data directory, or inside the repository,
+    uses the data directory's: nothing goes into the source tree unless --out or --workspace
+    names it (the committed track, generated_kernels/, takes `--out generated_kernels`). Any
+    other log folder keeps them beside its logs, in LOG_DIR/generated_kernels and
+    LOG_DIR/workspaces, so that a run told to log elsewhere keeps everything together there."""
+    log_dir = Path(log_dir).resolve()
+    if log_dir.is_relative_to(data_dir().resolve()) or log_dir.is_relative_to(REPO):
+        return data_path(name)
+    return log_dir / {"kernels": "generated_kernels"}.get(name, name)
+
+
 def environment() -> dict:
     """What the log records about this machine: versions, never paths or names."""
     from eval.machine import fingerprint, source_commit
@@ -69,16 +88,18 @@ def environment() -> dict:
                                                 "epiforge_commit": commit[:12] if commit else None}
 
 
-def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFAULT_LOG_DIR, log_path: Path | None = None,
-                workspace: Path | None = None, out_dir: Path | None = GENERATED_DIR, docs_dir: Path | None = None,
+def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path | None = None, log_path: Path | None = None,
+                workspace: Path | None = None, out_dir: Path | None | str = "beside", docs_dir: Path | None = None,
                 say: Callable[[str], None] = print, forked_from: dict | None = None,
                 replay_of: dict | None = None, seeds: dict | None = None,
                 workspaces: Path | None = None, session_id: str | None = None) -> tuple[SessionEnded, Path]:
-    """Run one new session; returns its end event and the log's path. `out_dir=None` keeps
-    a passing kernel out of generated_kernels/ (replays); `seeds` fixes the evaluation seeds
-    by (step, call_id, device, shapes) (a replay reuses the recorded ones); the workspace is
-    `workspace`, else `workspaces`/ID (default: .epiforge/workspaces/ID); `session_id`: the
-    new session's id, chosen by the caller (default: a fresh one)."""
+    """Run one new session; returns its end event and the log's path. The log goes to
+    `log_path`, else `log_dir`/ID.jsonl (default: the data directory's sessions/); a passing
+    kernel to `out_dir`/<task>/ID.py (default "beside": beside(log folder, "kernels");
+    None writes none: replays); `seeds` fixes the evaluation seeds by (step, call_id,
+    device, shapes) (a replay reuses the recorded ones); the workspace is `workspace`, else
+    `workspaces`/ID (default: beside(log folder, "workspaces")/ID); `session_id`: the new
+    session's id, chosen by the caller (default: a fresh one)."""
     import tasks
 
     task = tasks.get_task(config.task)
@@ -90,10 +111,13 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path = DEFA
     session_id = session_id or new_session_id(task.id)
     system = pack.system_prompt(speed_target=config.speed_target)
     prompt = pack.task_prompt(speed_target=config.speed_target)
-    workspace = Path(workspace or Path(workspaces or WORKSPACES) / session_id)
+    log_path = Path(log_path or Path(log_dir or data_path("sessions")) / f"{session_id}.jsonl")
+    if out_dir == "beside":
+        out_dir = beside(log_path.parent, "kernels")
+    workspace = Path(workspace or Path(workspaces or beside(log_path.parent, "workspaces")) / session_id)
     workspace.mkdir(parents=True, exist_ok=True)
     backend.start(SessionContext(session_id, task, pack, workspace, system, prompt, config))  # may fail: no log yet
-    log = SessionLog.create(log_path or Path(log_dir) / f"{session_id}.jsonl")
+    log = SessionLog.create(log_path)
     log.write(SessionStarted(session=session_id, config=config, pack=pack.info(), system_sha256=_sha(system),
                              prompt=prompt, environment=environment(), backend_info=backend.info(),
                              forked_from=forked_from, replay_of=replay_of))
@@ -111,8 +135,8 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     """Continue a killed session, or one that ended on a backend error, from its last finished
     step, appending to the same log. `config` replaces the recorded configuration from here on
     (the CLI's flags and environment over the log's; None: the latest one the log recorded).
-    A log outside the repository keeps its workspace and kernel beside it (workspaces/,
-    generated_kernels/) unless `workspace` and `out_dir` say otherwise."""
+    The workspace and a passing kernel go where beside(the log's folder) says, unless
+    `workspace` and `out_dir` say otherwise."""
     import tasks
     from agent.transcript import rebuild
 
@@ -134,7 +158,7 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     system = pack.system_prompt(speed_target=config.speed_target)
     if pack.sha256 != start.pack.sha256:
         say("warning: the knowledge pack changed since this session started; resuming with the current one")
-    workspace = Path(workspace or beside(log_path.parent, WORKSPACES, "workspaces") / start.session)
+    workspace = Path(workspace or beside(log_path.parent, "workspaces") / start.session)
     workspace.mkdir(parents=True, exist_ok=True)
     backend.start(SessionContext(start.session, task, pack, workspace, system, start.prompt, config))
     skipped = truncated_last_line(log_path)
@@ -149,19 +173,12 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
         toolbox.kernel_path.write_text(state.sources[state.current], encoding="utf-8")
     after = f" after {state.ended.outcome} ({state.ended.reason})" if state.ended else ""
     say(f"session {start.session}: resumed at step {state.next_step}{after} with {backend.name} / {backend.model}")
-    out_dir = out_dir or beside(log_path.parent, GENERATED_DIR, "generated_kernels")
+    out_dir = out_dir or beside(log_path.parent, "kernels")
     driver = _Driver(config, backend, log, toolbox, system, state.messages, say, out_dir,
                      step=state.next_step, totals=state.totals, idle=state.idle)
     if state.pending:  # the kill came between a response and (some of) its tool results
         driver.finish_step(state.next_step - 1, state.pending, had_calls=True, done=state.partial)
     return driver.run(), log.path
-
-
-def beside(log_dir: Path, default: Path, name: str) -> Path:
-    """Where a session's kernel or workspace goes: `default` (in the repository) for logs
-    inside the repository, else the folder `name` in `log_dir`: a run told to log elsewhere
-    writes nothing into the source tree."""
-    return default if Path(log_dir).resolve().is_relative_to(REPO) else Path(log_dir).resolve() / name
 
 
 class _Driver:
@@ -363,7 +380,7 @@ class _Driver:
 
 
 def write_generated(source: str, task_name: str, session: str, backend: str, model: str, out_dir: Path) -> Path:
-    """Save a passing kernel as generated_kernels/<task>/<session>.py, stamped with where it came
+    """Save a passing kernel as OUT_DIR/<task>/<session>.py, stamped with where it came
     from (SESSION, BACKEND, MODEL right after TASK; any the model wrote are replaced). Never
     overwrites: the same text already there (a resumed session passing again) is kept; another
     text goes to <session>-<sha256 prefix>.py."""

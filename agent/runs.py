@@ -57,7 +57,7 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
     gives each run a fresh backend (`note`: where it reports retries). Returns the report
     (`report()`), with "interrupted" true when Ctrl-C cut the runs short."""
     import tasks
-    from agent.loop import WORKSPACES, beside, run_session
+    from agent.loop import beside, run_session
     from agent.pack import build_pack
 
     task = tasks.get_task(config.task)
@@ -87,7 +87,7 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
         try:
             backend = make_backend(note)
             run_session(config, backend, log_dir=log_dir, session_id=run.session, out_dir=out_dir, docs_dir=docs_dir,
-                        say=note, workspaces=beside(log_dir, WORKSPACES, "workspaces"))
+                        say=note, workspaces=beside(log_dir, "workspaces"))
         except Exception as e:  # this run's failure is its own: the others go on
             run.error = (str(e).splitlines() or [type(e).__name__])[0]
             note(f"failed: {run.error}")

@@ -11,11 +11,10 @@ if str(HERE) not in sys.path:
 
 
 @pytest.fixture(autouse=True)
-def _workspaces_in_tmp(tmp_path, monkeypatch):
-    """Sessions that name no workspace get one under the test's tmp dir, not the repo's .epiforge/."""
-    import agent.loop
-
-    monkeypatch.setattr(agent.loop, "WORKSPACES", tmp_path / "workspaces")
+def _data_dir_in_tmp(tmp_path, monkeypatch):
+    """Sessions that name no log folder, workspace or kernel folder write under the test's tmp
+    dir (the data directory, eval/machine.py data_dir()), not the user's."""
+    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(tmp_path / "data"))
     # the pack's screen writes verdicts it has not shipped to the user cache: keep it in tmp
     monkeypatch.setenv("EPIFORGE_SCREEN_CACHE", str(tmp_path / "screen_cache.json"))
 

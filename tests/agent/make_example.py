@@ -6,7 +6,8 @@ A real session of the anthropic backend (the official SDK, streaming, tools, cac
 against the loopback Messages server in loopback.py, answered by the scripted model
 scenarios.k8_example(): no LLM is involved, and the log says so (model
 "scripted-loopback-server"). The kernels are checked with the sm_90a cross-compile, as in a
-default session. The passing kernel goes to generated_kernels/ as any session's would.
+default session. The passing kernel goes to generated_kernels/, the committed track (named
+here, as `--out generated_kernels` names it for any session).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scenarios import k8_example  # noqa: E402
 from agent.backends import RetryPolicy, make_backend  # noqa: E402
 from agent.loop import run_session  # noqa: E402
 from agent.session import Budget, SessionConfig  # noqa: E402
+from eval.machine import GENERATED_DIR  # noqa: E402
 
 EXAMPLE = REPO / "logs" / "examples" / "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl"
 
@@ -40,7 +42,7 @@ def main() -> int:
                                retry=RetryPolicy(backoff_s=0.1), timeout_s=60)
         config = SessionConfig(task="k8", backend="anthropic", model="scripted-loopback-server", base_url=server.url,
                                budget=Budget(max_turns=10), compile=True, device="cpu")
-        end, log = run_session(config, backend, log_path=EXAMPLE, workspace=Path(ws))
+        end, log = run_session(config, backend, log_path=EXAMPLE, workspace=Path(ws), out_dir=GENERATED_DIR)
     print(end.outcome, log)
     return 0 if end.outcome == "passed" else 1
 

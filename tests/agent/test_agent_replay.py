@@ -117,10 +117,9 @@ def test_a_resumed_session_asks_the_model_with_the_whole_conversation(recorded, 
     assert "INCORRECT_NUMERICS" in json.dumps(messages[2])
 
 
-def test_the_shipped_example_replays_end_to_end_on_this_machine(capsys, tmp_path, monkeypatch):
+def test_the_shipped_example_replays_end_to_end_on_this_machine(capsys, tmp_path):
     """The demo: the example session in logs/examples/ replayed offline, its kernels
     re-evaluated here with the sm_90a cross-compile, as recorded."""
-    monkeypatch.setattr("agent.demo.DEMO_LOGS", tmp_path)
     example = EXAMPLES / DEFAULT_EXAMPLE
     start = read_events(example)[0][0]
     assert start.config.backend == "anthropic" and start.config.model == "scripted-loopback-server"
@@ -129,7 +128,7 @@ def test_the_shipped_example_replays_end_to_end_on_this_machine(capsys, tmp_path
     out = capsys.readouterr().out
     assert "recorded passed, replayed passed in 6 steps: reproduced" in out
     assert "COMPILE_ERROR" in out and "INCORRECT_NUMERICS" in out
-    assert len(list(tmp_path.glob("*.jsonl"))) == 1  # the replay's own log
+    assert len(list((tmp_path / "data" / "replays").glob("*.jsonl"))) == 1  # the replay's own, in the data dir
 
 
 def test_every_shipped_log_is_valid():

@@ -174,8 +174,8 @@ def test_ctrl_c_leaves_every_started_run_resumable(tmp_path, anthropic_key, caps
     (["--runs", "2", "--concurrency", "0"], "--concurrency must be at least 1 (got 0)"),
     (["--concurrency", "2"], "--concurrency goes with --runs N"),
     (["--runs", "2", "--workspace", "ws"], "--workspace names one session's folder; with --runs each run gets "
-                                           "WORKSPACES/ID (LOG_DIR/workspaces/ID for a --log-dir outside the "
-                                           "repository)"),
+                                           "DATA/workspaces/ID (LOG_DIR/workspaces/ID for a --log-dir outside the "
+                                           "repository and DATA)"),
     (["--runs", "2", "--budget-usd", "0"], "--budget-usd must be more than 0 (got 0)"),
 ])
 def test_bad_runs_flags_are_one_line_and_leave_no_log(tmp_path, anthropic_key, capsys, flags, line):

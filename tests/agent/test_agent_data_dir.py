@@ -1,0 +1,87 @@
+"""Where sessions write (issue 14, section 5): logs and kernels go where the flags say, by
+default under the per-user data directory, never into the source tree unless asked."""
+
+import json
+import subprocess
+
+from loopback import Loopback, Reply
+from scenarios import K1_GOOD
+
+import epiforge
+from agent.loop import beside, data_path
+from agent.session import read_events
+from eval.machine import REPO, data_dir
+
+PRICED = "claude-sonnet-4-5-loopback"
+FAST = ["--no-compile", "--device", "cpu"]
+WATCHED = ("logs", "generated_kernels")  # the repository's folders a session used to write into
+
+
+def _repo_status() -> list[str]:
+    """git status of the watched folders only (other people change other paths meanwhile)."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *WATCHED], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    return sorted(out.splitlines())
+
+
+def _generate(capsys, *argv):
+    rc = epiforge.main(["generate", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_the_data_directory_is_the_flag_then_xdg_then_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert data_dir() == tmp_path / "mine"
+    monkeypatch.delenv("EPIFORGE_DATA_DIR")
+    assert data_dir() == tmp_path / "xdg" / "epiforge"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/path")  # the XDG spec: a relative one is ignored
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert data_dir() == tmp_path / "home" / ".local" / "share" / "epiforge"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert data_dir() == tmp_path / "home" / ".local" / "share" / "epiforge"
+
+
+def test_kernels_and_workspaces_go_beside_a_log_folder_never_into_the_repo(tmp_path):
+    data = tmp_path / "data"  # the conftest's EPIFORGE_DATA_DIR
+    assert data_path("sessions") == data / "sessions"
+    assert beside(data / "sessions", "kernels") == data / "kernels"
+    assert beside(data / "ablations" / "20261201T000000Z", "workspaces") == data / "workspaces"
+    assert beside(REPO / "logs", "kernels") == data / "kernels"  # a log folder in the repo: its kernels are not
+    assert beside(tmp_path / "runs", "kernels") == (tmp_path / "runs" / "generated_kernels").resolve()
+    assert beside(tmp_path / "runs", "workspaces") == (tmp_path / "runs" / "workspaces").resolve()
+
+
+def test_a_session_with_no_folder_flags_writes_only_into_the_data_directory(tmp_path, monkeypatch, anthropic_key,
+                                                                              capsys):
+    data = tmp_path / "elsewhere"
+    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(data))
+    before = _repo_status()
+    script = [Reply("writing and submitting", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])]
+    with Loopback("anthropic", script, model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--max-turns", "1", "--json", *FAST)
+    assert rc == 0, err
+    end = json.loads(out)
+    (log,) = (data / "sessions").glob("*.jsonl")
+    session = read_events(log)[0][0].session
+    assert end["outcome"] == "passed" and log.name == f"{session}.jsonl"
+    kernel = data / "kernels" / "k1_gemm_rmsnorm" / f"{session}.py"
+    assert end["generated_kernel"] == str(kernel) and kernel.is_file()
+    assert (data / "workspaces" / session / "kernel.py").read_text() == K1_GOOD
+    assert _repo_status() == before  # nothing new under logs/ or generated_kernels/
+    assert not (REPO / "generated_kernels" / "k1_gemm_rmsnorm" / f"{session}.py").exists()
+
+    # sessions list and show find it in the data directory, and in --log-dir
+    for flags in ([], ["--log-dir", str(data / "sessions")]):
+        assert epiforge.main(["sessions", "list", "--json", *flags]) == 0
+        (row,) = json.loads(capsys.readouterr().out)
+        assert (row["session"], row["outcome"], row["kernel"]) == (session, "passed", str(kernel))
+    assert epiforge.main(["sessions", "show", session]) == 0
+    assert f"log: {log}" in capsys.readouterr().out
+
+
+def test_sessions_list_before_any_session_says_so(tmp_path, capsys):
+    assert epiforge.main(["sessions", "list"]) == 0
+    assert capsys.readouterr().out.strip() == f"no sessions in {tmp_path / 'data' / 'sessions'}"
