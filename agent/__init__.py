@@ -10,7 +10,7 @@
     screen.py      the pack's content rule: no code a session reads would pass its task's check
     pricing.py     dollars per model (or the session's --price-in/--price-out)
     replay.py      replay and fork of a recorded session
-    sessions.py    epiforge sessions list|show
+    sessions.py    epiforge sessions list|show; counts_as_pass: which sessions pass@k counts
     runs.py        generate --runs N --concurrency C: N sessions side by side, pass@k
     ablate.py      knowledge-pack ablations
     cli.py         the agent's subcommands; backends/: anthropic, openai, command, replay

@@ -378,7 +378,7 @@ def _generate_runs(args, say) -> int:
     if rep["interrupted"]:
         return _die("interrupted", 130)
     if rep["to_resume"]:
-        return _die(f"{len(rep['to_resume'])} of {rep['n']} runs did not finish: continue each with "
+        return _die(f"{len(rep['to_resume'])} of {len(rep['runs'])} runs did not finish: continue each with "
                     "epiforge generate --resume LOG")
     return 0 if any(r["outcome"] in PASSED for r in rep["runs"]) else 1
 

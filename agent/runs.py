@@ -9,7 +9,9 @@ run that fails (a backend outage past its retries, an exception) ends that run o
 others go on. Ctrl-C stops every run where it is: a cut-off run's log is a killed session's,
 and `epiforge generate --resume LOG` continues it (as it does one that ended on a backend
 error). The report says, per run, its session, outcome, turns, tokens and dollars, and
-pass@k over the N runs (the unbiased estimator, eval/leaderboard.py's pass_at_k).
+pass@k over the runs that finished (the unbiased estimator, eval/leaderboard.py's pass_at_k;
+which sessions count is agent/sessions.py's counts_as_pass, the leaderboard's rule too: an
+unfinished run is not counted, and the report says how many were left unfinished).
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from agent.session import SessionConfig, new_session_id
-
-PASSED = ("passed", "passed_slow")  # what counts as a pass for pass@k, as on the leaderboard
+from agent.sessions import PASSED  # noqa: F401 (re-exported: what counts as a pass)
 #: outcomes whose log `generate --resume` continues
 RESUMABLE = ("backend_error", "unfinished")
 
@@ -42,11 +43,11 @@ class Run:
         row = summarize(self.log) if self.log.is_file() else "Ctrl-C came before it started"
         if isinstance(row, str):  # no usable log
             row = {"session": self.session, "outcome": "error" if started else "not_started", "reason": row,
-                   "turns": 0, "tokens": 0, "cost_usd": None, "kernel": None, "log": None}
+                   "turns": 0, "tokens": 0, "cost_usd": None, "kernel": None, "pass": None, "log": None}
         if self.error:
             row |= {"outcome": "error" if row["outcome"] in ("not_started", "unfinished") else row["outcome"],
                     "reason": self.error}
-        keep = ("session", "outcome", "reason", "turns", "tokens", "cost_usd", "kernel", "log")
+        keep = ("session", "outcome", "reason", "turns", "tokens", "cost_usd", "kernel", "pass", "log")
         return {"run": self.index} | {k: row[k] for k in keep}
 
 
@@ -120,14 +121,16 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
 
 
 def report(config: SessionConfig, rows: list[dict], *, interrupted: bool = False) -> dict:
-    """The runs' rows, their totals and pass@k for k = 1..N over the N runs (a run that did
-    not pass, for whatever reason, counts as a failure)."""
+    """The runs' rows, their totals and pass@k for k = 1..n over the n runs that finished: a
+    row's "pass" (agent/sessions.py counts_as_pass, the leaderboard's rule) is None for an
+    unfinished run, which is not counted; "unfinished" says how many there were."""
     from eval.leaderboard import pass_at_k
 
-    n, c = len(rows), sum(r["outcome"] in PASSED for r in rows)
+    counted = [r["pass"] for r in rows if r["pass"] is not None]
+    n, c = len(counted), sum(counted)
     costs = [r["cost_usd"] for r in rows if r["turns"]]
     return {"task": config.task, "backend": config.backend, "model": config.model, "runs": rows, "n": n, "passed": c,
-            "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
+            "unfinished": len(rows) - n, "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
             "turns": sum(r["turns"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
             "cost_usd": None if None in costs else round(sum(costs), 6),
             "to_resume": [r["log"] for r in rows if r["log"] and r["outcome"] in RESUMABLE + ("error",)],
@@ -142,15 +145,22 @@ def shown_ks(n: int) -> list[int]:
 
 
 def render(rep: dict) -> str:
-    lines = [f"{rep['n']} runs of {rep['task']} with {rep['backend']} / {rep['model']}: {rep['passed']} passed"
+    total = len(rep["runs"])
+    lines = [f"{total} runs of {rep['task']} with {rep['backend']} / {rep['model']}: {rep['passed']} passed"
+             + (f", {rep['unfinished']} unfinished" if rep["unfinished"] else "")
              + (" (interrupted by Ctrl-C)" if rep["interrupted"] else ""),
              f"{'run':>4}  {'session':34} {'outcome':19} {'turns':>5} {'tokens':>9} {'$':>8}  kernel"]
     for r in rep["runs"]:
         cost = "unpriced" if r["cost_usd"] is None else f"{r['cost_usd']:.4f}"
         lines.append(f"{r['run']:>4}  {r['session']:34} {r['outcome']:19} {r['turns']:>5} {r['tokens']:>9} "
                      f"{cost:>8}  {r['kernel'] or '-'}")
-    lines.append("  ".join(f"pass@{k} = {rep['pass_at_k'][str(k)]:.3f}" for k in shown_ks(rep["n"]))
-                 + f"  (unbiased estimator over {rep['n']} runs, a run that did not pass counted as failed)")
+    left = (f"; {rep['unfinished']} unfinished run(s) not counted" if rep["unfinished"] else "")
+    if rep["n"]:
+        lines.append("  ".join(f"pass@{k} = {rep['pass_at_k'][str(k)]:.3f}" for k in shown_ks(rep["n"]))
+                     + f"  (unbiased estimator over the {rep['n']} finished runs, a finished run that did not pass "
+                       f"counted as failed{left})")
+    else:
+        lines.append(f"pass@k: no run finished{left}")
     cost = "unpriced" if rep["cost_usd"] is None else f"${rep['cost_usd']:.4f}"
     lines.append(f"total: {rep['turns']} turns, {rep['tokens']:,} tokens, {cost}")
     if rep["to_resume"]:

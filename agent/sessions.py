@@ -8,13 +8,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.session import Evaluation, LogError, ModelResponse, ToolResult, read_events
+from agent.session import Evaluation, LogError, ModelResponse, SessionEnded, SessionResumed, ToolResult, read_events
 from agent.transcript import rebuild
+
+PASSED = ("passed", "passed_slow")  # the outcomes that are a pass
+
+
+def last_end(events: list) -> SessionEnded | None:
+    """How a session ended: its last session_ended event, unless a session_resumed came after
+    it (then it is unfinished again until it ends anew)."""
+    end = None
+    for e in events:
+        if isinstance(e, SessionEnded):
+            end = e
+        elif isinstance(e, SessionResumed):
+            end = None
+    return end
+
+
+def counts_as_pass(end: SessionEnded | None) -> bool | None:
+    """The rule by which a session counts in pass@k, for `generate --runs` (agent/runs.py) and
+    the leaderboard (eval/leaderboard.py agent_rows) alike: an unfinished session, whose log
+    has no session_ended event (killed, cut off by Ctrl-C, failed before its log began), is
+    not counted (None); a finished one is a pass (True) when it ended passed or passed_slow,
+    else a failure (False), whatever ended it (a backend_error too; a session resumed after
+    it counts by its last end)."""
+    return None if end is None else end.outcome in PASSED
 
 
 def summarize(path: Path) -> dict | str:
     """One session's row (session, task, backend, model, outcome, turns, tokens, cost_usd,
-    kernel, log), or a line saying why `path` is not a usable session log."""
+    kernel, pass: how it counts in pass@k (counts_as_pass), log), or a line saying why `path` is not a usable session log."""
     try:
         events, _ = read_events(path)
     except LogError as e:
@@ -26,7 +50,7 @@ def summarize(path: Path) -> dict | str:
             "model": state.config.model, "outcome": end.outcome if end else "unfinished",
             "reason": end.reason if end else "no session_ended event: killed or still running (--resume continues it)",
             "turns": totals.turns, "tokens": totals.usage.total, "cost_usd": totals.cost_usd,
-            "kernel": end.generated_kernel if end else None, "replay_of": start.replay_of,
+            "kernel": end.generated_kernel if end else None, "pass": counts_as_pass(end), "replay_of": start.replay_of,
             "forked_from": start.forked_from, "log": str(path)}
 
 

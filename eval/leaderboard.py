@@ -170,7 +170,8 @@ class AgentRow:
 def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
     """Per backend and model: sessions and passes per task, and for the solved sessions the
     turns, tokens, dollars and the wall time to the first correct kernel."""
-    from agent.session import Evaluation, SessionEnded, SessionStarted, read_events
+    from agent.session import Evaluation, SessionStarted, read_events
+    from agent.sessions import counts_as_pass, last_end
 
     rows: dict[tuple[str, str], AgentRow] = {}
     for d in log_dirs:
@@ -180,13 +181,13 @@ def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
             except Exception:  # not a session log
                 continue
             start = next((e for e in events if isinstance(e, SessionStarted)), None)
-            end = next((e for e in reversed(events) if isinstance(e, SessionEnded)), None)  # a resumed session: its last end
-            if start is None or end is None or start.replay_of is not None:
+            end = last_end(events)  # a resumed session: its last end
+            ok = None if start is None else counts_as_pass(end)  # None: unfinished, not counted (the rule is there)
+            if ok is None or start.replay_of is not None:
                 continue
             key = (start.config.backend, start.config.model)
             row = rows.setdefault(key, AgentRow(backend=key[0], model=key[1], tasks={}))
             n, c = row.tasks.get(start.config.task, (0, 0))
-            ok = end.outcome in ("passed", "passed_slow")
             row.tasks[start.config.task] = (n + 1, c + ok)
             if ok:
                 row.solved += 1

@@ -1,15 +1,19 @@
 """Where sessions write (issue 14, section 5): logs and kernels go where the flags say, by
-default under the per-user data directory, never into the source tree unless asked."""
+default under the per-user data directory, never into the source tree unless asked; and an
+unfinished session is not counted in pass@k, by `generate --runs` and the leaderboard alike."""
 
 import json
 import subprocess
+from pathlib import Path
 
+import pytest
 from loopback import Loopback, Reply
 from scenarios import K1_GOOD
 
 import epiforge
 from agent.loop import beside, data_path
-from agent.session import read_events
+from agent.runs import Run, render, report
+from agent.session import SessionConfig, read_events
 from eval.machine import REPO, data_dir
 
 PRICED = "claude-sonnet-4-5-loopback"
@@ -77,7 +81,7 @@ def test_a_session_with_no_folder_flags_writes_only_into_the_data_directory(tmp_
     for flags in ([], ["--log-dir", str(data / "sessions")]):
         assert epiforge.main(["sessions", "list", "--json", *flags]) == 0
         (row,) = json.loads(capsys.readouterr().out)
-        assert (row["session"], row["outcome"], row["kernel"]) == (session, "passed", str(kernel))
+        assert (row["session"], row["outcome"], row["kernel"], row["pass"]) == (session, "passed", str(kernel), True)
     assert epiforge.main(["sessions", "show", session]) == 0
     assert f"log: {log}" in capsys.readouterr().out
 
@@ -85,3 +89,49 @@ def test_a_session_with_no_folder_flags_writes_only_into_the_data_directory(tmp_
 def test_sessions_list_before_any_session_says_so(tmp_path, capsys):
     assert epiforge.main(["sessions", "list"]) == 0
     assert capsys.readouterr().out.strip() == f"no sessions in {tmp_path / 'data' / 'sessions'}"
+
+
+def test_an_unfinished_run_is_not_counted_in_pass_at_k_here_or_on_the_leaderboard(tmp_path, anthropic_key, capsys):
+    logs = tmp_path / "runs"
+    script = [Reply("writing and submitting", [("write_kernel", {"source": K1_GOOD}), ("submit", {})]),
+              Reply("thinking it over"), Reply("still thinking")]
+    with Loopback("anthropic", script, model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--runs", "3", "--max-turns", "1", "--log-dir", str(logs), "--json",
+                                 *FAST)
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert (rep["n"], rep["passed"], rep["unfinished"]) == (3, 1, 0)
+    assert sorted(r["pass"] for r in rep["runs"]) == [False, False, True]
+
+    # one failed run is killed before its end (its session_ended line lost): it is unfinished now
+    (failed, _) = [r for r in rep["runs"] if not r["pass"]]
+    path = Path(failed["log"])
+    lines = path.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["event"] == "session_ended"
+    path.write_text("".join(lines[:-1]))
+    runs = [Run(r["run"], r["session"], Path(r["log"])) for r in rep["runs"]]
+    config = SessionConfig(task="k1_gemm_rmsnorm", backend="anthropic", model=PRICED)
+    again = report(config, [r.row() for r in runs])
+    assert (again["n"], again["passed"], again["unfinished"]) == (2, 1, 1)
+    assert again["pass_at_k"] == {"1": pytest.approx(0.5), "2": 1.0}  # over the 2 finished runs, not 3
+    assert [r["log"] for r in again["runs"] if r["outcome"] == "unfinished"] == [str(path)]
+    assert str(path) in again["to_resume"]
+    text = render(again)
+    assert text.splitlines()[0] == f"3 runs of k1_gemm_rmsnorm with anthropic / {PRICED}: 1 passed, 1 unfinished"
+    assert "over the 2 finished runs" in text and "1 unfinished run(s) not counted" in text
+
+    from eval.leaderboard import agent_rows
+
+    (board,) = agent_rows([logs])  # the leaderboard counts the same sessions
+    assert board.tasks == {"k1_gemm_rmsnorm": (2, 1)}
+    assert board.pass_at(1) == pytest.approx(again["pass_at_k"]["1"])
+
+
+def test_no_finished_run_means_no_pass_at_k():
+    config = SessionConfig(task="k1_gemm_rmsnorm", backend="anthropic", model=PRICED)
+    row = {"run": 1, "session": "s", "outcome": "unfinished", "reason": "killed", "turns": 1, "tokens": 10,
+           "cost_usd": 0.01, "kernel": None, "pass": None, "log": "s.jsonl"}
+    rep = report(config, [row])
+    assert (rep["n"], rep["unfinished"], rep["pass_at_k"]) == (0, 1, {})
+    assert "pass@k: no run finished; 1 unfinished run(s) not counted" in render(rep)

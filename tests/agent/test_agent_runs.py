@@ -206,4 +206,6 @@ def test_a_run_that_raises_is_reported_and_the_others_finish(tmp_path, anthropic
     assert rep["runs"][1]["reason"] == "a backend that cannot be made" and rep["runs"][1]["log"] is None
     assert "[run 2/3] failed: a backend that cannot be made" in said
     assert len(server.requests) == 2 and len(list((tmp_path / "logs").glob("*.jsonl"))) == 2
-    assert rep["pass_at_k"] == {"1": 0.0, "2": 0.0, "3": 0.0} and rep["to_resume"] == [] and not rep["interrupted"]
+    # the run with no session is not counted: pass@k over the 2 that finished (agent/sessions.py counts_as_pass)
+    assert (rep["n"], rep["unfinished"], rep["runs"][1]["pass"]) == (2, 1, None)
+    assert rep["pass_at_k"] == {"1": 0.0, "2": 0.0} and rep["to_resume"] == [] and not rep["interrupted"]
