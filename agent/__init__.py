@@ -11,7 +11,7 @@
     pricing.py     dollars per model (or the session's --price-in/--price-out)
     replay.py      replay and fork of a recorded session
     sessions.py    epiforge sessions list|show; counts_as_pass: which sessions pass@k counts
-    runs.py        generate --runs N --concurrency C: N sessions side by side, pass@k
-    ablate.py      knowledge-pack ablations
+    runs.py        generate --runs N --concurrency C: N sessions side by side (run_pool), pass@k
+    ablate.py      knowledge-pack ablations, through runs.py's run_pool (--concurrency C)
     cli.py         the agent's subcommands; backends/: anthropic, openai, command, replay
 """

@@ -33,28 +33,35 @@ class Row:
 
 
 def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, pages: list[str], runs: int, log_dir: Path,
-                 docs_dir: Path | None = None, say: Callable[[str], None] = print) -> list[Path]:
-    """`runs` sessions with the full pack, then `runs` without each page; returns the logs."""
-    from agent.loop import beside, run_session
+                 docs_dir: Path | None = None, say: Callable[[str], None] = print, concurrency: int = 1) -> list[Path]:
+    """`runs` sessions with the full pack, then `runs` without each page, at most `concurrency`
+    at a time (agent/runs.py run_pool, as `generate --runs`: a run that fails is its own and
+    the others go on; Ctrl-C stops them all); returns the logs there are, in that order."""
+    from agent.loop import config_problem
     from agent.pack import build_pack
+    from agent.runs import run_pool
+    from agent.session import ConfigError
     import tasks
 
     task = tasks.get_task(config.task)
+    config = config.model_copy(update={"task": task.name})
+    problem = config_problem(config)  # one line now, not the same failure in every run
+    if problem:
+        raise ConfigError(problem)
     for page in pages:  # an unknown page fails now, before any session is spent
         build_pack(task, docs_dir, [page])
-    logs = []
-    for without in [[], *[[p] for p in pages]]:
-        for i in range(runs):
-            say(f"ablation: {'without ' + without[0] if without else FULL}, run {i + 1} of {runs}")
-            backend = make_backend()
-            try:
-                _, log = run_session(config.model_copy(update={"pack_without": without}), backend, log_dir=log_dir,
-                                     out_dir=None, docs_dir=docs_dir, say=say,
-                                     workspaces=beside(log_dir, "workspaces"))
-            finally:
-                backend.close()
-            logs.append(log)
-    return logs
+    build_pack(task, docs_dir, [])
+    conditions = [[], *[[p] for p in pages]]
+    configs = [config.model_copy(update={"pack_without": without}) for without in conditions for _ in range(runs)]
+    tags = [f"[{'without ' + without[0] if without else FULL}, run {i + 1} of {runs}] "
+            for without in conditions for i in range(runs)]
+    say(f"ablation: {len(configs)} sessions of {task.name} ({runs} per condition: {FULL}"
+        + "".join(f", without {p}" for p in pages) + f"), at most {concurrency} at a time; logs in {log_dir}")
+    done, interrupted = run_pool(configs, lambda note: make_backend(), concurrency=concurrency, log_dir=log_dir,
+                                 out_dir=None, docs_dir=docs_dir, say=say, tags=tags)
+    if interrupted:
+        say("ablation: interrupted by Ctrl-C; the report covers the sessions that finished")
+    return [r.log for r in done if r.log.is_file()]
 
 
 def report(log_paths: list[Path], warn: Callable[[str], None] = print) -> list[Row]:

@@ -5,7 +5,7 @@
     epiforge generate --task k8 --backend anthropic --runs 10 --concurrency 4   # pass@k over 10 sessions
     epiforge replay LOG                                       # offline, kernels re-evaluated here
     epiforge replay LOG --fork-at 3 --backend openai --base-url http://127.0.0.1:8000/v1 --model M
-    epiforge ablate --task k8 --backend anthropic --runs 5 --pack-without operands
+    epiforge ablate --task k8 --backend anthropic --runs 5 --concurrency 2 --pack-without operands
     epiforge sessions list [--log-dir DIR]                    # outcome, turns, tokens, dollars, kernel
     epiforge sessions show ID
 
@@ -114,13 +114,15 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("ablate", help="knowledge-pack ablation: runs with and without pages, and a report",
                        formatter_class=fmt, epilog="examples:\n  epiforge ablate --task k8 --backend anthropic "
-                       "--runs 5 --pack-without operands\n"
+                       "--runs 5 --concurrency 2 --pack-without operands\n"
                        "  epiforge ablate --from-logs ~/.local/share/epiforge/ablations/20261130T181500Z\n")
     p.add_argument("--task", help="task id or name (required, unless --from-logs)")
     p.add_argument("--backend", choices=["anthropic", "openai", "command"], help="the LLM backend (required, unless --from-logs)")
     _backend_options(p)
     _session_options(p)
     p.add_argument("--runs", type=int, default=3, help="sessions per condition (default: 3)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="at most C sessions at a time, each with its own backend, log and budgets (default: 1)")
     p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR")
     p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: DATA/ablations/<time>/; "
                                                    "DATA: $EPIFORGE_DATA_DIR, else $XDG_DATA_HOME/epiforge, else "
@@ -491,7 +493,8 @@ def cmd_ablate(args) -> int:
             config = make_config(probe).model_copy(update={"pack_without": []})
             probe.close()
             logs = run_ablation(config, lambda: _live_backend(args), pages=args.pack_without, runs=args.runs,
-                                log_dir=log_dir, docs_dir=args.docs_dir, say=_say(args))
+                                log_dir=log_dir, docs_dir=args.docs_dir, say=_say(args),
+                                concurrency=args.concurrency or 1)
         except (BackendError, ConfigError) as e:
             return _die(str(e))
     rows = report(logs, warn=lambda line: print(line, file=sys.stderr))

@@ -12,6 +12,9 @@ error). The report says, per run, its session, outcome, turns, tokens and dollar
 pass@k over the runs that finished (the unbiased estimator, eval/leaderboard.py's pass_at_k;
 which sessions count is agent/sessions.py's counts_as_pass, the leaderboard's rule too: an
 unfinished run is not counted, and the report says how many were left unfinished).
+
+run_pool is the part that runs sessions side by side; `epiforge ablate` (agent/ablate.py)
+runs its conditions through it too.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Run:
     index: int  # 1..N
     session: str
     log: Path
+    config: SessionConfig | None = None  # this run's configuration
+    tag: str = ""  # what its progress lines start with
     error: str | None = None  # the exception that ended this run's thread, in one line
 
     def row(self) -> dict:
@@ -58,18 +63,37 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
     gives each run a fresh backend (`note`: where it reports retries). Returns the report
     (`report()`), with "interrupted" true when Ctrl-C cut the runs short."""
     import tasks
-    from agent.loop import beside, run_session
     from agent.pack import build_pack
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
     build_pack(task, docs_dir, config.pack_without)  # the pack's verdicts cached once, before the runs share them
+    say(f"runs: {runs} sessions of {task.name} with {config.backend} / {config.model}, at most {concurrency} at a "
+        f"time; the budgets apply to each run; logs in {log_dir}")
+    all_runs, interrupted = run_pool([config] * runs, make_backend, concurrency=concurrency, log_dir=log_dir,
+                                     out_dir=out_dir, docs_dir=docs_dir, say=say)
+    return report(config, [r.row() for r in all_runs], interrupted=interrupted)
+
+
+def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str], None]], object], *,
+             concurrency: int = 1, log_dir: Path, out_dir: Path | None, docs_dir: Path | None = None,
+             say: Callable[[str], None] = print, tags: list[str] | None = None) -> tuple[list[Run], bool]:
+    """One session per configuration, in order, at most `concurrency` at a time, each in a
+    thread of its own with a fresh backend (`make_backend(note)`) and a session id of its own;
+    `tags[i]`: what run i's progress lines start with (default "[run i/N] "). A run's failure
+    (an exception) is its own: the others go on. Returns the runs and whether Ctrl-C cut them
+    short."""
+    import tasks
+    from agent.loop import beside, run_session
+
+    runs = len(configs)
     ids: list[str] = []
     while len(ids) < runs:
-        sid = new_session_id(task.id)
+        sid = new_session_id(tasks.get_task(configs[len(ids)].task).id)
         if sid not in ids:
             ids.append(sid)
-    all_runs = [Run(i + 1, sid, Path(log_dir) / f"{sid}.jsonl") for i, sid in enumerate(ids)]
+    all_runs = [Run(i + 1, sid, Path(log_dir) / f"{sid}.jsonl", config=c,
+                    tag=tags[i] if tags else f"[run {i + 1}/{runs}] ") for i, (sid, c) in enumerate(zip(ids, configs))]
     todo: queue.SimpleQueue[Run] = queue.SimpleQueue()
     for run in all_runs:
         todo.put(run)
@@ -82,13 +106,12 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
                 say(line)
 
     def one(run: Run) -> None:
-        tag = f"[run {run.index}/{runs}] "
-        note = lambda line: tell(tag + line)  # noqa: E731
+        note = lambda line: tell(run.tag + line)  # noqa: E731
         backend = None
         try:
             backend = make_backend(note)
-            run_session(config, backend, log_dir=log_dir, session_id=run.session, out_dir=out_dir, docs_dir=docs_dir,
-                        say=note, workspaces=beside(log_dir, "workspaces"))
+            run_session(run.config, backend, log_dir=log_dir, session_id=run.session, out_dir=out_dir,
+                        docs_dir=docs_dir, say=note, workspaces=beside(log_dir, "workspaces"))
         except Exception as e:  # this run's failure is its own: the others go on
             run.error = (str(e).splitlines() or [type(e).__name__])[0]
             note(f"failed: {run.error}")
@@ -104,8 +127,6 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
                 return
             one(run)
 
-    tell(f"runs: {runs} sessions of {task.name} with {config.backend} / {config.model}, at most {concurrency} at a "
-         f"time; the budgets apply to each run; logs in {log_dir}")
     threads = [threading.Thread(target=worker, daemon=True, name=f"run-{i}") for i in range(min(concurrency, runs))]
     for t in threads:
         t.start()
@@ -117,7 +138,7 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
         with lock:
             quiet.set()
         interrupted = True
-    return report(config, [r.row() for r in all_runs], interrupted=interrupted)
+    return all_runs, interrupted
 
 
 def report(config: SessionConfig, rows: list[dict], *, interrupted: bool = False) -> dict:

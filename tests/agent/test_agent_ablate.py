@@ -60,3 +60,37 @@ def test_an_unknown_page_fails_before_any_session(tmp_path, docs):
     with pytest.raises(PackError, match="'nope' matches no page"):
         run_ablation(config, lambda: made.append(1), pages=["nope"], runs=1, log_dir=tmp_path, docs_dir=docs)
     assert made == [] and not list(tmp_path.glob("*.jsonl"))
+
+
+def test_ablate_runs_its_conditions_side_by_side_into_the_data_directory(tmp_path, docs, anthropic_key, capsys):
+    """--concurrency C: the conditions' sessions run through agent/runs.py's pool, C at a time;
+    with no --log-dir the logs go to the data directory's ablations/<time>/."""
+    import threading
+
+    lock, first, overlapped = threading.Condition(), [], []
+
+    def model(body):  # both sessions' first requests wait (up to 30 s) until both are in flight
+        if len(body["messages"]) == 1:
+            with lock:
+                first.append(1)
+                lock.notify_all()
+                overlapped.append(lock.wait_for(lambda: len(first) >= 2, timeout=30))
+        return _model(body)
+
+    with Loopback("anthropic", model, model="claude-haiku-4-5-loopback") as server:
+        rc = epiforge.main(["ablate", "--task", "k1", "--backend", "anthropic", "--model", "claude-haiku-4-5-loopback",
+                            "--base-url", server.url, "--runs", "1", "--concurrency", "2", "--pack-without", "hint",
+                            "--docs-dir", str(docs), "--max-turns", "4", "--no-compile", "--device", "cpu", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "at most 2 at a time" in err and "[without hint, run 1 of 1] session " in err
+    assert [(r["without"], r["runs"], r["success_rate"]) for r in json.loads(out)] == [(FULL, 1, 1.0), ("hint", 1, 0.0)]
+    (stamp,) = (tmp_path / "data" / "ablations").iterdir()
+    assert len(list(stamp.glob("*.jsonl"))) == 2
+    assert overlapped == [True, True] and len(server.requests) == 3  # the full pack's session passed at once
+
+
+def test_ablate_concurrency_must_be_at_least_one(capsys):
+    assert epiforge.main(["ablate", "--task", "k1", "--backend", "anthropic", "--pack-without", "hint",
+                          "--concurrency", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "epiforge: --concurrency must be at least 1 (got 0)"
