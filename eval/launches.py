@@ -2,7 +2,7 @@
 
 A task allows exactly one fused GEMM, which must be a CuTe-DSL kernel minted by quack's
 epilogue frontend, plus at most its named finishing steps (task.launches[1:]), each one
-Triton kernel of primitives/finish_gpu.py. Everything must run on the stream the harness
+kernel (the built-ins' are Triton kernels of primitives/finish_gpu.py). Everything must run on the stream the harness
 times (a side stream escapes the CUDA events). Pure logic: the GPU stage collects the
 names and streams with the torch profiler (eval/gpu_stages.py); tests feed it lists.
 
@@ -11,7 +11,8 @@ bench/results/h200/check.json):
   fused GEMM   "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<epilogue>_<digest>..."
                (CuTe-DSL names a kernel "kernel_cutlass_" + the mangled qualified name of
                its class; quack.epilogue.frontend mints "GemmMod_<fn name>_<digest>_...")
-  finishers    "_row_fold" (rstd_from_sumsq, row_sum, cross_entropy), "_col_fold" (col_sum)
+  finishers    "_row_fold" (rstd_from_sumsq, row_sum, cross_entropy), "_col_fold" (col_sum); a
+               task's own step, the kernel name it registered (primitives/finish.py)
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from dataclasses import dataclass, field
 
 CUTE_DSL_PREFIX = "kernel_cutlass_"
 FUSED_GEMM_MARK = "quackepiloguefrontendGemmMod_"
-FINISHER_KERNELS = {"rstd_from_sumsq": "_row_fold", "row_sum": "_row_fold", "cross_entropy": "_row_fold",
-                    "col_sum": "_col_fold"}
+
+
+def finisher_kernel(step: str) -> str:
+    """The kernel name a finishing step launches on the GPU (its registration,
+    primitives/finish.py: "_row_fold" / "_col_fold" for the built-ins)."""
+    from primitives.finish import STEPS
+
+    return STEPS[step].gpu_kernel
+
 #: substrings of cuBLAS / cuBLASLt / CUTLASS-library kernel names (for the message only:
 #: any kernel outside the allowance fails, named or not)
 CUBLAS_TAGS = ("cublas", "nvjet", "xmma", "sm90_gemm", "sm80_gemm", "cutlass_80", "cutlass_90", "ampere_", "gemv",
@@ -63,7 +71,7 @@ def classify(launches: list[Launch], allowed: list[str], stream: int | None = No
     to skip the stream check."""
     if not allowed or allowed[0] != "gemm":
         raise ValueError("allowed launches must start with 'gemm'")
-    budget = Counter(FINISHER_KERNELS[f] for f in allowed[1:])
+    budget = Counter(finisher_kernel(f) for f in allowed[1:])
     gemm, finishers, extra = [], [], []
     for launch in launches:
         if is_fused_gemm(launch.name):

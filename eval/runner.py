@@ -228,6 +228,10 @@ class Runner:
             _import_quack()  # before the tamper snapshot: quack's import is not the kernel's doing
             _profile(lambda: None)  # the profiler's lazy set-up, likewise
         trace.set_compile_listener(lambda building: self.progress("compile" if building else self.stage))
+        if msg.get("task"):  # the task's own finishing steps (its finishing.py), registered before the kernel loads
+            import tasks
+
+            tasks.get_task(msg["task"])
         self.tamper = TamperCheck()
         try:
             module = load_kernel_module(Path(self.kernel_file))

@@ -186,6 +186,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,7 +202,7 @@ PRIMITIVE_NAMES = frozenset({
     "swiglu", "unpack", "config", *"abs erf erfc gelu gelu_tanh max min relu squared_relu tanh where".split(),
 })
 PRIMITIVE_SUBMODULES = {
-    "finish": frozenset({"rstd_from_sumsq", "row_sum", "col_sum", "cross_entropy"}),
+    "finish": frozenset({"rstd_from_sumsq", "row_sum", "col_sum", "cross_entropy"}),  # + a task's own: see below
     "prepare": frozenset({"rope_freq_table", "qkv_rope_freq_table"}),
     "config": frozenset({"GemmConfig", "DEFAULT_CONFIG", "pick_config"}),
 }
@@ -665,6 +666,15 @@ def _what(node) -> str:
     return _WHAT.get(type(node), type(node).__name__)
 
 
+def _submodule_names(sub: str):
+    """What a kernel may call in P.<sub>: for finish, every registered finishing step (a
+    task's own finishing.py registers its steps when the task loads, which is before its
+    kernels are checked); read from primitives.finish where it is loaded, so that the checker
+    itself imports no torch."""
+    mod = sys.modules.get("primitives.finish") if sub == "finish" else None
+    return mod.FINISHERS if mod is not None else PRIMITIVE_SUBMODULES[sub]
+
+
 def _kind(path: str) -> str | None:
     """What a dotted name reached through an import is: module, data (a value), call
     (called directly), prepare_call (torch math, prepare scope only), math_call,
@@ -695,7 +705,7 @@ def _kind(path: str) -> str | None:
             return "data"
         if n == 2 and parts[1] in PRIMITIVE_NAMES:
             return "call"
-        if n == 3 and parts[1] in PRIMITIVE_SUBMODULES and parts[2] in PRIMITIVE_SUBMODULES[parts[1]]:
+        if n == 3 and parts[1] in PRIMITIVE_SUBMODULES and parts[2] in _submodule_names(parts[1]):
             return "call"
         return None
     if root == "math":

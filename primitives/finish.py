@@ -1,71 +1,141 @@
-"""Tiny finishing steps that fold an epilogue's per-tile partials into final values.
+"""Finishing steps: tiny launches that fold an epilogue's per-tile partials into final values.
 
-These are the only launches besides the fused GEMM that a task may allow (by name). Each
-reads O(M x tiles) floats, a rounding error of the GEMM's traffic. On the CPU they are
-plain torch; on the GPU they lower to one small kernel each (primitives/lowering.py).
+They are the only launches besides the fused GEMM that a task may allow (by name, in its
+`launches` list). Each reads O(M x tiles) floats, a rounding error of the GEMM's traffic.
+The steps form an open registry: a step is a name, what it computes, its torch function
+(the CPU, the emulator's world) and its GPU lowering (one kernel on CUDA tensors, whose
+name the GPU's launch check expects, eval/launches.py). The four below are built in; a task
+adds its own in an optional `finishing.py` beside its reference.py (tasks/AUTHORING.md),
+with `register`. A kernel calls a step as `P.finish.<name>(...)`; the call is recorded
+(primitives/trace.py), so the CPU evaluation checks the task's list as the GPU does.
 """
 
 from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from primitives import trace
 
-#: names a task's `launches` list may use, mapped to what each computes
-FINISHERS = {
-    "rstd_from_sumsq": "rstd[m] = rsqrt(sum_t partials[m, t] / n + eps)",
-    "row_sum": "out[m] = sum_t partials[m, t]",
-    "col_sum": "out[n] = sum_t partials[t, n]",
-    "cross_entropy": "lse[m] = logsumexp_t partials[m, t]; loss[m] = lse[m] - target_logit[m]",
-}
+
+@dataclass(frozen=True)
+class FinishingStep:
+    """One registered step: `cpu(partials, *args)` on CPU tensors, `gpu(partials, *args)` on
+    CUDA tensors launching exactly one kernel named `gpu_kernel`."""
+
+    name: str
+    meaning: str
+    cpu: Callable[..., Any]
+    gpu: Callable[..., Any]
+    gpu_kernel: str
 
 
-def _check(partials: torch.Tensor, what: str) -> None:
+#: every registered step by name
+STEPS: dict[str, FinishingStep] = {}
+#: name -> what it computes, for the docs, task specs and the agent's pack (kept in step with STEPS)
+FINISHERS: dict[str, str] = {}
+
+
+def register(name: str, meaning: str, *, cpu: Callable[..., Any], gpu: Callable[..., Any],
+             gpu_kernel: str) -> Callable[..., Any]:
+    """Add a finishing step; returns the function kernels call (also `P.finish.<name>`).
+    Registering the same name again with the same functions is a no-op (a module imported
+    twice); another step under a taken name is a ValueError."""
+    if not (name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")):
+        raise ValueError(f"a finishing step's name must be a plain identifier, got {name!r}")
+    if not (callable(cpu) and callable(gpu) and isinstance(gpu_kernel, str) and gpu_kernel):
+        raise ValueError(f"finishing step {name!r}: cpu and gpu must be functions and gpu_kernel a kernel name")
+    step = FinishingStep(name, meaning, cpu, gpu, gpu_kernel)
+    old = STEPS.get(name)
+    if old is not None and (old.cpu.__qualname__, old.gpu.__qualname__, old.gpu_kernel) != (
+            cpu.__qualname__, gpu.__qualname__, gpu_kernel):
+        raise ValueError(f"a finishing step named {name!r} is already registered")
+    if old is None and name in globals():
+        raise ValueError(f"{name!r} is taken by primitives.finish itself")
+    STEPS[name], FINISHERS[name] = step, meaning
+    return lambda partials, *args, **kw: _run(name, partials, *args, **kw)
+
+
+def _run(name: str, partials, *args, **kw):
+    step = STEPS[name]
+    trace.record("finish", name)
     if not (isinstance(partials, torch.Tensor) and partials.ndim == 2 and partials.dtype == torch.float32):
-        raise ValueError(f"{what}: expected a 2-D float32 partials tensor")
+        raise ValueError(f"{name}: expected a 2-D float32 partials tensor")
+    return (step.gpu if partials.is_cuda else step.cpu)(partials, *args, **kw)
+
+
+def __getattr__(name: str):
+    """P.finish.<name> for the steps a task registered."""
+    if name in STEPS:
+        return lambda partials, *args, **kw: _run(name, partials, *args, **kw)
+    raise AttributeError(f"primitives.finish has no finishing step {name!r}; registered: {sorted(STEPS)}")
+
+
+# ---- the built-in steps ------------------------------------------------------------------
+# GPU: one Triton kernel each (primitives/finish_gpu.py), imported on first use
+
+
+def _gpu(fn_name: str) -> Callable[..., Any]:
+    def call(*args, **kw):
+        from primitives import finish_gpu
+
+        return getattr(finish_gpu, fn_name)(*args, **kw)
+
+    call.__qualname__ = f"finish_gpu.{fn_name}"
+    return call
+
+
+def _rstd_cpu(partials, n, eps):
+    return torch.rsqrt(partials.sum(dim=-1) / n + eps)
+
+
+def _row_sum_cpu(partials):
+    return partials.sum(dim=-1)
+
+
+def _col_sum_cpu(partials):
+    return partials.sum(dim=0)
+
+
+def _cross_entropy_cpu(partials, target_logit):
+    lse = torch.logsumexp(partials, dim=-1)
+    return lse - target_logit, lse
+
+
+_rstd = register("rstd_from_sumsq", "rstd[m] = rsqrt(sum_t partials[m, t] / n + eps)",
+                 cpu=_rstd_cpu, gpu=_gpu("rstd_from_sumsq"), gpu_kernel="_row_fold")
+_row_sum = register("row_sum", "out[m] = sum_t partials[m, t]", cpu=_row_sum_cpu, gpu=_gpu("row_sum"),
+                    gpu_kernel="_row_fold")
+_col_sum = register("col_sum", "out[n] = sum_t partials[t, n]", cpu=_col_sum_cpu, gpu=_gpu("col_sum"),
+                    gpu_kernel="_col_fold")
+_cross_entropy = register("cross_entropy",
+                          "lse[m] = logsumexp_t partials[m, t]; loss[m] = lse[m] - target_logit[m]",
+                          cpu=_cross_entropy_cpu, gpu=_gpu("cross_entropy"), gpu_kernel="_row_fold")
+
+
+#: the steps primitives itself provides (the docs' table; a task's own come on top)
+BUILTIN_STEPS = frozenset(STEPS)
 
 
 def rstd_from_sumsq(partials: torch.Tensor, n: int, eps: float) -> torch.Tensor:
     """RMSNorm's reciprocal rms from per-tile sums of squares: (M, T) -> (M,) float32."""
-    trace.record("finish", "rstd_from_sumsq")
-    _check(partials, "rstd_from_sumsq")
-    if partials.is_cuda:
-        from primitives.lowering import finish_on_gpu
-
-        return finish_on_gpu("rstd_from_sumsq", partials, n=n, eps=eps)
-    return torch.rsqrt(partials.sum(dim=-1) / n + eps)
+    return _rstd(partials, n, eps)
 
 
 def row_sum(partials: torch.Tensor) -> torch.Tensor:
     """Fold RowReduce partials: (M, T) -> (M,) float32."""
-    trace.record("finish", "row_sum")
-    _check(partials, "row_sum")
-    if partials.is_cuda:
-        from primitives.lowering import finish_on_gpu
-
-        return finish_on_gpu("row_sum", partials)
-    return partials.sum(dim=-1)
+    return _row_sum(partials)
 
 
 def col_sum(partials: torch.Tensor) -> torch.Tensor:
     """Fold ColReduce partials: (T, N) -> (N,) float32."""
-    trace.record("finish", "col_sum")
-    _check(partials, "col_sum")
-    if partials.is_cuda:
-        from primitives.lowering import finish_on_gpu
-
-        return finish_on_gpu("col_sum", partials)
-    return partials.sum(dim=0)
+    return _col_sum(partials)
 
 
 def cross_entropy(lse_partials: torch.Tensor, target_logit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row loss and log-sum-exp from RowLogSumExp partials and RowSelect's target
     logits: returns (loss, lse), each (M,) float32."""
-    trace.record("finish", "cross_entropy")
-    _check(lse_partials, "cross_entropy")
-    if lse_partials.is_cuda:
-        from primitives.lowering import finish_on_gpu
-
-        return finish_on_gpu("cross_entropy", lse_partials, target_logit=target_logit)
-    lse = torch.logsumexp(lse_partials, dim=-1)
-    return lse - target_logit, lse
+    return _cross_entropy(lse_partials, target_logit)

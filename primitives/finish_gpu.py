@@ -1,5 +1,6 @@
-"""The finishing steps on CUDA tensors: one small Triton kernel each, so that a task's
-launch budget ("gemm" plus named finishers) counts them as one launch apiece.
+"""The built-in finishing steps on CUDA tensors (primitives/finish.py registers them): one
+small Triton kernel each, so that a task's launch budget ("gemm" plus named finishers)
+counts them as one launch apiece.
 (Triton's interpreter runs these on CPU tensors for the tests: TRITON_INTERPRET=1.)"""
 
 from __future__ import annotations
@@ -52,17 +53,21 @@ def _rows(kind: int, partials: torch.Tensor, n: float = 1.0, eps: float = 0.0, t
     return (out, out2) if kind == 2 else out
 
 
-def finish(name: str, partials: torch.Tensor, **kw):
-    if name == "row_sum":
-        return _rows(0, partials)
-    if name == "rstd_from_sumsq":
-        return _rows(1, partials, n=kw["n"], eps=kw["eps"])
-    if name == "cross_entropy":
-        return _rows(2, partials, target_logit=kw["target_logit"].float())
-    if name == "col_sum":
-        partials = partials.contiguous()
-        t, n = partials.shape
-        out = torch.empty(n, dtype=torch.float32, device=partials.device)
-        _col_fold[(triton.cdiv(n, 256),)](partials, out, t, n, partials.stride(0), BLOCK_N=256)
-        return out
-    raise ValueError(f"unknown finishing step {name!r}")
+def row_sum(partials: torch.Tensor) -> torch.Tensor:
+    return _rows(0, partials)
+
+
+def rstd_from_sumsq(partials: torch.Tensor, n: int, eps: float) -> torch.Tensor:
+    return _rows(1, partials, n=n, eps=eps)
+
+
+def cross_entropy(partials: torch.Tensor, target_logit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rows(2, partials, target_logit=target_logit.float())
+
+
+def col_sum(partials: torch.Tensor) -> torch.Tensor:
+    partials = partials.contiguous()
+    t, n = partials.shape
+    out = torch.empty(n, dtype=torch.float32, device=partials.device)
+    _col_fold[(triton.cdiv(n, 256),)](partials, out, t, n, partials.stride(0), BLOCK_N=256)
+    return out

@@ -239,8 +239,3 @@ def cross_compile(epi: Epilogue, call: Call, config: GemmConfig) -> None:
     COMPILE_LOG.append(entry)
 
 
-def finish_on_gpu(name: str, partials: torch.Tensor, **kw):
-    """A finishing step on CUDA tensors: one Triton kernel (primitives/finish_gpu.py)."""
-    from primitives.finish_gpu import finish
-
-    return finish(name, partials, **kw)

@@ -385,6 +385,7 @@ def load_task_file(path: Path) -> Task:
         raise TaskError(f"{path}: not valid TOML: {e}") from None
     except OSError as e:
         raise TaskError(f"{path}: cannot read: {e.strerror}") from None
+    _import_finishing(path.parent)  # a task's own finishing steps, before `launches` names them
     try:
         task = Task(**data, folder=path.parent)
     except ValidationError as e:
@@ -397,6 +398,25 @@ def load_task_file(path: Path) -> Task:
         raise TaskError(f"{path.parent / 'reference.py'}: missing (a task needs make_inputs and reference there)")
     _check_sizes(task, path)
     return task
+
+
+def _import_finishing(folder: Path) -> None:
+    """The task folder's optional finishing.py, which registers the task's own finishing
+    steps (primitives.finish.register); TaskError (one line naming the file) if it raises."""
+    file = folder / "finishing.py"
+    if not file.is_file():
+        return
+    try:
+        if folder.parent == TASKS_DIR:
+            importlib.import_module(f"tasks.{folder.name}.finishing")
+        else:
+            spec = importlib.util.spec_from_file_location(f"epiforge_tasks.{folder.name}.finishing", file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - whatever the task's own code does is the task's fault
+        raise TaskError(f"{file}: importing it raised {_first_line(e)}") from None
 
 
 def _check_sizes(task: Task, path: Path) -> None:
