@@ -10,6 +10,7 @@ sol-configs.json, written by bench/sol_table.py from bench/results/h200's sweeps
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,9 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
     return fns, skipped
 
 
+#: the composite baselines: registry name -> (the bench module whose composites() has them, the library)
+COMPOSITES = {"liger": ("bench.liger", "Liger"), "flashinfer": ("bench.flashinfer", "FlashInfer")}
+
 #: the baselines that reports (compare's tables, the leaderboard) give a speedup column, in
 #: this order, where a Result has them
 REPORTED = ("torch_compile", "liger", "flashinfer", "quack_library", "eager", "cublas")
@@ -128,20 +132,11 @@ def extra_baselines(names, task, dims: dict, input_sets: list, device: str) -> t
         if name == "torch_compile":
             compiled = torch.compile(unfused_fn(task), dynamic=True)
             fn = (lambda j, _c=compiled: _c(input_sets[j], dims))
-        elif name == "liger":
-            from bench.liger import composites
-
-            found = composites().get(task.name)
+        elif name in COMPOSITES:  # cuBLAS + a kernel library's unfused ops, one composite per task
+            module, library = COMPOSITES[name]
+            found = importlib.import_module(module).composites().get(task.name)
             if found is None:
-                skipped[name] = "Liger is not installed here, or has no composite for this task"
-                continue
-            fn, note = (lambda j, _f=found[0]: _f(input_sets[j], dims)), found[1]
-        elif name == "flashinfer":
-            from bench.flashinfer import composites as flashinfer_composites
-
-            found = flashinfer_composites().get(task.name)
-            if found is None:
-                skipped[name] = "FlashInfer is not installed here, or has no composite for this task"
+                skipped[name] = f"{library} is not installed here, or has no composite for this task"
                 continue
             fn, note = (lambda j, _f=found[0]: _f(input_sets[j], dims)), found[1]
         elif name == "quack_library":
