@@ -99,8 +99,8 @@ def main(argv=None) -> int:
         if args.tuned:
             # a kernel without a TUNED table runs at its own choice (config=None), e.g. a CONFIG
             own = tuned_configs(module.TUNED, task) if hasattr(module, "TUNED") else [None]
-            fixed = getattr(module, "CONFIG", None)
-            gemm_configs.update({c.key(): c for c in [*own, fixed] if isinstance(c, GemmConfig)})
+            fixed = [getattr(module, "CONFIG", None), *getattr(module, "CONFIGS", {}).values()]
+            gemm_configs.update({c.key(): c for c in [*own, *fixed] if isinstance(c, GemmConfig)})
         runs = []
         if "kernels" in args.parts:
             runs.append((task.id, lambda cfg: module.run(dict(inputs), prepared, config=cfg), own))

@@ -57,6 +57,18 @@ def test_expert_kernel_compiles_for_sm90a(task):
     assert r.compiled and all(c["ok"] for c in r.compiled), r.compiled
 
 
+#: the tasks whose tensors depend on head_dim (RoPE, QK-norm): their kernels must not assume 128
+HEAD_TASKS = [t for t in TASKS if any("head_dim" in e for spec in tasks.get_task(t).inputs for e in spec.shape)]
+
+
+@pytest.mark.parametrize("task", HEAD_TASKS)
+def test_expert_kernel_passes_and_compiles_at_head_dim_64_and_256(task):
+    assert {s.head_dim for s in tasks.shape_sets()["heads"]} == {64, 256}
+    r = evaluate(task, "human", device="cpu", shapes="heads", seed=1, compile=True)
+    assert r.outcome.value == "PASSED", r.message + r.stderr_tail
+    assert r.compiled and all(c["ok"] for c in r.compiled), r.compiled
+
+
 def test_a_wrong_kernel_fails_with_its_worst_element(tmp_path):
     src = (REPO / "human_kernels" / "k1_gemm_rmsnorm.py").read_text()
     bad = tmp_path / "k1_off_by_one_percent.py"
