@@ -145,14 +145,11 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
 
 
 def speed(t: dict, ref: dict | None) -> float:
-    """How long a timing took, comparable within one run: its median per-repetition ratio to
-    ref (the row's cuBLAS GEMM) where ref holds samples (eval.timing.paired_ratio: the power
-    cap's drift cancels), else its median time (result files from before samples were kept)."""
-    from eval.timing import Timing, paired_ratio
+    """A result file's timing's speed within its run (eval.stats.speed: its median
+    per-repetition ratio to ref, the row's cuBLAS GEMM)."""
+    from eval.stats import Timing, speed as run_speed
 
-    if ref and ref.get("samples_us"):
-        return paired_ratio(Timing.of(t), Timing.of(ref)).median
-    return t["median_us"]
+    return run_speed(Timing.of(t), Timing.of(ref) if ref else None)
 
 
 def _best(configs: dict, what: str, ref: dict | None) -> dict:
@@ -187,6 +184,7 @@ def fastest_gemms(row: dict, n: int = 3) -> list[str]:
 def _ratios(row):
     """Speedups and fractions, always from times measured in this run, each a ratio taken
     repetition by repetition (eval.timing.paired_ratio: the power cap's clock drift cancels)."""
+    from eval.stats import fastest
     from eval.timing import Timing, paired_ratio
 
     if "fused" not in row:
@@ -197,8 +195,7 @@ def _ratios(row):
                                        "liger", "torch_compile") if k in row}
     # the speed of light: the fastest GEMM without an epilogue, over cuBLAS and quack at the
     # fused kernel's config and (from a sweep) at quack's own best config
-    sol = min((k for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in t),
-              key=lambda k: speed(row[k], row.get("gemm_cublas")))
+    sol = fastest({k: t[k] for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in t}, t.get("gemm_cublas"))
     fused, gemm_only = t["fused"], t[sol]
     row["gemm_only_us"], row["gemm_only_is"] = gemm_only.median_us, sol
     over = paired_ratio(fused, gemm_only)

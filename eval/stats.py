@@ -68,6 +68,22 @@ def paired_ratio(a: Timing, b: Timing, *, ci: bool = False) -> Ratio:
     return Ratio(median=r.median_us, q1=r.q1_us, q3=r.q3_us, ci_low=lo, ci_high=hi)
 
 
+def speed(t: Timing, reference: Timing | None) -> float:
+    """How long t took, comparable with the other timings of its run: its median
+    per-repetition ratio to `reference` (the clock's drift cancels), or its median time where
+    either has no samples (result files from before samples were kept)."""
+    if reference is not None and reference.samples_us and len(t.samples_us) == len(reference.samples_us):
+        return paired_ratio(t, reference).median
+    return t.median_us
+
+
+def fastest(timings: dict[str, Timing], reference: Timing | None) -> str:
+    """The name of the fastest of `timings` (one interleaved run), by speed() against
+    `reference`: how the speed of light is picked among the plain GEMMs (cuBLAS the
+    reference), in the evaluator and in bench/ alike."""
+    return min(timings, key=lambda name: speed(timings[name], reference))
+
+
 def bootstrap_median_ci(values: Sequence[float], *, level: float = 0.95, resamples: int = BOOTSTRAP,
                         seed: int = 0) -> tuple[float, float]:
     """The percentile bootstrap interval of the median of `values` (one value: itself)."""

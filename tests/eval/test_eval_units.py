@@ -404,3 +404,21 @@ def test_the_h200_check_of_the_qk_norm_task_passed():
     assert report["all_passed"] and {r["task"] for r in rows} == {"qkn_gemm_qknorm_rope"} and len(rows) == 9
     assert all(r["outcome"] == "PASSED" for r in rows)
     assert all(len(r["launch_names"]) == 1 for r in rows if not r["hidden"])
+
+
+def test_the_speed_of_light_is_the_fastest_per_repetition_against_cublas():
+    """eval.stats.fastest, the one rule the evaluator and bench/ pick GEMM-only by: per-
+    repetition ratios to cuBLAS (the clock's drift cancels), medians only without samples."""
+    from eval.stats import fastest, summarize
+
+    # the clock halves its speed on odd repetitions. a takes 1.1x cuBLAS's time when the clock
+    # is fast and 0.8x when slow (median ratio 0.95); b always 0.93x: b is faster, although
+    # a's median time (135 us) is below b's (139.5 us)
+    clock = [100.0, 200.0] * 10
+    cublas = summarize(clock, keep=True)
+    a = summarize([c * (1.1 if c == 100 else 0.8) for c in clock], keep=True)
+    b = summarize([c * 0.93 for c in clock], keep=True)
+    assert a.median_us < b.median_us
+    assert fastest({"a": a, "b": b}, cublas) == "b"
+    plain = {k: v.model_copy(update={"samples_us": []}) for k, v in {"a": a, "b": b}.items()}
+    assert fastest(plain, None) == min(plain, key=lambda k: plain[k].median_us)
