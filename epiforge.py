@@ -280,6 +280,13 @@ def cmd_leaderboard(args) -> int:
     for d in logs:
         if not d.is_dir():
             raise ValueError(f"--logs {d}: not a directory")
+    if args.logs is None:  # by default, the sessions this user ran (where generate writes them)
+        from eval.machine import data_dir
+
+        mine = data_dir() / "sessions"
+        logs = [mine] if mine.is_dir() else []
+    if logs:
+        sources.append("agent sessions: " + ", ".join(str(d) for d in logs))
     board = lb.build(results, lb.agent_rows(logs), sources)
     if args.html:
         from eval.leaderboard_html import write_html
@@ -361,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "agent session logs. Markdown on stdout.")
     p.add_argument("--store", default=None, help="a results file (default: $EPIFORGE_RESULTS or .epiforge/results.sqlite)")
     p.add_argument("--no-shipped", action="store_true", help="leave out the H200 results shipped with the repo")
-    p.add_argument("--logs", nargs="*", default=None, help="folders of agent session logs (JSONL) for pass@k")
+    p.add_argument("--logs", nargs="*", default=None,
+                   help="folders of agent session logs (JSONL) for pass@k (default: the sessions/ folder of the "
+                        "data directory, $EPIFORGE_DATA_DIR or ~/.local/share/epiforge, where generate writes)")
     p.add_argument("--html", default=None, help="also write a static HTML page with plots to this file")
     p.set_defaults(func=cmd_leaderboard)
 

@@ -2,6 +2,7 @@
 H200 results as a machine with no GPU reads them, and the CLI's speed."""
 
 import hashlib
+import os
 import json
 import math
 import subprocess
@@ -207,3 +208,21 @@ def test_generated_over_expert_is_the_one_runs_ratio_where_compare_timed_both():
     row = next(line for line in lb.render_markdown(lb.build([expert, alone])).splitlines()
                if line.startswith("| k8 | generated"))
     assert row.endswith("(each run's speed of light) |")
+
+
+def test_by_default_the_agents_table_reads_the_users_own_sessions(tmp_path):
+    import shutil
+
+    sessions = tmp_path / "data" / "sessions"
+    sessions.mkdir(parents=True)
+    for log in (REPO / "logs" / "examples").glob("*.jsonl"):
+        shutil.copy(log, sessions / log.name)
+    env = {**os.environ, "EPIFORGE_DATA_DIR": str(tmp_path / "data")}
+    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--store", str(tmp_path / "n.sqlite")],
+                         capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"agent sessions: {sessions}" in out.stdout and "| anthropic |" in out.stdout
+    empty = {**os.environ, "EPIFORGE_DATA_DIR": str(tmp_path / "nothing")}
+    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--store", str(tmp_path / "n.sqlite")],
+                         capture_output=True, text=True, cwd=REPO, timeout=120, env=empty)
+    assert out.returncode == 0 and "agent sessions:" not in out.stdout and "| anthropic |" not in out.stdout
