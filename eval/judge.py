@@ -171,8 +171,11 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
     kernel_copy = workdir / "kernel.py"
     kernel_copy.write_text(c.source)
     cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
+    from tasks import get_task
+
+    finishing = get_task(request["task"]).folder / "finishing.py"  # the task's own finishing steps, if any
     load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib"),
-            "task": request["task"]}
+            "finishing": str(finishing) if finishing.is_file() else None}
     sandboxes = ["system", "trees"] if device == "cuda" else [None]
     for i, mode in enumerate(sandboxes):
         c.kp = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes, extra_env=request.get("runner_env") or {},

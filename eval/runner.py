@@ -228,10 +228,8 @@ class Runner:
             _import_quack()  # before the tamper snapshot: quack's import is not the kernel's doing
             _profile(lambda: None)  # the profiler's lazy set-up, likewise
         trace.set_compile_listener(lambda building: self.progress("compile" if building else self.stage))
-        if msg.get("task"):  # the task's own finishing steps (its finishing.py), registered before the kernel loads
-            import tasks
-
-            tasks.get_task(msg["task"])
+        if msg.get("finishing"):
+            _register_finishing(Path(msg["finishing"]))
         self.tamper = TamperCheck()
         try:
             module = load_kernel_module(Path(self.kernel_file))
@@ -400,6 +398,21 @@ class Runner:
         wanted = {b["name"] for b in buffers}
         extra = sorted(str(k) for k in outputs if k not in wanted)[:20]
         return {"returned": "dict", "outputs": described, "extra": extra}
+
+
+def _register_finishing(file: Path) -> None:
+    """The task's finishing.py, run by path so that its steps are registered before the kernel
+    loads. Not through `tasks`: the runner must never hold the task's spec, reference or
+    tolerance (finishing.py imports primitives and torch only, tasks/AUTHORING.md)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("epiforge_task_finishing", str(file))
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the task's own code: the judge loaded it already, so this is unexpected
+        traceback.print_exc()
+        raise Failure("RUNTIME_ERROR", f"the task's finishing.py failed in the runner: {type(e).__name__}: {e}"[:500])
 
 
 def _profile(fn) -> tuple[list[tuple[str, int | None]], int | None]:
