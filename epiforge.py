@@ -212,11 +212,11 @@ def render_comparison(cmp) -> str:
     speed of light, the speedup over each baseline timed (median and 95% interval, from the
     one interleaved run) and generated / expert time; then what each baseline computed, or
     why it was left out."""
-    from eval.baselines import REPORTED as COMPARE_COLUMNS
+    from eval.baselines import REPORTED
 
     results = list(zip(cmp.labels, cmp.results))
     timed = [s.timing for _, r in results for s in r.per_shape if s.timing]
-    shown = [b for b in COMPARE_COLUMNS if any(b in t.speedup for t in timed)]
+    shown = [b for b in REPORTED if any(b in t.speedup for t in timed)]
     head = ["kernel", "track", "outcome", "sm_90a build", "shape", "fraction of the speed of light",
             *(f"x {b} (95%)" for b in shown), "vs expert (time, 95%)"]
     lines = [f"## {cmp.task} on {'the GPU' if cmp.device == 'cuda' else 'the CPU'} ({cmp.shapes} shapes)", "",
@@ -237,7 +237,7 @@ def render_comparison(cmp) -> str:
     notes = {}
     for t in timed:
         for name, note in t.notes.items():
-            if name in COMPARE_COLUMNS or name == "gemm_only":
+            if name in REPORTED or name == "gemm_only":
                 notes.setdefault(name, note.replace("|", "/"))
     if notes:
         lines += ["", *(f"- {name}: {note}" for name, note in notes.items())]

@@ -8,8 +8,9 @@ smoke-shaped inputs describe them fully.
 
 --tuned compiles only what the paper shapes run: each expert kernel (and library
 alternative) at the configs of its own TUNED table and the default, the GEMM-only baseline
-at those and at the speed-of-light configs (eval/data/sol-configs.json). The "generated"
-part builds each committed generated kernel at its own config choice.
+at those and at the speed-of-light configs (eval/data/sol-configs.json); a kernel without
+a TUNED table at its own choice. Generated kernels are not built here: their code runs only
+in an evaluation's runner, which compiles them.
 """
 
 from __future__ import annotations
