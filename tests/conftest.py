@@ -3,6 +3,7 @@ skips where the machine forbids the runner's namespaces (then the runner says so
 Result, and these tests have nothing to test)."""
 
 import functools
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,19 @@ def runner_sandbox() -> str:
     out = subprocess.run([sys.executable, "-c", _PROBE, str(Path(__file__).resolve().parents[1])],
                          capture_output=True, text=True, timeout=60)
     return (out.stdout.strip().splitlines() or [out.stderr.strip()[-200:]])[-1]
+
+
+@pytest.fixture
+def ctrl_c_reaches_children():
+    """Children started during the test take SIGINT as from a terminal. A suite started in
+    the background by a shell without job control inherits SIGINT ignored, and so would every
+    CLI it starts (exec keeps an ignored signal ignored, and Python then installs no
+    KeyboardInterrupt handler): a Ctrl-C test would see a CLI that never hears Ctrl-C."""
+    inherited = signal.getsignal(signal.SIGINT)
+    if inherited == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a caught signal is SIG_DFL after exec
+    yield
+    signal.signal(signal.SIGINT, inherited)
 
 
 def _hopper() -> bool:

@@ -127,12 +127,8 @@ def _ours(*markers: str) -> list[int]:
     return pids
 
 
-# SIGINT: Ctrl-C in a CLI started by the test: passes alone and in partial runs, failed in each of three full local runs of 2026-12-02 (the CLI still running 30 s after SIGINT); cause not found yet
-SIGINT_IN_FULL_RUNS = pytest.mark.xfail(strict=False, reason="see the comment above")
-
-
-@pytest.mark.parametrize("how", ["SIGKILL", pytest.param("SIGINT", marks=SIGINT_IN_FULL_RUNS)])
-def test_a_killed_cli_leaves_nothing_behind(tmp_path, how):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_cli_leaves_nothing_behind(tmp_path, how, ctrl_c_reaches_children):
     """kill -9 (or Ctrl-C) the CLI while a spinning kernel runs: the judge and the runner
     die with it, and the evaluation's temp dir is gone."""
     marker = f"epiforge-test-{os.getpid()}-{how}"
