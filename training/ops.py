@@ -1,5 +1,6 @@
 """Fused training ops as torch.library custom ops (torch >= 2.4: custom_op, register_fake,
-register_autograd).
+register_autograd). Each op's backward is a custom op too, so torch.compile sees one node
+each way.
 
 swiglu_mlp(a, w_gu, w_down) -> (y, z): the LLaMA MLP after its RMSNorm, a the normalised
 input (M, d), w_gu the gate/up weight (2F, d) with gate and up rows interleaved (row 2j is
@@ -11,6 +12,17 @@ gate unit j, row 2j+1 up unit j: the layout k8 and k7 read), w_down (d, F). y = 
             (dz, and the activation recomputed rather than saved), then the weight
             gradients and the input gradient (plain GEMMs). k7's third output, the ZdZ
             row sums, serves the RMSNorm backward upstream; this op does not need it.
+
+The decoder layer's two ops (training/layer.py), the block re-cut of
+../shared/notes/coda-workloads.md around torch's attention:
+rmsnorm_qkv_rope(x, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps) -> (qkv, rstd)
+  forward   torch h = x * w and rstd, then k4hf (QKV GEMM + row scale + HF-direction RoPE).
+  backward  torch RoPE backward and ZdZ, then k6 (QKV dgrad + RMSNorm backward).
+attention_out_mlp(attn, residual, w_o, norm_weight, w_gu, w_down, eps) -> (y, x, z, rstd)
+  forward   k0 (O-proj + residual + partial RMSNorm), k2 (gate/up + row scale + SwiGLU),
+            the down projection + residual as a plain addmm.
+  backward  k7 (down dgrad + SwiGLU backward + ZdZ), k6 fed k7's ZdZ (gate/up dgrad +
+            RMSNorm backward + residual gradient), plain GEMMs for the rest.
 The expert kernels are trusted code (human_kernels/), imported once here; on CPU tensors
 they run through the emulator.
 """
@@ -79,3 +91,204 @@ def _backward(ctx, dy, dz_unused):
 
 
 swiglu_mlp.register_autograd(_backward, setup_context=_setup)
+
+
+# ---- the layer's attention input: RMSNorm -> QKV projection -> RoPE (k4hf) ----------------
+
+K4HF = "k4hf_gemm_rmsnorm_rope"
+K6 = "k6_gemm_residual_partial_rmsnorm_bwd"
+K0 = "k0_gemm_residual_partial_rmsnorm"
+K2 = "k2_gemm_rmsnorm_swiglu"
+
+
+def rotate_adjacent_pairs(z: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                          rotary_cols: int, direction: int = 1) -> torch.Tensor:
+    """RoPE as the kernels lay it out: columns (2j, 2j+1) of every head in the first
+    `rotary_cols` columns of z rotate by direction * positions[m] * inv_freq[j],
+    (x, y) -> (x cos - y sin, x sin + y cos); the other columns pass through. direction +1 is
+    Hugging Face LLaMA's rotation (after the pairing permutation, see training/layer.py); -1
+    is its inverse, the RoPE backward. Angles in float64, the rotation in z's precision."""
+    m, head_dim = z.shape[0], 2 * inv_freq.shape[0]
+    angle = direction * positions.double()[:, None] * inv_freq.double()[None, :]
+    cos, sin = (f(angle).to(z.dtype)[:, None, :] for f in (torch.cos, torch.sin))
+    pairs = z[:, :rotary_cols].reshape(m, rotary_cols // head_dim, head_dim // 2, 2)
+    x, y = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).reshape(m, rotary_cols)
+    return torch.cat((rotated, z[:, rotary_cols:]), dim=1)
+
+
+def _row_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+
+
+@torch.library.custom_op("epiforge::rmsnorm_qkv_rope", mutates_args=())
+def rmsnorm_qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
+                     inv_freq: torch.Tensor, rotary_cols: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm(x) @ w_qkv^T with RoPE on the first `rotary_cols` columns (q and k heads; v
+    passes through) -> (qkv, rstd). w_qkv is (n_q + 2 n_kv heads) x head_dim rows [q; k; v],
+    rotary pairs adjacent within each head; positions (M,) float32; rstd (M,) float32 is saved
+    for the backward.
+      forward   the deferred RMSNorm: h = x * norm_weight and rstd in torch (in a model of
+                fused layers the previous layer's down projection, k0, writes both), then
+                k4hf: the QKV GEMM with the row scale rstd and RoPE in its epilogue. k4hf,
+                not k4: it rotates by +angle as Hugging Face LLaMA does (k4 follows CODA
+                v0.1's -angle). Its own prepare() assumes q, k, v all d wide; here the
+                frequency table is built for GQA widths (rotary_cols, then v's columns at 0).
+      backward  see rmsnorm_qkv_rope_backward: RoPE backward in torch, then k6."""
+    m, d = x.shape
+    if tuple(norm_weight.shape) != (d,) or w_qkv.shape[1] != d or rotary_cols % (2 * inv_freq.shape[0]) \
+            or not 0 < rotary_cols < w_qkv.shape[0] or tuple(positions.shape) != (m,):
+        raise ValueError(f"rmsnorm_qkv_rope: x {tuple(x.shape)}, norm_weight {tuple(norm_weight.shape)}, w_qkv "
+                         f"{tuple(w_qkv.shape)}, positions {tuple(positions.shape)}, rotary_cols {rotary_cols} "
+                         "do not fit")
+    if not (x.dtype == norm_weight.dtype == w_qkv.dtype == torch.bfloat16):
+        raise ValueError("rmsnorm_qkv_rope: the expert kernels take bfloat16 operands")
+    import primitives as P
+
+    kernel = _kernel(K4HF)
+    h = (x.float() * norm_weight.float()).to(x.dtype)
+    rstd = _row_rstd(x, eps)
+    freq = P.prepare.rope_freq_table(inv_freq.float(), 2 * inv_freq.shape[0], rotary_cols=rotary_cols,
+                                     passthrough_cols=w_qkv.shape[0] - rotary_cols, direction=kernel.ROPE_DIRECTION)
+    out = kernel.qkv_rmsnorm_rope(h.contiguous(), w_qkv.contiguous(), rstd=rstd, pos=positions.float().contiguous(),
+                                  freq=freq, config=P.pick_config(kernel.TUNED, h, w_qkv))
+    return out["D"], rstd
+
+
+@rmsnorm_qkv_rope.register_fake
+def _(x, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps):
+    return x.new_empty(x.shape[0], w_qkv.shape[0]), x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("epiforge::rmsnorm_qkv_rope_backward", mutates_args=())
+def rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
+                              norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
+                              inv_freq: torch.Tensor, rotary_cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dx, dnorm_weight, dw_qkv).
+    RoPE backward in torch (no expert kernel covers it: it belongs in attention's backward):
+    the inverse rotation of dqkv gives dz at the pre-RoPE projection. ZdZ in torch too: the
+    rotation is orthogonal, so sum_k z_k dz_k = sum_k qkv_k dqkv_k, from the saved output.
+    Then k6 with the QKV weight in the place of the gate/up weight (its GEMM and epilogue do
+    not depend on what the rows mean): g = dz @ w_qkv, dx = rstd * (w*g - xhat * zdz/d), the
+    normalised input recomputed for dw_qkv = dz^T (xhat * w), and the norm weight's
+    gradient. k6's residual input dx_in is zero here: autograd adds x's residual-path
+    gradient (in a fused model it would be passed in instead, saving that add)."""
+    dz = rotate_adjacent_pairs(dqkv.float(), positions, inv_freq, rotary_cols, direction=-1)
+    zdz = (qkv.float() * dqkv.float()).sum(-1)
+    dz = dz.to(x.dtype).contiguous()
+    out = _kernel(K6).run({"dz": dz, "w_gu": w_qkv.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
+                           "norm_weight": norm_weight.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
+    return out["dx"], out["dw"].to(norm_weight.dtype), dz.T @ out["h"]
+
+
+@rmsnorm_qkv_rope_backward.register_fake
+def _(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols):
+    return torch.empty_like(x), torch.empty_like(norm_weight), torch.empty_like(w_qkv)
+
+
+def _qkv_setup(ctx, inputs, output):
+    x, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps = inputs
+    qkv, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.rotary_cols = rotary_cols
+    ctx.save_for_backward(qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq)
+
+
+def _qkv_backward(ctx, dqkv, drstd_unused):
+    qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq = ctx.saved_tensors
+    dx, dnorm, dw_qkv = rmsnorm_qkv_rope_backward(dqkv.to(x.dtype).contiguous(), qkv, x, rstd, norm_weight, w_qkv,
+                                                  positions, inv_freq, ctx.rotary_cols)
+    return dx, dnorm, dw_qkv, None, None, None, None
+
+
+rmsnorm_qkv_rope.register_autograd(_qkv_backward, setup_context=_qkv_setup)
+
+
+# ---- the layer after attention: O-proj + residual + RMSNorm -> SwiGLU MLP + residual -------
+
+
+@torch.library.custom_op("epiforge::attention_out_mlp", mutates_args=())
+def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, norm_weight: torch.Tensor,
+                      w_gu: torch.Tensor, w_down: torch.Tensor, eps: float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block re-cut's [out-proj + residual + partial norm] -> rstd -> [gate/up + row scale
+    + SwiGLU] -> [down-proj + residual], -> (y, x, z, rstd):
+    x = attn @ w_o^T + residual (the residual stream after attention), y = x +
+    (silu(gate) * up)(RMSNorm(x) @ w_gu^T) @ w_down^T; z (the interleaved gate/up
+    pre-activation) and rstd (M,) float32 are saved for the backward and not differentiable.
+    w_gu (2F, d) has gate and up rows interleaved (row 2j gate j, 2j+1 up j).
+      forward   k0: the out-projection GEMM, the residual add, h = x * norm_weight and rstd
+                (its finishing step); k2: the gate/up GEMM with the row scale rstd and
+                SwiGLU in its epilogue; the down projection and its residual add are a plain
+                addmm (in a model of fused layers: k0 again, with the next layer's norm).
+      backward  see attention_out_mlp_backward: k7, then k6 fed k7's ZdZ.
+    One op, not one per kernel, because of that ZdZ: k6 (the RMSNorm backward of k0's norm)
+    needs k7's dz, its zdz row sums and the gate/up weight, which all live in the MLP's
+    backward; inside one autograd node they pass from k7 to k6 directly."""
+    m, d = residual.shape
+    two_f = w_gu.shape[0]
+    if tuple(attn.shape) != (m, w_o.shape[1]) or w_o.shape[0] != d or tuple(norm_weight.shape) != (d,) \
+            or w_gu.shape[1] != d or two_f % 2 or tuple(w_down.shape) != (d, two_f // 2):
+        raise ValueError(f"attention_out_mlp: attn {tuple(attn.shape)}, residual {tuple(residual.shape)}, w_o "
+                         f"{tuple(w_o.shape)}, norm_weight {tuple(norm_weight.shape)}, w_gu {tuple(w_gu.shape)}, "
+                         f"w_down {tuple(w_down.shape)} do not fit (want (M, n), (M, d), (d, n), (d,), (2F, d), (d, F))")
+    if not all(t.dtype == torch.bfloat16 for t in (attn, residual, w_o, norm_weight, w_gu, w_down)):
+        raise ValueError("attention_out_mlp: the expert kernels take bfloat16 operands")
+    k0 = _kernel(K0).run({"a": attn.contiguous(), "w_o": w_o.contiguous(), "residual": residual.contiguous(),
+                          "norm_weight": norm_weight.contiguous(), "eps": eps}, {})
+    x, rstd = k0["x"], k0["rstd"]
+    k2 = _kernel(K2).run({"h": k0["h"], "rstd": rstd, "w_gu": w_gu.contiguous()}, {})
+    return torch.addmm(x, k2["out"], w_down.T), x, k2["z"], rstd
+
+
+@attention_out_mlp.register_fake
+def _(attn, residual, w_o, norm_weight, w_gu, w_down, eps):
+    m = residual.shape[0]
+    return (torch.empty_like(residual), torch.empty_like(residual), residual.new_empty(m, w_gu.shape[0]),
+            residual.new_empty(m, dtype=torch.float32))
+
+
+@torch.library.custom_op("epiforge::attention_out_mlp_backward", mutates_args=())
+def attention_out_mlp_backward(dy: torch.Tensor, dx_extra: torch.Tensor, attn: torch.Tensor, w_o: torch.Tensor,
+                               norm_weight: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor, x: torch.Tensor,
+                               z: torch.Tensor, rstd: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dattn, dresidual, dw_o, dnorm_weight, dw_gu, dw_down). dx_extra is a gradient
+    arriving at the op's x output directly (zeros when x is not used outside).
+      k7: the down projection's dgrad GEMM dy @ w_down, the SwiGLU backward in its epilogue:
+          dz, the activation recomputed (for dw_down = dy^T act) and the ZdZ row sums.
+      k6: the gate/up dgrad GEMM dz @ w_gu with the RMSNorm backward in its epilogue, fed
+          k7's zdz, and the residual gradient dy + dx_extra as its accumulate input: dx (the
+          gradient of the residual stream after attention), the normalised input recomputed
+          (for dw_gu = dz^T (xhat * w)) and the norm weight's gradient.
+      torch: the out-projection's dgrad and wgrad GEMMs; the residual's gradient is dx."""
+    k7 = _kernel(K7).run({"dout": dy, "w_down": w_down.contiguous(), "z": z}, {})
+    dz = k7["dz"]
+    k6 = _kernel(K6).run({"dz": dz, "w_gu": w_gu.contiguous(), "x": x, "rstd": rstd,
+                          "norm_weight": norm_weight.contiguous(), "dx_in": dy + dx_extra, "zdz": k7["zdz"]}, {})
+    dx = k6["dx"]
+    return dx @ w_o, dx, dx.T @ attn, k6["dw"].to(norm_weight.dtype), dz.T @ k6["h"], dy.T @ k7["out"]
+
+
+@attention_out_mlp_backward.register_fake
+def _(dy, dx_extra, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd):
+    return (torch.empty_like(attn), torch.empty_like(x), torch.empty_like(w_o), torch.empty_like(norm_weight),
+            torch.empty_like(w_gu), torch.empty_like(w_down))
+
+
+def _mlp_block_setup(ctx, inputs, output):
+    attn, residual, w_o, norm_weight, w_gu, w_down, eps = inputs
+    y, x, z, rstd = output
+    ctx.mark_non_differentiable(z, rstd)
+    ctx.save_for_backward(attn, w_o, norm_weight, w_gu, w_down, x, z, rstd)
+
+
+def _mlp_block_backward(ctx, dy, dx_extra, dz_unused, drstd_unused):
+    attn, w_o, norm_weight, w_gu, w_down, x, z, rstd = ctx.saved_tensors
+    dx_extra = torch.zeros_like(x) if dx_extra is None else dx_extra.to(x.dtype).contiguous()
+    grads = attention_out_mlp_backward(dy.to(x.dtype).contiguous(), dx_extra, attn, w_o, norm_weight, w_gu, w_down,
+                                       x, z, rstd)
+    return (*grads, None)
+
+
+attention_out_mlp.register_autograd(_mlp_block_backward, setup_context=_mlp_block_setup)

@@ -1,0 +1,188 @@
+"""A LLaMA-3 decoder layer whose non-attention part runs as GEMM-epilogue programs, forward
+and backward (training/ops.py), and an unfused float32 reference with the same parameters.
+
+    x -> [RMSNorm -> QKV -> RoPE]  rmsnorm_qkv_rope  (k4hf; backward: torch RoPE^-1, k6)
+      -> causal GQA attention       torch scaled_dot_product_attention (and its autograd)
+      -> [O-proj + residual + RMSNorm -> gate/up + SwiGLU -> down-proj + residual]
+                                    attention_out_mlp (k0, k2, addmm; backward: k7 -> k6)
+
+Parameters (the kernels' layout; FusedLlamaLayer.load_hf_state_dict converts once):
+    input_norm (d,), post_norm (d,), w_qkv ((n_heads + 2 n_kv_heads) head_dim, d) = rows
+    [q; k; v], w_o (d, n_heads head_dim), w_gu (2 ffn, d), w_down (d, ffn).
+The two layout changes from Hugging Face's, made at load time and undone by to_hf_state_dict:
+  - gate/up interleave: w_gu row 2j = gate_proj row j, row 2j+1 = up_proj row j, so SwiGLU
+    reads adjacent column pairs of the gate/up GEMM (k2, k7).
+  - RoPE pairing: HF's rotate_half pairs column j of a head with j + head_dim/2; the kernels
+    pair adjacent columns (2j, 2j+1). Within every q and k head the rows of q_proj and k_proj
+    are reordered [0, h/2, 1, h/2+1, ...] (h = head_dim), so kernel pair j is HF's pair
+    (j, j + h/2), which rotates by the same angle pos * inv_freq[j]. q and k get the same
+    permutation, so q . k per head, and with it attention, is unchanged; v and o_proj are not
+    touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from training.ops import attention_out_mlp, rmsnorm_qkv_rope, rotate_adjacent_pairs
+
+
+@dataclass(frozen=True)
+class LlamaLayerConfig:
+    """One decoder layer's sizes; defaults are LLaMA-3's eps and RoPE theta (no rope_scaling)."""
+
+    d: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float = 1e-5
+    rope_theta: float = 500000.0
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads or self.head_dim % 2:
+            raise ValueError(f"{self}: n_heads must be a multiple of n_kv_heads and head_dim even")
+
+    @property
+    def q_cols(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_cols(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def inv_freq(self, device=None) -> torch.Tensor:
+        """theta^(-2j/head_dim), j < head_dim/2, float32 (HF's default rope_type)."""
+        j = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
+        return (1.0 / self.rope_theta ** (j / self.head_dim)).float()
+
+
+def hf_to_kernel_layout(sd: dict[str, torch.Tensor], cfg: LlamaLayerConfig) -> dict[str, torch.Tensor]:
+    """One HF LlamaDecoderLayer state dict (self_attn.q_proj.weight, ..., mlp.gate_proj.weight,
+    input_layernorm.weight, post_attention_layernorm.weight; a prefix such as
+    "model.layers.0." stripped) -> this module's parameters (see the module docstring)."""
+    pair = _rope_pairing(cfg.head_dim)
+    q = _permute_heads(sd["self_attn.q_proj.weight"], pair, cfg.head_dim)
+    k = _permute_heads(sd["self_attn.k_proj.weight"], pair, cfg.head_dim)
+    gate, up = sd["mlp.gate_proj.weight"], sd["mlp.up_proj.weight"]
+    want = {"q": (cfg.q_cols, cfg.d), "k": (cfg.kv_cols, cfg.d), "gate": (cfg.ffn, cfg.d)}
+    for name, t in (("q", q), ("k", k), ("gate", gate)):
+        if tuple(t.shape) != want[name]:
+            raise ValueError(f"{name} weight {tuple(t.shape)} does not fit {cfg} (want {want[name]})")
+    return {
+        "input_norm": sd["input_layernorm.weight"],
+        "post_norm": sd["post_attention_layernorm.weight"],
+        "w_qkv": torch.cat((q, k, sd["self_attn.v_proj.weight"])),
+        "w_o": sd["self_attn.o_proj.weight"],
+        "w_gu": torch.stack((gate, up), dim=1).reshape(2 * cfg.ffn, cfg.d),
+        "w_down": sd["mlp.down_proj.weight"],
+    }
+
+
+def kernel_to_hf_layout(params: dict[str, torch.Tensor], cfg: LlamaLayerConfig) -> dict[str, torch.Tensor]:
+    """The inverse of hf_to_kernel_layout (for saving a checkpoint HF code can read)."""
+    unpair = torch.argsort(_rope_pairing(cfg.head_dim))
+    q, k, v = params["w_qkv"].split((cfg.q_cols, cfg.kv_cols, cfg.kv_cols))
+    return {
+        "input_layernorm.weight": params["input_norm"],
+        "post_attention_layernorm.weight": params["post_norm"],
+        "self_attn.q_proj.weight": _permute_heads(q, unpair, cfg.head_dim),
+        "self_attn.k_proj.weight": _permute_heads(k, unpair, cfg.head_dim),
+        "self_attn.v_proj.weight": v,
+        "self_attn.o_proj.weight": params["w_o"],
+        "mlp.gate_proj.weight": params["w_gu"][0::2],
+        "mlp.up_proj.weight": params["w_gu"][1::2],
+        "mlp.down_proj.weight": params["w_down"],
+    }
+
+
+def _rope_pairing(head_dim: int) -> torch.Tensor:
+    """Kernel row 2j <- HF row j, kernel row 2j+1 <- HF row j + head_dim/2."""
+    half = torch.arange(head_dim // 2)
+    return torch.stack((half, half + head_dim // 2), dim=1).reshape(-1)
+
+
+def _permute_heads(w: torch.Tensor, order: torch.Tensor, head_dim: int) -> torch.Tensor:
+    rows = w.reshape(-1, head_dim, w.shape[-1])
+    return rows[:, order.to(w.device)].reshape(w.shape)
+
+
+class _LayerParams(torch.nn.Module):
+    """The parameters both layers hold, in the kernels' layout."""
+
+    def __init__(self, cfg: LlamaLayerConfig, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.cfg = cfg
+        shapes = {"input_norm": (cfg.d,), "post_norm": (cfg.d,), "w_qkv": (cfg.q_cols + 2 * cfg.kv_cols, cfg.d),
+                  "w_o": (cfg.d, cfg.q_cols), "w_gu": (2 * cfg.ffn, cfg.d), "w_down": (cfg.d, cfg.ffn)}
+        for name, shape in shapes.items():
+            init = torch.ones(shape) if name.endswith("norm") else torch.randn(shape) / shape[-1] ** 0.5
+            setattr(self, name, torch.nn.Parameter(init.to(device=device, dtype=dtype)))
+        self.register_buffer("inv_freq", cfg.inv_freq(device), persistent=False)
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy an HF-named, HF-layout layer state dict in, converted once (module docstring)."""
+        with torch.no_grad():
+            for name, t in hf_to_kernel_layout(sd, self.cfg).items():
+                getattr(self, name).copy_(t)
+
+    def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        return kernel_to_hf_layout({n: p.detach() for n, p in self.named_parameters()}, self.cfg)
+
+    def _positions(self, batch: int, seq: int, positions: torch.Tensor | None, device) -> torch.Tensor:
+        if positions is None:
+            positions = torch.arange(seq, device=device)
+        return positions.expand(batch, seq).reshape(-1).float()
+
+    def _attention(self, qkv: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+        """Causal GQA attention on rows [q | k | v] -> (B*S, n_heads*head_dim)."""
+        c = self.cfg
+        q, k, v = (t.reshape(batch, seq, -1, c.head_dim).transpose(1, 2)
+                   for t in qkv.split((c.q_cols, c.kv_cols, c.kv_cols), dim=-1))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=c.n_kv_heads != c.n_heads)
+        return out.transpose(1, 2).reshape(batch * seq, c.q_cols)
+
+
+class FusedLlamaLayer(_LayerParams):
+    """The decoder layer through the fused ops; bfloat16 parameters and activations (what the
+    expert kernels take). forward(x (B, S, d), positions (S,) or (B, S) | None) -> (B, S, d)."""
+
+    def __init__(self, cfg: LlamaLayerConfig, device=None):
+        super().__init__(cfg, torch.bfloat16, device)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        batch, seq, d = x.shape
+        rows = x.reshape(batch * seq, d)
+        pos = self._positions(batch, seq, positions, x.device)
+        qkv, _ = rmsnorm_qkv_rope(rows, self.input_norm, self.w_qkv, pos, self.inv_freq,
+                                  self.cfg.q_cols + self.cfg.kv_cols, self.cfg.eps)
+        attn = self._attention(qkv, batch, seq)
+        y, _, _, _ = attention_out_mlp(attn, rows, self.w_o, self.post_norm, self.w_gu, self.w_down, self.cfg.eps)
+        return y.reshape(batch, seq, d)
+
+
+class ReferenceLlamaLayer(_LayerParams):
+    """The same layer, same parameters and layout, as plain unfused torch in float32 (or the
+    dtype given: bfloat16 gives the plain low-precision pipeline the kernels are judged
+    against)."""
+
+    def __init__(self, cfg: LlamaLayerConfig, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__(cfg, dtype, device)
+
+    def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.eps) * weight
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        c = self.cfg
+        batch, seq, d = x.shape
+        rows = x.reshape(batch * seq, d)
+        pos = self._positions(batch, seq, positions, x.device)
+        qkv = self._rmsnorm(rows, self.input_norm) @ self.w_qkv.T
+        qkv = rotate_adjacent_pairs(qkv, pos, self.inv_freq, c.q_cols + c.kv_cols)
+        h = rows + self._attention(qkv, batch, seq) @ self.w_o.T
+        z = self._rmsnorm(h, self.post_norm) @ self.w_gu.T
+        y = h + (F.silu(z[:, 0::2]) * z[:, 1::2]) @ self.w_down.T
+        return y.reshape(batch, seq, d)
