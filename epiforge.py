@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate one kernel on one task")
     p.add_argument("--task", required=True)
-    p.add_argument("--kernel", required=True, help="human | generated:ID | PATH")
+    p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "cuda"])
     p.add_argument("--shapes", default="smoke", help="shape set: smoke | paper")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="cross-compile a kernel's epilogues for sm_90a (no GPU needed)")
     p.add_argument("--task", required=True)
-    p.add_argument("--kernel", required=True, help="human | generated:ID | PATH")
+    p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
     p.add_argument("--shapes", default="smoke")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
@@ -349,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--all", action="store_true", help="every task")
     p.add_argument("--kernels", nargs="+", default=["expert", "generated"],
                    help="expert | generated | generated:<ID> | generated:backend=<b> | generated:model=<m> | "
-                        "generated:session=<s> | a path (default: expert generated)")
+                        "generated:session=<s> | a path (default: expert generated). Generated kernels are "
+                        "looked up in the repository's generated_kernels/ and in DATA/kernels/, where generate "
+                        "puts them")
     p.add_argument("--shapes", default="smoke", help="shape set: smoke | paper (default: smoke)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto (default): a Hopper GPU when there is one, else the CPU")

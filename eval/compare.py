@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, static_stage
 from eval.isolation import run_judge
-from eval.kernel import GENERATED_DIR, HUMAN_DIR, KernelError, expert_kernel, read_kernel, resolve_kernel
+from eval.kernel import HUMAN_DIR, KernelError, expert_kernel, generated_kernels, read_kernel, resolve_kernel
 from eval.result import Outcome, RatioStat, Result
 from tasks import get_task
 
@@ -53,7 +53,8 @@ class Comparison(BaseModel):
 
 def select_kernels(task_name: str, specs: list[str]) -> list[tuple[str, Path]]:
     """(label, path) for each spec: "expert" (none when the task has no expert kernel);
-    "generated" (every committed generated kernel of the task), "generated:<ID>",
+    "generated" (every generated kernel of the task: the committed track's and the user's,
+    eval.kernel.generated_kernels), "generated:<ID>",
     "generated:backend=<b>" / model= / session=; a path. ValueError if none is left."""
     task = get_task(task_name)
     out: list[tuple[str, Path]] = []
@@ -66,7 +67,7 @@ def select_kernels(task_name: str, specs: list[str]) -> list[tuple[str, Path]]:
             out.append(("expert", resolve_kernel("human", task.name)))
         elif spec == "generated" or spec.startswith("generated:"):
             want = spec.partition(":")[2]
-            found = sorted((GENERATED_DIR / task.name).glob("*.py")) if (GENERATED_DIR / task.name).is_dir() else []
+            found = generated_kernels(task.name)
             picked = []
             for path in found:
                 if not want:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from eval.static_checks import SourceTooComplex, parse_bounded
 
-from eval.machine import GENERATED_DIR, HUMAN_DIR, REPO, expert_kernel  # noqa: F401 (re-exported)
+from eval.machine import GENERATED_DIR, HUMAN_DIR, REPO, data_dir, expert_kernel  # noqa: F401 (re-exported)
 
 
 class KernelError(ValueError):
@@ -66,7 +66,8 @@ def read_kernel(path: Path, track: str | None = None, source: str | None = None)
         raise KernelError(f"{path}: no top-level def run(inputs, prepared, config=None)")
     if track is None:
         resolved = path.resolve()
-        track = "expert" if resolved.is_relative_to(HUMAN_DIR) else "generated" if resolved.is_relative_to(GENERATED_DIR) else "candidate"
+        generated = any(resolved.is_relative_to(d.resolve()) for d in generated_roots())
+        track = "expert" if resolved.is_relative_to(HUMAN_DIR) else "generated" if generated else "candidate"
     return Kernel(
         path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
         author=consts.get("AUTHOR"), session=consts.get("SESSION"), backend=consts.get("BACKEND"),
@@ -91,16 +92,40 @@ def load_kernel_module(path: Path):
     return module
 
 
+def generated_roots() -> tuple[Path, Path]:
+    """Where generated kernels live: the repository's committed track (generated_kernels/)
+    and the user's own, the data directory's kernels/ (where `generate` puts a passing
+    kernel by default). Both hold <task name>/<session ID>.py."""
+    return GENERATED_DIR, data_dir() / "kernels"
+
+
+def generated_kernels(task_name: str) -> list[Path]:
+    """Every generated kernel of a task, the committed track first, then the user's; an ID
+    found in both is the committed one (a kernel copied there with --out)."""
+    seen, out = set(), []
+    for root in generated_roots():
+        folder = root / task_name
+        for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
+            if path.stem not in seen:
+                seen.add(path.stem)
+                out.append(path)
+    return out
+
+
 def resolve_kernel(spec: str, task_name: str) -> Path:
-    """'human' -> the expert kernel of the task; 'generated:ID' -> generated_kernels/<task>/<ID>.py;
-    anything else is a path."""
+    """'human' -> the expert kernel of the task; 'generated:ID' -> <task>/<ID>.py in the
+    committed track or the user's data directory (generated_roots); anything else is a path."""
     if spec == "human":
         path = expert_kernel(task_name)
         if path is None:
             raise KernelError(f"{task_name} has no expert kernel (no {HUMAN_DIR.name}/{task_name}.py): "
                               "its expert track is empty")
     elif spec.startswith("generated:"):
-        path = GENERATED_DIR / task_name / f"{spec.split(':', 1)[1]}.py"
+        want = spec.split(":", 1)[1]
+        path = next((p for p in generated_kernels(task_name) if p.stem == want), None)
+        if path is None:
+            roots = " or ".join(str(r / task_name) for r in generated_roots())
+            raise KernelError(f"no generated kernel {want} of {task_name} (looked in {roots})")
     else:
         path = Path(spec)
     if not path.is_file():

@@ -1,6 +1,7 @@
 """Shared test setup: the `gpu` marker skips without a Hopper GPU; the `sandbox` marker
 skips where the machine forbids the runner's namespaces (then the runner says so in every
-Result, and these tests have nothing to test)."""
+Result, and these tests have nothing to test). Every test gets its own data directory;
+Ctrl-C tests take `ctrl_c_reaches_children`."""
 
 import functools
 import signal
@@ -21,6 +22,16 @@ def runner_sandbox() -> str:
     out = subprocess.run([sys.executable, "-c", _PROBE, str(Path(__file__).resolve().parents[1])],
                          capture_output=True, text=True, timeout=60)
     return (out.stdout.strip().splitlines() or [out.stderr.strip()[-200:]])[-1]
+
+
+@pytest.fixture(autouse=True)
+def _data_dir_in_tmp(tmp_path, monkeypatch):
+    """Every test: sessions that name no log folder, workspace or kernel folder write under
+    the test's tmp dir (the data directory, eval/machine.py data_dir()), not the user's, and
+    lookups there (generated kernels, sessions) see only what the test put there."""
+    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(tmp_path / "data"))
+    # the pack's screen writes verdicts it has not shipped to the user cache: keep it in tmp
+    monkeypatch.setenv("EPIFORGE_SCREEN_CACHE", str(tmp_path / "screen_cache.json"))
 
 
 @pytest.fixture

@@ -10,15 +10,6 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 
-@pytest.fixture(autouse=True)
-def _data_dir_in_tmp(tmp_path, monkeypatch):
-    """Sessions that name no log folder, workspace or kernel folder write under the test's tmp
-    dir (the data directory, eval/machine.py data_dir()), not the user's."""
-    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(tmp_path / "data"))
-    # the pack's screen writes verdicts it has not shipped to the user cache: keep it in tmp
-    monkeypatch.setenv("EPIFORGE_SCREEN_CACHE", str(tmp_path / "screen_cache.json"))
-
-
 @pytest.fixture
 def anthropic_key(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key-loopback")

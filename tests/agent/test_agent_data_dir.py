@@ -85,6 +85,18 @@ def test_a_session_with_no_folder_flags_writes_only_into_the_data_directory(tmp_
     assert epiforge.main(["sessions", "show", session]) == 0
     assert f"log: {log}" in capsys.readouterr().out
 
+    # compare and eval find it there too, as a generated kernel, by ID or by where it came from
+    from eval.compare import select_kernels
+    from eval.kernel import read_kernel, resolve_kernel
+
+    assert select_kernels("k1", ["generated"]) == [(f"generated:{session}", kernel)]
+    assert select_kernels("k1", [f"generated:session={session}"]) == select_kernels("k1", [f"generated:{session}"])
+    assert select_kernels("k1", ["generated:backend=anthropic"]) == [(f"generated:{session}", kernel)]
+    assert resolve_kernel(f"generated:{session}", "k1_gemm_rmsnorm") == kernel
+    assert read_kernel(kernel).track == "generated"
+    with pytest.raises(ValueError, match="no generated kernel of k1_gemm_rmsnorm matches"):
+        select_kernels("k1", ["generated:model=another-model"])
+
 
 def test_sessions_list_before_any_session_says_so(tmp_path, capsys):
     assert epiforge.main(["sessions", "list"]) == 0

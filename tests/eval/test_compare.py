@@ -14,6 +14,7 @@ import pytest
 import tasks
 from eval import gpu_stages, numerics
 from eval.compare import Comparison, compare, select_kernels
+from eval.kernel import resolve_kernel
 from eval.plausibility import Ceilings
 from eval.remote import KernelProcess
 
@@ -33,6 +34,8 @@ def test_selecting_kernels(tmp_path):
                           (["expert", "expert"], "share a label"), ([str(tmp_path / "nope.py")], "no kernel file")):
         with pytest.raises(ValueError, match=fragment):
             select_kernels("k8", bad)
+    with pytest.raises(ValueError, match="no generated kernel nope of k8_gemm_swiglu .looked in .*generated_kernels"):
+        resolve_kernel("generated:nope", "k8_gemm_swiglu")
 
 
 def test_compare_on_a_cpu_judges_each_kernel_and_times_none(tmp_path):
