@@ -1,0 +1,213 @@
+"""training/layer.py: the fused LLaMA-3 decoder layer (k4hf, k0, k2 forward; k7, k6
+backward; torch attention) against its unfused float32 reference and against a plain
+Hugging Face style float32 layer written here, on the CPU through the emulator; its ops by
+torch.library.opcheck; the layer under torch.compile(fullgraph=True); and on an H200.
+
+Tolerance, from the bf16 arithmetic: every stored bf16 intermediate is off by at most the
+unit roundoff u = 2^-8 of itself, and the longest chain (a QKV weight gradient: dy, k7's
+dz, k6's dx, the attention backward, RoPE backward, k6's recomputed h) rounds about eight
+times. Independent roundings add in quadrature, so a tensor's error relative to its norm,
+||got - ref|| / ||ref||, should stay near sqrt(8) u ~ 2.8 u; the bound is 4 u = 2^-6. And,
+CODA's rule on norms: no more than twice the plain bf16 PyTorch pipeline's own error (the
+same reference layer run in bf16). Measured on the CPU shape below (seed 0): 0.31% (y) to
+0.65% (dw_qkv) fused, 0.50% to 1.04% for plain bf16.
+"""
+
+import math
+
+import pytest
+import torch
+
+from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from training.ops import attention_out_mlp, rmsnorm_qkv_rope
+
+#: ||got - ref|| / ||ref|| for the output and every gradient: 4 bf16 unit roundoffs
+REL_TOL = 4 * 2.0**-8
+#: ... and at most this many times the plain bf16 pipeline's error
+TIMES_PLAIN_BF16 = 2.0
+
+#: the CPU shape: heads-64 of tasks/shapes.toml (d 256, head_dim 64, F 768) with GQA, M = 96
+#: rows (not a multiple of the 128-row tile: a ragged last tile)
+CPU_CONFIG = LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=768)
+CPU_BATCH, CPU_SEQ = 2, 48
+#: the GPU shape: LLaMA-3.2-1B's layer (d 2048, 32 heads of 64, 8 KV heads, F 8192), 2 x 1024
+GPU_CONFIG = LlamaLayerConfig(d=2048, n_heads=32, n_kv_heads=8, head_dim=64, ffn=8192)
+GPU_BATCH, GPU_SEQ = 2, 1024
+
+
+def _hf_state_dict(cfg: LlamaLayerConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random HF LlamaDecoderLayer state dict, float32 holding bf16 values (so the bf16
+    and float32 layers hold the same numbers): linear weights ~ N(0, 1/in), norms ~ 1 +- 0.1."""
+    g = torch.Generator().manual_seed(seed)
+
+    def linear(n_out, n_in):
+        return (torch.randn(n_out, n_in, generator=g) / n_in**0.5).bfloat16().float()
+
+    def norm():
+        return (1 + 0.1 * torch.randn(cfg.d, generator=g)).bfloat16().float()
+
+    return {
+        "input_layernorm.weight": norm(),
+        "self_attn.q_proj.weight": linear(cfg.q_cols, cfg.d),
+        "self_attn.k_proj.weight": linear(cfg.kv_cols, cfg.d),
+        "self_attn.v_proj.weight": linear(cfg.kv_cols, cfg.d),
+        "self_attn.o_proj.weight": linear(cfg.d, cfg.q_cols),
+        "post_attention_layernorm.weight": norm(),
+        "mlp.gate_proj.weight": linear(cfg.ffn, cfg.d),
+        "mlp.up_proj.weight": linear(cfg.ffn, cfg.d),
+        "mlp.down_proj.weight": linear(cfg.d, cfg.ffn),
+    }
+
+
+def _layers(cfg, device, seed=0):
+    sd = _hf_state_dict(cfg, seed)
+    layers = FusedLlamaLayer(cfg, device), ReferenceLlamaLayer(cfg, device=device), \
+        ReferenceLlamaLayer(cfg, torch.bfloat16, device)
+    for layer in layers:
+        layer.load_hf_state_dict(sd)
+    return layers
+
+
+def _hf_style_layer(sd, cfg, x, position_ids):
+    """Hugging Face's LlamaDecoderLayer, rewritten plainly in float32: rotate_half RoPE
+    (column j with j + head_dim/2), repeat_kv, an explicit causal softmax, separate
+    gate/up projections."""
+    def rmsnorm(t, w):
+        return w * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + cfg.eps))
+
+    def rotate_half(t):
+        half = t.shape[-1] // 2
+        return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+
+    b, s, _ = x.shape
+    h = rmsnorm(x, sd["input_layernorm.weight"])
+    q, k, v = (h @ sd[f"self_attn.{n}_proj.weight"].T for n in "qkv")
+    q = q.view(b, s, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+    k = k.view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+    v = v.view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+    freqs = position_ids[:, :, None].double() * cfg.inv_freq().double()[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().float()[:, None], emb.sin().float()[:, None]
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    rep = cfg.n_heads // cfg.n_kv_heads
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.head_dim)
+    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, cfg.q_cols)
+    x = x + attn @ sd["self_attn.o_proj.weight"].T
+    h = rmsnorm(x, sd["post_attention_layernorm.weight"])
+    gate, up = h @ sd["mlp.gate_proj.weight"].T, h @ sd["mlp.up_proj.weight"].T
+    return x + (torch.nn.functional.silu(gate) * up) @ sd["mlp.down_proj.weight"].T
+
+
+def _rel(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _forward_backward(layer, x, dy, dtype):
+    x = x.to(dtype).detach().requires_grad_()
+    y = layer(x)
+    y.backward(dy.to(dtype))
+    return {"y": y.detach(), "dx": x.grad, **{f"d{n}": p.grad for n, p in layer.named_parameters()}}
+
+
+def _against_float32_reference(cfg, batch, seq, device):
+    fused, ref, plain_bf16 = _layers(cfg, device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, seq, cfg.d, generator=g).bfloat16().float().to(device)
+    dy = (1e-2 * torch.randn(batch, seq, cfg.d, generator=g)).bfloat16().float().to(device)
+    got = _forward_backward(fused, x, dy, torch.bfloat16)
+    want = _forward_backward(ref, x, dy, torch.float32)
+    plain = _forward_backward(plain_bf16, x, dy, torch.bfloat16)
+    errors = {name: (_rel(got[name], want[name]), _rel(plain[name], want[name])) for name in want}
+    print("\n".join(f"{n:12s} fused {e:.2e}  plain bf16 {p:.2e}" for n, (e, p) in errors.items()))
+    for name, (err, plain_err) in errors.items():
+        assert err <= REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {REL_TOL:.2e})"
+        assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+
+
+def test_output_and_every_gradient_match_the_float32_reference_on_the_cpu():
+    _against_float32_reference(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu")
+
+
+@pytest.mark.parametrize("cfg", [CPU_CONFIG, LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=4, head_dim=64, ffn=768),
+                                 LlamaLayerConfig(d=256, n_heads=2, n_kv_heads=1, head_dim=128, ffn=768)],
+                         ids=["gqa-head64", "mha-head64", "gqa-head128"])
+def test_hf_weights_load_into_both_layers_and_match_a_plain_hf_style_layer(cfg):
+    """The gate/up interleave and the RoPE pairing permutation, applied at load time, give
+    Hugging Face's layer: the float32 reference to float32 roundoff, the fused one within the
+    bf16 bound; given positions (B, S) are honoured; to_hf_state_dict gives the weights back."""
+    sd = _hf_state_dict(cfg, seed=3)
+    fused, ref = FusedLlamaLayer(cfg), ReferenceLlamaLayer(cfg)
+    fused.load_hf_state_dict(sd)
+    ref.load_hf_state_dict(sd)
+    x = torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=torch.Generator().manual_seed(4)).bfloat16().float()
+    positions = torch.arange(CPU_SEQ)[None, :] + torch.tensor([[0], [1000]])  # a second sequence further on
+    want = _hf_style_layer(sd, cfg, x, positions)
+    with torch.no_grad():
+        assert _rel(ref(x, positions), want) < 1e-5
+        assert _rel(fused(x.bfloat16(), positions), want) <= REL_TOL
+    for name, t in fused.to_hf_state_dict().items():
+        assert torch.equal(t.float(), sd[name]), name
+
+
+def _op_inputs(cfg=CPU_CONFIG, m=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def bf16(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g)).bfloat16().requires_grad_()
+
+    qkv_rows = cfg.q_cols + 2 * cfg.kv_cols
+    qkv_args = (bf16(m, cfg.d), (1 + 0.1 * torch.randn(cfg.d, generator=g)).bfloat16().requires_grad_(),
+                bf16(qkv_rows, cfg.d, scale=cfg.d**-0.5), (torch.arange(m) % 40).float(), cfg.inv_freq(),
+                cfg.q_cols + cfg.kv_cols, cfg.eps)
+    mlp_args = (bf16(m, cfg.q_cols), bf16(m, cfg.d), bf16(cfg.d, cfg.q_cols, scale=cfg.q_cols**-0.5),
+                (1 + 0.1 * torch.randn(cfg.d, generator=g)).bfloat16().requires_grad_(),
+                bf16(2 * cfg.ffn, cfg.d, scale=cfg.d**-0.5), bf16(cfg.d, cfg.ffn, scale=cfg.ffn**-0.5), cfg.eps)
+    return qkv_args, mlp_args
+
+
+@pytest.mark.parametrize("which", ["rmsnorm_qkv_rope", "attention_out_mlp"])
+def test_each_op_passes_torch_library_opcheck(which):
+    """Its schema, autograd registration and fake (meta) implementation, as torch checks them."""
+    qkv_args, mlp_args = _op_inputs()
+    op, args = (rmsnorm_qkv_rope, qkv_args) if which == "rmsnorm_qkv_rope" else (attention_out_mlp, mlp_args)
+    result = torch.library.opcheck(op, args, test_utils=(
+        "test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_the_layer_traces_whole_under_torch_compile_and_gives_the_eager_numbers():
+    fused = _layers(CPU_CONFIG, "cpu")[0]
+    x = torch.randn(CPU_BATCH, CPU_SEQ, CPU_CONFIG.d, generator=torch.Generator().manual_seed(2)).bfloat16()
+
+    def step(x):
+        return fused(x).float().pow(2).mean()
+
+    def run(fn):
+        fused.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        loss = fn(xg)
+        loss.backward()
+        return loss.detach(), xg.grad, [p.grad.clone() for p in fused.parameters()]
+
+    compiled, eager = run(torch.compile(step, fullgraph=True, backend="aot_eager")), run(step)
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+    assert all(torch.equal(c, e) for c, e in zip(compiled[2], eager[2]))
+
+
+def test_operands_that_do_not_fit_are_one_line():
+    qkv_args, mlp_args = _op_inputs(m=32)
+    with pytest.raises(ValueError, match="do not fit"):
+        rmsnorm_qkv_rope(qkv_args[0], qkv_args[1], qkv_args[2][:, :-8], *qkv_args[3:])
+    with pytest.raises(ValueError, match="do not fit"):
+        attention_out_mlp(*mlp_args[:5], mlp_args[5][:, :-8], mlp_args[6])
+    with pytest.raises(ValueError, match="bfloat16"):
+        attention_out_mlp(*(t.float() for t in mlp_args[:6]), mlp_args[6])
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=3, head_dim=64, ffn=768)
+
+
+@pytest.mark.gpu
+def test_output_and_every_gradient_match_the_float32_reference_on_the_gpu():
+    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda")
