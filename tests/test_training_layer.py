@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
-from training.ops import attention_out_mlp, rmsnorm_qkv_rope
+from training.ops import attention_out_mlp, rmsnorm_qkv_rope, rotate_adjacent_pairs
 
 #: ||got - ref|| / ||ref|| for the output and every gradient: 4 bf16 unit roundoffs
 REL_TOL = 4 * 2.0**-8
@@ -165,6 +165,40 @@ def _op_inputs(cfg=CPU_CONFIG, m=64, seed=0):
                 (1 + 0.1 * torch.randn(cfg.d, generator=g)).bfloat16().requires_grad_(),
                 bf16(2 * cfg.ffn, cfg.d, scale=cfg.d**-0.5), bf16(cfg.d, cfg.ffn, scale=cfg.ffn**-0.5), cfg.eps)
     return qkv_args, mlp_args
+
+
+def _unfused_qkv_rope(x, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps):
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+    return rotate_adjacent_pairs(h @ w_qkv.T, positions, inv_freq, rotary_cols)
+
+
+def _unfused_attention_out_mlp(attn, residual, w_o, norm_weight, w_gu, w_down, eps):
+    x = attn @ w_o.T + residual
+    z = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight @ w_gu.T
+    return x + (torch.nn.functional.silu(z[:, 0::2]) * z[:, 1::2]) @ w_down.T, x
+
+
+@pytest.mark.parametrize("which", ["rmsnorm_qkv_rope", "attention_out_mlp"])
+def test_each_op_and_its_gradients_match_unfused_float64_math(which):
+    """Op by op, with a loss on every differentiable output (attention_out_mlp's x as well as
+    y: the gradient arriving at x joins k6's residual input)."""
+    qkv_args, mlp_args = _op_inputs(m=96)
+    if which == "rmsnorm_qkv_rope":
+        args, fused, unfused = qkv_args, lambda *a: rmsnorm_qkv_rope(*a)[:1], lambda *a: (_unfused_qkv_rope(*a),)
+    else:
+        args, fused, unfused = mlp_args, lambda *a: attention_out_mlp(*a)[:2], _unfused_attention_out_mlp
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    ref_args = [a.detach().double().requires_grad_() if i in tensors else
+                a.double() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+    g = torch.Generator().manual_seed(5)
+    got, want = fused(*args), unfused(*ref_args)
+    cotangents = [(1e-2 * torch.randn(w.shape, generator=g)).double() for w in want]
+    torch.autograd.backward(got, [c.bfloat16() for c in cotangents])
+    torch.autograd.backward(want, cotangents)
+    for i, (o, w) in enumerate(zip(got, want)):
+        assert _rel(o, w) <= REL_TOL, f"output {i}: {_rel(o, w):.2e}"
+    for i in tensors:
+        assert _rel(args[i].grad, ref_args[i].grad) <= REL_TOL, f"gradient of argument {i}: {_rel(args[i].grad, ref_args[i].grad):.2e}"
 
 
 @pytest.mark.parametrize("which", ["rmsnorm_qkv_rope", "attention_out_mlp"])
