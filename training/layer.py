@@ -32,7 +32,9 @@ from training.ops import attention_out_mlp, rmsnorm_qkv_rope, rotate_adjacent_pa
 
 @dataclass(frozen=True)
 class LlamaLayerConfig:
-    """One decoder layer's sizes; defaults are LLaMA-3's eps and RoPE theta (no rope_scaling)."""
+    """One decoder layer's sizes; defaults are LLaMA-3's eps and RoPE theta. inv_freq is the
+    plain theta^(-2j/head_dim): LLaMA-3.1/3.2's rope_scaling ("llama3" rope_type) is not
+    applied (the kernels take any inv_freq; a scaled one would be a drop-in)."""
 
     d: int
     n_heads: int
@@ -148,7 +150,10 @@ class _LayerParams(torch.nn.Module):
 
 class FusedLlamaLayer(_LayerParams):
     """The decoder layer through the fused ops; bfloat16 parameters and activations (what the
-    expert kernels take). forward(x (B, S, d), positions (S,) or (B, S) | None) -> (B, S, d)."""
+    expert kernels take). forward(x (B, S, d), positions (S,) or (B, S) | None) -> (B, S, d).
+    A layer on its own: the input RMSNorm's h = x * w and rstd are torch (in a stack of fused
+    layers the previous layer's down projection would write them, k0), and the down
+    projection + residual is an addmm."""
 
     def __init__(self, cfg: LlamaLayerConfig, device=None):
         super().__init__(cfg, torch.bfloat16, device)
