@@ -9,4 +9,15 @@
     layer.py  LlamaLayerConfig; FusedLlamaLayer (the decoder layer from those ops and torch's
               causal GQA attention); ReferenceLlamaLayer (the same parameters, unfused torch,
               float32); the Hugging Face weight layout converted at load time.
+    model_ops.py  the ops of a stack of layers, cut so the block re-cut crosses layer
+              boundaries: embed_rmsnorm_qkv_rope (gather, torch norm, k4hf), decoder_block
+              (k0, k2, k0 with the next layer's norm, k4hf / RoPE^-1, k6, k7, k6),
+              decoder_block_loss (k0, k2, k0 with the final norm, k5 / k1, torch CE backward,
+              k6, k7, k6).
+    model.py  LlamaModelConfig; FusedLlamaModel (embedding, N layers, final norm, LM head and
+              mean cross-entropy from those ops); ReferenceLlamaModel (unfused, float32);
+              HF LlamaForCausalLM state dicts (model.embed_tokens, model.layers.N.*,
+              model.norm, lm_head).
+    loss_curve.py  trains the fused and the reference model side by side on a synthetic
+              Markov-chain token stream; writes the two loss curves (JSON) and a plot.
 """

@@ -151,8 +151,8 @@ class _LayerParams(torch.nn.Module):
 class FusedLlamaLayer(_LayerParams):
     """The decoder layer through the fused ops; bfloat16 parameters and activations (what the
     expert kernels take). forward(x (B, S, d), positions (S,) or (B, S) | None) -> (B, S, d).
-    A layer on its own: the input RMSNorm's h = x * w and rstd are torch (in a stack of fused
-    layers the previous layer's down projection would write them, k0), and the down
+    A layer on its own: the input RMSNorm's h = x * w and rstd are torch (in FusedLlamaModel,
+    training/model.py, the previous layer's down projection writes them, k0), and the down
     projection + residual is an addmm."""
 
     def __init__(self, cfg: LlamaLayerConfig, device=None):

@@ -128,8 +128,8 @@ def rmsnorm_qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Te
     passes through) -> (qkv, rstd). w_qkv is (n_q + 2 n_kv heads) x head_dim rows [q; k; v],
     rotary pairs adjacent within each head; positions (M,) float32; rstd (M,) float32 is saved
     for the backward.
-      forward   the deferred RMSNorm: h = x * norm_weight and rstd in torch (in a model of
-                fused layers the previous layer's down projection, k0, writes both), then
+      forward   the deferred RMSNorm: h = x * norm_weight and rstd in torch (in the fused
+                model, training/model_ops.py, the previous layer's down projection, k0, writes both), then
                 k4hf: the QKV GEMM with the row scale rstd and RoPE in its epilogue. k4hf,
                 not k4: it rotates by +angle as Hugging Face LLaMA does (k4 follows CODA
                 v0.1's -angle). Its own prepare() assumes q, k, v all d wide; here the
@@ -143,16 +143,24 @@ def rmsnorm_qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Te
                          "do not fit")
     if not (x.dtype == norm_weight.dtype == w_qkv.dtype == torch.bfloat16):
         raise ValueError("rmsnorm_qkv_rope: the expert kernels take bfloat16 operands")
+    h = (x.float() * norm_weight.float()).to(x.dtype)
+    rstd = _row_rstd(x, eps)
+    return qkv_rope_kernel(h, rstd, w_qkv, positions, inv_freq, rotary_cols), rstd
+
+
+def qkv_rope_kernel(h: torch.Tensor, rstd: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
+                    inv_freq: torch.Tensor, rotary_cols: int) -> torch.Tensor:
+    """k4hf on a deferred RMSNorm: rstd * (h @ w_qkv^T), RoPE on the first rotary_cols columns.
+    Its own prepare() assumes q, k, v all d wide; the frequency table here is built for GQA
+    widths (rotary_cols, then v's columns at frequency 0)."""
     import primitives as P
 
     kernel = _kernel(K4HF)
-    h = (x.float() * norm_weight.float()).to(x.dtype)
-    rstd = _row_rstd(x, eps)
     freq = P.prepare.rope_freq_table(inv_freq.float(), 2 * inv_freq.shape[0], rotary_cols=rotary_cols,
                                      passthrough_cols=w_qkv.shape[0] - rotary_cols, direction=kernel.ROPE_DIRECTION)
     out = kernel.qkv_rmsnorm_rope(h.contiguous(), w_qkv.contiguous(), rstd=rstd, pos=positions.float().contiguous(),
                                   freq=freq, config=P.pick_config(kernel.TUNED, h, w_qkv))
-    return out["D"], rstd
+    return out["D"]
 
 
 @rmsnorm_qkv_rope.register_fake
@@ -172,12 +180,19 @@ def rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torch.Te
     not depend on what the rows mean): g = dz @ w_qkv, dx = rstd * (w*g - xhat * zdz/d), the
     normalised input recomputed for dw_qkv = dz^T (xhat * w), and the norm weight's
     gradient. k6's residual input dx_in is zero here: autograd adds x's residual-path
-    gradient (in a fused model it would be passed in instead, saving that add)."""
+    gradient (training/model_ops.py's ops pass it in instead, saving that add)."""
+    return qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols,
+                          torch.zeros_like(x))
+
+
+def qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols: int, dx_in):
+    """The backward of RMSNorm -> QKV -> RoPE with dx_in, the residual stream's other
+    gradient, as k6's accumulate input -> (dx_in + dx through the norm, dnorm_weight, dw_qkv)."""
     dz = rotate_adjacent_pairs(dqkv.float(), positions, inv_freq, rotary_cols, direction=-1)
     zdz = (qkv.float() * dqkv.float()).sum(-1)
     dz = dz.to(x.dtype).contiguous()
     out = _kernel(K6).run({"dz": dz, "w_gu": w_qkv.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
-                           "norm_weight": norm_weight.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
+                           "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": zdz}, {})
     return out["dx"], out["dw"].to(norm_weight.dtype), dz.T @ out["h"]
 
 
@@ -220,7 +235,7 @@ def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Ten
       forward   k0: the out-projection GEMM, the residual add, h = x * norm_weight and rstd
                 (its finishing step); k2: the gate/up GEMM with the row scale rstd and
                 SwiGLU in its epilogue; the down projection and its residual add are a plain
-                addmm (in a model of fused layers: k0 again, with the next layer's norm).
+                addmm (in the fused model, training/model_ops.py: k0 again, with the next layer's norm).
       backward  see attention_out_mlp_backward: k7, then k6 fed k7's ZdZ.
     One op, not one per kernel, because of that ZdZ: k6 (the RMSNorm backward of k0's norm)
     needs k7's dz, its zdz row sums and the gate/up weight, which all live in the MLP's
@@ -234,11 +249,26 @@ def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Ten
                          f"w_down {tuple(w_down.shape)} do not fit (want (M, n), (M, d), (d, n), (d,), (2F, d), (d, F))")
     if not all(t.dtype == torch.bfloat16 for t in (attn, residual, w_o, norm_weight, w_gu, w_down)):
         raise ValueError("attention_out_mlp: the expert kernels take bfloat16 operands")
-    k0 = _kernel(K0).run({"a": attn.contiguous(), "w_o": w_o.contiguous(), "residual": residual.contiguous(),
+    x, rstd, act, z = attention_out_swiglu_kernels(attn, residual, w_o, norm_weight, w_gu, eps)
+    return torch.addmm(x, act, w_down.T), x, z, rstd
+
+
+def attention_out_swiglu_kernels(attn, residual, w_o, norm_weight, w_gu, eps: float):
+    """k0 (out-proj + residual + partial norm, rstd finished) then k2 (gate/up + row scale +
+    SwiGLU) -> (x, rstd, act, z): the residual stream, its 1/rms, SwiGLU's output, the
+    interleaved gate/up pre-activation."""
+    h, x, rstd = residual_rmsnorm_kernel(attn, w_o, residual, norm_weight, eps)
+    k2 = _kernel(K2).run({"h": h, "rstd": rstd, "w_gu": w_gu.contiguous()}, {})
+    return x, rstd, k2["out"], k2["z"]
+
+
+def residual_rmsnorm_kernel(a, w, residual, norm_weight, eps: float):
+    """k0: x = a @ w^T + residual, h = x * norm_weight, rstd = 1/rms(x) -> (h, x, rstd). Its
+    task names the out-projection, but the GEMM is any (M, K) x (N=d, K) one: the down
+    projection + residual + the next norm's partial is k0 too."""
+    k0 = _kernel(K0).run({"a": a.contiguous(), "w_o": w.contiguous(), "residual": residual.contiguous(),
                           "norm_weight": norm_weight.contiguous(), "eps": eps}, {})
-    x, rstd = k0["x"], k0["rstd"]
-    k2 = _kernel(K2).run({"h": k0["h"], "rstd": rstd, "w_gu": w_gu.contiguous()}, {})
-    return torch.addmm(x, k2["out"], w_down.T), x, k2["z"], rstd
+    return k0["h"], k0["x"], k0["rstd"]
 
 
 @attention_out_mlp.register_fake
@@ -262,10 +292,17 @@ def attention_out_mlp_backward(dy: torch.Tensor, dx_extra: torch.Tensor, attn: t
           gradient of the residual stream after attention), the normalised input recomputed
           (for dw_gu = dz^T (xhat * w)) and the norm weight's gradient.
       torch: the out-projection's dgrad and wgrad GEMMs; the residual's gradient is dx."""
-    k7 = _kernel(K7).run({"dout": dy, "w_down": w_down.contiguous(), "z": z}, {})
+    return attention_out_mlp_grads(dy, dy + dx_extra, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd)
+
+
+def attention_out_mlp_grads(dy, dx_in, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd):
+    """k7 (down dgrad + SwiGLU backward + ZdZ) -> k6 (gate/up dgrad + RMSNorm backward, dx_in
+    as its accumulate input: the residual stream x's gradient from everything but its norm)
+    -> (dattn, dresidual, dw_o, dnorm_weight, dw_gu, dw_down), out-projection GEMMs plain."""
+    k7 = _kernel(K7).run({"dout": dy.contiguous(), "w_down": w_down.contiguous(), "z": z.contiguous()}, {})
     dz = k7["dz"]
-    k6 = _kernel(K6).run({"dz": dz, "w_gu": w_gu.contiguous(), "x": x, "rstd": rstd,
-                          "norm_weight": norm_weight.contiguous(), "dx_in": dy + dx_extra, "zdz": k7["zdz"]}, {})
+    k6 = _kernel(K6).run({"dz": dz, "w_gu": w_gu.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
+                          "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": k7["zdz"]}, {})
     dx = k6["dx"]
     return dx @ w_o, dx, dx.T @ attn, k6["dw"].to(norm_weight.dtype), dz.T @ k6["h"], dy.T @ k7["out"]
 

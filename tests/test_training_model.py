@@ -1,0 +1,280 @@
+"""training/model.py: the fused LLaMA-3 language model (the block re-cut across layer
+boundaries: k0 hands the next layer's h and rstd to its k4hf; k5 for the LM head and loss;
+k6 for every norm's backward, fed the real residual gradient) against its unfused float32
+reference, on the CPU through the emulator; its ops against unfused float64 math and by
+torch.library.opcheck; HF LlamaForCausalLM weights against a plain HF-style float32 model;
+torch.compile(fullgraph=True) against eager; and on an H200.
+
+Tolerance, from the bf16 arithmetic as in tests/test_training_layer.py: a stored bf16
+intermediate is off by at most u = 2^-8 of itself; the longest chain here (the embedding's
+gradient in a 2-layer model: dlogits, the LM head's k6, then per layer k7's dz, k6's dx, the
+attention backward, the RoPE backward and the input norm's k6, then the index_add) rounds
+about 16 times, so in quadrature ||got - ref|| / ||ref|| should stay near sqrt(16) u = 4 u;
+the bound is 6 u. And no more than twice the plain bf16 PyTorch pipeline's error (the same
+reference model run in bf16, its logits upcast for the loss). Measured on the CPU shape
+below (these seeds): loss 1.4e-4 fused, 2.1e-4 plain bf16; the gradients 0.46% (final_norm)
+to 0.88% (layers.1.input_norm) fused, 0.69% to 1.25% plain bf16.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from training.layer import LlamaLayerConfig
+from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
+from training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
+from training.ops import rotate_adjacent_pairs
+
+#: ||got - ref|| / ||ref|| for the loss and every gradient: 6 bf16 unit roundoffs
+REL_TOL = 6 * 2.0**-8
+#: ... and at most this many times the plain bf16 pipeline's error
+TIMES_PLAIN_BF16 = 2.0
+
+#: the CPU shape: the layer test's (d 256, GQA 4/2 heads of 64, F 768), 2 layers, a vocabulary
+#: of 520 (a multiple of 8 as the GPU needs, not of the LM head's column tile), 2 x 48 rows (a ragged row tile)
+CPU_CONFIG = LlamaModelConfig(vocab=520, n_layers=2,
+                              layer=LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=768))
+CPU_BATCH, CPU_SEQ = 2, 48
+#: the GPU shape: 2 layers of LLaMA-3.2-1B (d 2048, 32 heads of 64, 8 KV heads, F 8192), a
+#: vocabulary of 32768 (the k5 task's; LLaMA-3's 128256 would quadruple the reference's
+#: float32 logits), 2 x 1024 tokens
+GPU_CONFIG = LlamaModelConfig(vocab=32768, n_layers=2,
+                              layer=LlamaLayerConfig(d=2048, n_heads=32, n_kv_heads=8, head_dim=64, ffn=8192))
+GPU_BATCH, GPU_SEQ = 2, 1024
+
+
+def _layer_test():
+    """tests/test_training_layer.py, for its HF state dict and HF-style layer."""
+    spec = importlib.util.spec_from_file_location("_training_layer_test", Path(__file__).with_name("test_training_layer.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _hf_state_dict(cfg: LlamaModelConfig, seed: int = 0, tied: bool = False) -> dict[str, torch.Tensor]:
+    """A random HF LlamaForCausalLM state dict, float32 holding bf16 values."""
+    layer_test = _layer_test()
+    g = torch.Generator().manual_seed(seed)
+    d = cfg.layer.d
+    sd = {"model.embed_tokens.weight": torch.randn(cfg.vocab, d, generator=g).bfloat16().float(),
+          "model.norm.weight": (1 + 0.1 * torch.randn(d, generator=g)).bfloat16().float()}
+    if not tied:
+        sd["lm_head.weight"] = (torch.randn(cfg.vocab, d, generator=g) / d**0.5).bfloat16().float()
+    for i in range(cfg.n_layers):
+        sd.update({f"model.layers.{i}.{k}": v for k, v in layer_test._hf_state_dict(cfg.layer, seed + 1 + i).items()})
+    return sd
+
+
+def _models(cfg, device, seed=0):
+    sd = _hf_state_dict(cfg, seed)
+    models = FusedLlamaModel(cfg, device), ReferenceLlamaModel(cfg, device=device), \
+        ReferenceLlamaModel(cfg, torch.bfloat16, device)
+    for model in models:
+        model.load_hf_state_dict(sd)
+    return models
+
+
+def _tokens(cfg, batch, seq, device, seed=1):
+    """Random tokens and next tokens: inputs (B, S) and targets (B, S)."""
+    stream = torch.randint(0, cfg.vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(seed))
+    return stream[:, :-1].to(device), stream[:, 1:].to(device)
+
+
+def _rel(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _loss_and_gradients(model, tokens, targets):
+    model.zero_grad(set_to_none=True)
+    loss = model(tokens, targets)
+    loss.backward()
+    return {"loss": loss.detach(), **{f"d{n}": p.grad for n, p in model.named_parameters()}}
+
+
+def _against_float32_reference(cfg, batch, seq, device):
+    fused, ref, plain_bf16 = _models(cfg, device)
+    tokens, targets = _tokens(cfg, batch, seq, device)
+    got, want, plain = (_loss_and_gradients(m, tokens, targets) for m in (fused, ref, plain_bf16))
+    errors = {name: (_rel(got[name], want[name]), _rel(plain[name], want[name])) for name in want}
+    print("\n".join(f"{n:22s} fused {e:.2e}  plain bf16 {p:.2e}" for n, (e, p) in errors.items()))
+    for name, (err, plain_err) in errors.items():
+        assert err <= REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {REL_TOL:.2e})"
+        assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+
+
+def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu():
+    _against_float32_reference(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu")
+
+
+def _hf_style_model(sd, cfg, tokens, targets, positions):
+    """Hugging Face's LlamaForCausalLM, plainly in float32: embedding, the layer test's
+    HF-style layers, the final RMSNorm, lm_head (the embedding if tied), mean cross-entropy."""
+    layer_test = _layer_test()
+    x = sd["model.embed_tokens.weight"][tokens]
+    for i in range(cfg.n_layers):
+        prefix = f"model.layers.{i}."
+        x = layer_test._hf_style_layer({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)},
+                                       cfg.layer, x, positions)
+    x = sd["model.norm.weight"] * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.layer.eps))
+    logits = x @ sd.get("lm_head.weight", sd["model.embed_tokens.weight"]).T
+    return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1))
+
+
+@pytest.mark.parametrize("n_layers, tied", [(2, False), (1, True)], ids=["2-layers", "1-layer-tied-embeddings"])
+def test_hf_weights_load_into_both_models_and_match_a_plain_hf_style_model(n_layers, tied):
+    """model.embed_tokens, model.layers.N.*, model.norm and lm_head load with the layers'
+    layout changes; the float32 reference gives HF's loss to float32 roundoff, the fused one
+    within the bf16 bound; given positions are honoured; to_hf_state_dict gives the weights
+    back (tied: lm_head as a copy of the embedding). One layer: the entry op straight into the
+    loss op."""
+    cfg = LlamaModelConfig(vocab=CPU_CONFIG.vocab, n_layers=n_layers, layer=CPU_CONFIG.layer)
+    sd = _hf_state_dict(cfg, seed=3, tied=tied)
+    fused, ref = FusedLlamaModel(cfg), ReferenceLlamaModel(cfg)
+    fused.load_hf_state_dict(sd)
+    ref.load_hf_state_dict(sd)
+    tokens, targets = _tokens(cfg, CPU_BATCH, CPU_SEQ, "cpu", seed=4)
+    positions = torch.arange(CPU_SEQ)[None, :] + torch.tensor([[0], [1000]])
+    want = _hf_style_model(sd, cfg, tokens, targets, positions)
+    with torch.no_grad():
+        assert _rel(ref(tokens, targets, positions), want) < 1e-5
+        assert _rel(fused(tokens, targets, positions), want) <= REL_TOL
+    back = fused.to_hf_state_dict()
+    for name, t in sd.items():
+        assert torch.equal(back[name].float(), t), name
+    if tied:
+        assert torch.equal(back["lm_head.weight"].float(), sd["model.embed_tokens.weight"])
+    with pytest.raises(ValueError, match="beyond"):
+        FusedLlamaModel(LlamaModelConfig(cfg.vocab, n_layers - 1 or 1, cfg.layer)).load_hf_state_dict(
+            _hf_state_dict(LlamaModelConfig(cfg.vocab, n_layers + 1, cfg.layer)))
+
+
+# ---- the ops one by one, against unfused float64 math --------------------------------------
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _unfused_embed(tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps):
+    x = embed[tokens]
+    return rotate_adjacent_pairs(_rms(x, norm_weight, eps) @ w_qkv.T, positions, inv_freq, rotary_cols), x
+
+
+def _unfused_after_attention(attn, residual, w_o, post_norm, w_gu, w_down, eps):
+    x_mid = attn @ w_o.T + residual
+    z = _rms(x_mid, post_norm, eps) @ w_gu.T
+    return x_mid + (F.silu(z[:, 0::2]) * z[:, 1::2]) @ w_down.T
+
+
+def _unfused_block(attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq,
+                   rotary_cols, eps):
+    x = _unfused_after_attention(attn, residual, w_o, post_norm, w_gu, w_down, eps)
+    return rotate_adjacent_pairs(_rms(x, next_norm, eps) @ next_w_qkv.T, positions, inv_freq, rotary_cols), x
+
+
+def _unfused_block_loss(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps):
+    x = _unfused_after_attention(attn, residual, w_o, post_norm, w_gu, w_down, eps)
+    return (F.cross_entropy(_rms(x, final_norm, eps) @ w_lm.T, targets, reduction="none"),)
+
+
+def _op_inputs(which, cfg=CPU_CONFIG, m=96, seed=0):
+    """(args, fused outputs with a loss on them, unfused function): bf16 leaves that need grad."""
+    c = cfg.layer
+    g = torch.Generator().manual_seed(seed)
+
+    def bf16(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g)).bfloat16().requires_grad_()
+
+    def norm():
+        return (1 + 0.1 * torch.randn(c.d, generator=g)).bfloat16().requires_grad_()
+
+    qkv_rows, rope = c.q_cols + 2 * c.kv_cols, ((torch.arange(m) % 40).float(), c.inv_freq(), c.q_cols + c.kv_cols)
+    block = (bf16(m, c.q_cols), bf16(m, c.d), bf16(c.d, c.q_cols, scale=c.q_cols**-0.5), norm(),
+             bf16(2 * c.ffn, c.d, scale=c.d**-0.5), bf16(c.d, c.ffn, scale=c.ffn**-0.5))
+    if which == "embed_rmsnorm_qkv_rope":
+        tokens = torch.randint(0, 40, (m,), generator=g)  # repeated tokens: their gradients add
+        return ((tokens, bf16(cfg.vocab, c.d), norm(), bf16(qkv_rows, c.d, scale=c.d**-0.5), *rope, c.eps),
+                lambda *a: embed_rmsnorm_qkv_rope(*a)[:2], _unfused_embed)
+    if which == "decoder_block":
+        return ((*block, norm(), bf16(qkv_rows, c.d, scale=c.d**-0.5), *rope, c.eps),
+                lambda *a: decoder_block(*a)[:2], _unfused_block)
+    # logits ~ 3 standard deviations, as a trained LM head gives (the k5 task's inputs)
+    w_lm = bf16(cfg.vocab, c.d, scale=3 * c.d**-0.5)
+    return ((*block, norm(), w_lm, torch.randint(0, cfg.vocab, (m,), generator=g), c.eps),
+            lambda *a: decoder_block_loss(*a)[:1], _unfused_block_loss)
+
+
+OPS = ["embed_rmsnorm_qkv_rope", "decoder_block", "decoder_block_loss"]
+
+
+@pytest.mark.parametrize("which", OPS)
+def test_each_op_and_its_gradients_match_unfused_float64_math(which):
+    """With a loss on every differentiable output: qkv and the residual stream x it hands on
+    (x's cotangent is k6's accumulate input; dropping it would lose the residual gradient),
+    the per-row loss with a random weight per row."""
+    args, fused, unfused = _op_inputs(which)
+    leaves = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    ref_args = [a.detach().double().requires_grad_() if i in leaves else
+                a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for i, a in enumerate(args)]
+    g = torch.Generator().manual_seed(5)
+    got, want = fused(*args), unfused(*ref_args)
+    cotangents = [(1e-2 * torch.randn(w.shape, generator=g)).double() for w in want]
+    torch.autograd.backward(got, [c.to(o.dtype) for c, o in zip(cotangents, got)])
+    torch.autograd.backward(want, cotangents)
+    for i, (o, w) in enumerate(zip(got, want)):
+        assert _rel(o, w) <= REL_TOL, f"output {i}: {_rel(o, w):.2e}"
+    for i in leaves:
+        err = _rel(args[i].grad, ref_args[i].grad)
+        assert err <= REL_TOL, f"gradient of argument {i}: {err:.2e}"
+
+
+@pytest.mark.parametrize("which", OPS)
+def test_each_op_passes_torch_library_opcheck(which):
+    """Schema, autograd registration and the fake (meta) implementation, as torch checks them."""
+    args, _, _ = _op_inputs(which, m=32)
+    op = {"embed_rmsnorm_qkv_rope": embed_rmsnorm_qkv_rope, "decoder_block": decoder_block,
+          "decoder_block_loss": decoder_block_loss}[which]
+    result = torch.library.opcheck(op, args, test_utils=(
+        "test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_the_model_traces_whole_under_torch_compile_and_gives_the_eager_numbers():
+    fused = _models(CPU_CONFIG, "cpu")[0]
+    tokens, targets = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", seed=2)
+
+    def run(fn):
+        fused.zero_grad(set_to_none=True)
+        loss = fn(tokens, targets)
+        loss.backward()
+        return {"loss": loss.detach(), **{f"d{n}": p.grad for n, p in fused.named_parameters()}}
+
+    compiled = run(torch.compile(fused, fullgraph=True, backend="aot_eager"))
+    eager = run(fused)
+    assert compiled.keys() == eager.keys()
+    for name in eager:
+        assert torch.equal(compiled[name], eager[name]), name
+
+
+def test_operands_that_do_not_fit_are_one_line():
+    args, _, _ = _op_inputs("decoder_block", m=32)
+    with pytest.raises(ValueError, match="do not fit"):
+        decoder_block(*args[:7], args[7][:, :-8], *args[8:])
+    args, _, _ = _op_inputs("decoder_block_loss", m=32)
+    with pytest.raises(ValueError, match="do not fit"):
+        decoder_block_loss(*args[:8], args[8][:-1], args[9])
+    args, _, _ = _op_inputs("embed_rmsnorm_qkv_rope", m=32)
+    with pytest.raises(ValueError, match="int64"):
+        embed_rmsnorm_qkv_rope(args[0].int(), *args[1:])
+    with pytest.raises(ValueError, match="bfloat16"):
+        embed_rmsnorm_qkv_rope(args[0], args[1].float(), *args[2:])
+    with pytest.raises(ValueError, match="at least one layer"):
+        LlamaModelConfig(vocab=520, n_layers=0, layer=CPU_CONFIG.layer)
+
+
+@pytest.mark.gpu
+def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu():
+    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda")

@@ -1,0 +1,116 @@
+"""A LLaMA-3 causal language model whose non-attention parts run as GEMM-epilogue programs
+forward and backward (training/model_ops.py), and an unfused float32 reference with the same
+parameters; Hugging Face LlamaForCausalLM weights load into both.
+
+    tokens -> embed_rmsnorm_qkv_rope        (gather, layer 0's norm in torch, k4hf)
+           -> attention -> decoder_block    (k0, k2, k0 + layer 1's norm, layer 1's k4hf)
+           -> ...          (N-1 of them)
+           -> attention -> decoder_block_loss (k0, k2, k0 + final norm, k5)  -> mean loss
+
+Parameters: embed (V, d); layers.N.* (training/layer.py's, in the kernels' layout);
+final_norm (d,); lm_head (V, d). The HF names are model.embed_tokens.weight,
+model.layers.N.<HF layer names>, model.norm.weight and lm_head.weight; a checkpoint with tied
+embeddings (no lm_head.weight, e.g. LLaMA-3.2-1B) loads the embedding into lm_head, untied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
+
+
+@dataclass(frozen=True)
+class LlamaModelConfig:
+    """The model's sizes: the vocabulary (a multiple of 8: the GPU's TMA moves 16-byte rows
+    of the LM-head weight; LLaMA-3's 128256 is one), the number of layers, one layer's sizes."""
+
+    vocab: int
+    n_layers: int
+    layer: LlamaLayerConfig
+
+    def __post_init__(self):
+        if self.n_layers < 1 or self.vocab < 8 or self.vocab % 8:
+            raise ValueError(f"{self}: need at least one layer and a vocabulary a multiple of 8")
+
+
+class _ModelParams(torch.nn.Module):
+    """The parameters both models hold; layer_type gives the layers (their parameters and
+    attention; FusedLlamaModel does not call their forward)."""
+
+    def __init__(self, cfg: LlamaModelConfig, layer_type, dtype: torch.dtype, device=None, layer_args=()):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.layer.d
+        self.embed = torch.nn.Parameter(torch.randn(cfg.vocab, d).to(device=device, dtype=dtype))
+        self.layers = torch.nn.ModuleList(layer_type(cfg.layer, *layer_args, device=device) for _ in range(cfg.n_layers))
+        self.final_norm = torch.nn.Parameter(torch.ones(d, device=device, dtype=dtype))
+        self.lm_head = torch.nn.Parameter((torch.randn(cfg.vocab, d) / d**0.5).to(device=device, dtype=dtype))
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy a LlamaForCausalLM state dict in (HF names and layout; converted once)."""
+        n = self.cfg.n_layers
+        layer_keys = {k for k in sd if k.startswith("model.layers.")}
+        extra = {k.split(".")[2] for k in layer_keys} - {str(i) for i in range(n)}
+        if extra:
+            raise ValueError(f"the state dict has layers {sorted(extra)} beyond this model's {n}")
+        with torch.no_grad():
+            self.embed.copy_(sd["model.embed_tokens.weight"])
+            self.final_norm.copy_(sd["model.norm.weight"])
+            self.lm_head.copy_(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            layer.load_hf_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})
+
+    def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        sd = {"model.embed_tokens.weight": self.embed.detach(), "model.norm.weight": self.final_norm.detach(),
+              "lm_head.weight": self.lm_head.detach()}
+        for i, layer in enumerate(self.layers):
+            sd.update({f"model.layers.{i}.{k}": v for k, v in layer.to_hf_state_dict().items()})
+        return sd
+
+
+class FusedLlamaModel(_ModelParams):
+    """The model through the fused ops; bfloat16 parameters and activations.
+    forward(tokens (B, S) int64, targets (B, S) int64, positions (S,) or (B, S) | None) ->
+    the mean cross-entropy over all B*S rows (float32)."""
+
+    def __init__(self, cfg: LlamaModelConfig, device=None):
+        super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
+        c = self.cfg.layer
+        batch, seq = tokens.shape
+        first, last = self.layers[0], self.layers[-1]
+        pos = first._positions(batch, seq, positions, tokens.device)
+        rope = (pos, first.inv_freq, c.q_cols + c.kv_cols)
+        qkv, x, _ = embed_rmsnorm_qkv_rope(tokens.reshape(-1), self.embed, first.input_norm, first.w_qkv, *rope, c.eps)
+        for layer, nxt in zip(self.layers[:-1], self.layers[1:]):
+            attn = layer._attention(qkv, batch, seq)
+            qkv, x, *_ = decoder_block(attn, x, layer.w_o, layer.post_norm, layer.w_gu, layer.w_down,
+                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps)
+        attn = last._attention(qkv, batch, seq)
+        loss = decoder_block_loss(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
+                                  self.lm_head, targets.reshape(-1), c.eps)[0]
+        return loss.mean()
+
+
+class ReferenceLlamaModel(_ModelParams):
+    """The same model, same parameters and layout, as plain unfused torch in float32 (or
+    bfloat16: the plain low-precision pipeline, with the logits upcast to float32 for the
+    loss as Hugging Face's loss does)."""
+
+    def __init__(self, cfg: LlamaModelConfig, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__(cfg, ReferenceLlamaLayer, dtype, device, layer_args=(dtype,))
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
+        x = self.embed[tokens]
+        for layer in self.layers:
+            x = layer(x, positions)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.layer.eps) * self.final_norm
+        logits = x @ self.lm_head.T
+        return F.cross_entropy(logits.float().reshape(-1, self.cfg.vocab), targets.reshape(-1))

@@ -1,0 +1,309 @@
+"""The custom ops of a stack of fused decoder layers (training/model.py), where the block
+re-cut of ../shared/notes/coda-workloads.md crosses the layer boundary: one layer's down
+projection + residual is k0 with the NEXT layer's input-norm weight, so it writes the next
+layer's h = x * w and rstd, and the next QKV GEMM (k4hf) consumes them. Cut at torch's
+attention, a model of N layers is
+
+    embed_rmsnorm_qkv_rope   embedding gather, layer 0's input norm (torch: the only norm
+                             left in torch), k4hf
+    attention ... decoder_block (N-1 times): layer i's k0 (O-proj + residual + post norm),
+                             k2 (gate/up + SwiGLU), k0 (down-proj + residual + layer i+1's
+                             input norm), layer i+1's k4hf (QKV + row scale + RoPE)
+    attention ... decoder_block_loss: the last layer's k0, k2, k0 with the final norm's
+                             weight, k5 (LM head + row scale + cross-entropy, no logits stored)
+
+Why these boundaries (autograd correctness): every RMSNorm backward is k6, which needs the
+ZdZ row sums of the GEMM after the norm (k7's for the post-attention norm, the RoPE
+backward's for an input norm, the LM head's for the final norm) and, as its accumulate
+input, the residual stream's gradient from everywhere else. Each op holds the norm and the
+GEMM after it, so the ZdZ passes inside one autograd node; and each op returns the residual
+stream it made (x) as a differentiable output that only the next op reads (as its residual),
+so x's cotangent, arriving at this op's backward, is exactly the residual gradient k6 adds.
+h and rstd never leave an op: the op consuming them is the op producing them.
+
+The residual stream x handed from op to op is the tensor k0 wrote (no copy); z, rstd and the
+other saved tensors are non-differentiable outputs (custom ops save only inputs and outputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from training.ops import (
+    K6,
+    _kernel,
+    _row_rstd,
+    attention_out_mlp_grads,
+    attention_out_swiglu_kernels,
+    qkv_rope_grads,
+    qkv_rope_kernel,
+    residual_rmsnorm_kernel,
+)
+
+K1 = "k1_gemm_rmsnorm"
+K5 = "k5_gemm_rmsnorm_partial_cross_entropy"
+
+
+def _bf16(name: str, *tensors: torch.Tensor) -> None:
+    if not all(t.dtype == torch.bfloat16 for t in tensors):
+        raise ValueError(f"{name}: the expert kernels take bfloat16 operands")
+
+
+def _check_block(name, attn, residual, w_o, post_norm, w_gu, w_down):
+    m, d = residual.shape
+    two_f = w_gu.shape[0]
+    if attn.shape[0] != m or tuple(w_o.shape) != (d, attn.shape[1]) or tuple(post_norm.shape) != (d,) \
+            or w_gu.shape[1] != d or two_f % 2 or tuple(w_down.shape) != (d, two_f // 2):
+        raise ValueError(f"{name}: attn {tuple(attn.shape)}, residual {tuple(residual.shape)}, w_o {tuple(w_o.shape)}, "
+                         f"post_norm {tuple(post_norm.shape)}, w_gu {tuple(w_gu.shape)}, w_down "
+                         f"{tuple(w_down.shape)} do not fit (want (M, n), (M, d), (d, n), (d,), (2F, d), (d, F))")
+    _bf16(name, attn, residual, w_o, post_norm, w_gu, w_down)
+
+
+def _check_qkv(name, m, d, norm_weight, w_qkv, positions, inv_freq, rotary_cols):
+    if tuple(norm_weight.shape) != (d,) or w_qkv.shape[1] != d or rotary_cols % (2 * inv_freq.shape[0]) \
+            or not 0 < rotary_cols < w_qkv.shape[0] or tuple(positions.shape) != (m,):
+        raise ValueError(f"{name}: norm_weight {tuple(norm_weight.shape)}, w_qkv {tuple(w_qkv.shape)}, positions "
+                         f"{tuple(positions.shape)}, rotary_cols {rotary_cols} do not fit rows ({m}, {d})")
+    _bf16(name, norm_weight, w_qkv)
+
+
+# ---- the model's entry: embedding -> layer 0's RMSNorm -> QKV -> RoPE ------------------------
+
+
+@torch.library.custom_op("epiforge::embed_rmsnorm_qkv_rope", mutates_args=())
+def embed_rmsnorm_qkv_rope(tokens: torch.Tensor, embed: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor,
+                           positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (qkv, x, rstd): x = embed[tokens] (M, d), the residual stream entering layer 0;
+    qkv = RoPE(RMSNorm(x) @ w_qkv^T) on the first rotary_cols columns; rstd saved.
+      forward   the gather and layer 0's h = x * w and rstd in torch (no GEMM before it to
+                fuse them into), then k4hf.
+      backward  RoPE backward and ZdZ in torch, k6 with x's cotangent (the residual
+                gradient from decoder_block) as its accumulate input, then the embedding
+                gradient as a float32 index_add over the rows (torch)."""
+    m = tokens.shape[0]
+    if tokens.ndim != 1 or tokens.dtype != torch.int64 or embed.ndim != 2:
+        raise ValueError(f"embed_rmsnorm_qkv_rope: tokens {tuple(tokens.shape)} {tokens.dtype} and embed "
+                         f"{tuple(embed.shape)} do not fit (want (M,) int64 and (V, d))")
+    _check_qkv("embed_rmsnorm_qkv_rope", m, embed.shape[1], norm_weight, w_qkv, positions, inv_freq, rotary_cols)
+    _bf16("embed_rmsnorm_qkv_rope", embed)
+    x = embed[tokens]
+    h = (x.float() * norm_weight.float()).to(x.dtype)
+    rstd = _row_rstd(x, eps)
+    return qkv_rope_kernel(h, rstd, w_qkv, positions, inv_freq, rotary_cols), x, rstd
+
+
+@embed_rmsnorm_qkv_rope.register_fake
+def _(tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps):
+    m = tokens.shape[0]
+    return embed.new_empty(m, w_qkv.shape[0]), embed.new_empty(m, embed.shape[1]), embed.new_empty(m, dtype=torch.float32)
+
+
+@torch.library.custom_op("epiforge::embed_rmsnorm_qkv_rope_backward", mutates_args=())
+def embed_rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, dx: torch.Tensor, qkv: torch.Tensor, x: torch.Tensor,
+                                    rstd: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor,
+                                    norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
+                                    inv_freq: torch.Tensor, rotary_cols: int
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dembed, dnorm_weight, dw_qkv)."""
+    dx, dnorm, dw_qkv = qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols, dx)
+    dembed = torch.zeros(embed.shape, dtype=torch.float32, device=embed.device).index_add_(0, tokens, dx.float())
+    return dembed.to(embed.dtype), dnorm, dw_qkv
+
+
+@embed_rmsnorm_qkv_rope_backward.register_fake
+def _(dqkv, dx, qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols):
+    return torch.empty_like(embed), torch.empty_like(norm_weight), torch.empty_like(w_qkv)
+
+
+def _embed_setup(ctx, inputs, output):
+    tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps = inputs
+    qkv, x, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.rotary_cols = rotary_cols
+    ctx.save_for_backward(qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq)
+
+
+def _embed_backward(ctx, dqkv, dx, drstd_unused):
+    qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq = ctx.saved_tensors
+    dx = torch.zeros_like(x) if dx is None else dx.to(x.dtype).contiguous()
+    grads = embed_rmsnorm_qkv_rope_backward(dqkv.to(x.dtype).contiguous(), dx, qkv, x, rstd, tokens, embed,
+                                            norm_weight, w_qkv, positions, inv_freq, ctx.rotary_cols)
+    return None, *grads, None, None, None, None
+
+
+embed_rmsnorm_qkv_rope.register_autograd(_embed_backward, setup_context=_embed_setup)
+
+
+# ---- between two layers' attentions: O-proj ... down-proj + the next layer's QKV ------------
+
+
+@torch.library.custom_op("epiforge::decoder_block", mutates_args=())
+def decoder_block(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
+                  w_gu: torch.Tensor, w_down: torch.Tensor, next_norm: torch.Tensor, next_w_qkv: torch.Tensor,
+                  positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer i after its attention, then layer i+1 up to its attention -> (qkv, x, x_mid, z,
+    rstd_mid, rstd): x_mid = attn @ w_o^T + residual; x = x_mid + SwiGLU(RMSNorm(x_mid) @
+    w_gu^T) @ w_down^T, the residual stream entering layer i+1; qkv = layer i+1's
+    RoPE(RMSNorm(x) @ next_w_qkv^T). qkv and x are differentiable; x_mid, z (interleaved
+    gate/up pre-activation), rstd_mid and rstd are saved for the backward.
+      forward   k0 (O-proj + residual + post norm's h, rstd_mid), k2 (gate/up + row scale +
+                SwiGLU), k0 again (down-proj + residual + next_norm's h, rstd), k4hf (layer
+                i+1's QKV + row scale + RoPE).
+      backward  RoPE^-1 and ZdZ (torch), k6 (QKV dgrad + layer i+1's input-norm backward,
+                x's cotangent as its accumulate input: the full gradient of x), k7 (down
+                dgrad + SwiGLU backward + ZdZ), k6 fed k7's ZdZ (gate/up dgrad + post-norm
+                backward + the residual gradient), plain GEMMs for the weight gradients and
+                the O-proj dgrad."""
+    _check_block("decoder_block", attn, residual, w_o, post_norm, w_gu, w_down)
+    _check_qkv("decoder_block", *residual.shape, next_norm, next_w_qkv, positions, inv_freq, rotary_cols)
+    x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
+    h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, next_norm, eps)
+    return qkv_rope_kernel(h, rstd, next_w_qkv, positions, inv_freq, rotary_cols), x, x_mid, z, rstd_mid, rstd
+
+
+@decoder_block.register_fake
+def _(attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps):
+    m = residual.shape[0]
+    return (residual.new_empty(m, next_w_qkv.shape[0]), torch.empty_like(residual), torch.empty_like(residual),
+            residual.new_empty(m, w_gu.shape[0]), residual.new_empty(m, dtype=torch.float32),
+            residual.new_empty(m, dtype=torch.float32))
+
+
+@torch.library.custom_op("epiforge::decoder_block_backward", mutates_args=())
+def decoder_block_backward(dqkv: torch.Tensor, dx: torch.Tensor, qkv: torch.Tensor, x: torch.Tensor,
+                           rstd: torch.Tensor, attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor,
+                           rstd_mid: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor, w_gu: torch.Tensor,
+                           w_down: torch.Tensor, next_norm: torch.Tensor, next_w_qkv: torch.Tensor,
+                           positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dnext_norm, dnext_w_qkv)."""
+    dx, dnext_norm, dnext_w_qkv = qkv_rope_grads(dqkv, qkv, x, rstd, next_norm, next_w_qkv, positions, inv_freq,
+                                                 rotary_cols, dx)
+    # x = x_mid + down(...): dx is the down projection's output gradient and x_mid's residual one
+    return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid),
+            dnext_norm, dnext_w_qkv)
+
+
+@decoder_block_backward.register_fake
+def _(dqkv, dx, qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
+      positions, inv_freq, rotary_cols):
+    return tuple(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv))
+
+
+def _block_setup(ctx, inputs, output):
+    attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps = inputs
+    qkv, x, x_mid, z, rstd_mid, rstd = output
+    ctx.mark_non_differentiable(x_mid, z, rstd_mid, rstd)
+    ctx.rotary_cols = rotary_cols
+    ctx.save_for_backward(qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
+                          positions, inv_freq)
+
+
+def _block_backward(ctx, dqkv, dx, *unused):
+    saved = ctx.saved_tensors
+    x = saved[1]
+    dx = torch.zeros_like(x) if dx is None else dx.to(x.dtype).contiguous()
+    grads = decoder_block_backward(dqkv.to(x.dtype).contiguous(), dx, *saved, ctx.rotary_cols)
+    return (*grads, None, None, None, None)
+
+
+decoder_block.register_autograd(_block_backward, setup_context=_block_setup)
+
+
+# ---- the last layer after its attention, the final norm, LM head and loss ------------------
+
+
+@torch.library.custom_op("epiforge::decoder_block_loss", mutates_args=())
+def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
+                       w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor, w_lm: torch.Tensor,
+                       targets: torch.Tensor, eps: float
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The last layer after its attention, the final RMSNorm, LM head and cross-entropy ->
+    (loss, lse, x_mid, z, rstd_mid, x, h, rstd): loss (M,) float32 per row, logits =
+    RMSNorm(x) @ w_lm^T with x the last layer's output; only loss is differentiable, the rest
+    is saved for the backward (lse: logsumexp of each row's logits; h = x * final_norm).
+      forward   k0, k2, k0 with the final norm's weight (as in decoder_block), k5 (LM-head
+                GEMM + row scale + online log-sum-exp and target logit; the M x V logits never
+                reach memory).
+      backward  no expert kernel computes the cross-entropy backward: k1 recomputes the
+                logits (LM-head GEMM + row scale, bf16), torch gives dlogits = dloss *
+                (exp(logits - lse) - onehot(target)) and ZdZ = sum logits * dlogits per row;
+                then k6 with the LM-head weight in the gate/up weight's place (LM-head dgrad
+                + final-norm backward; its accumulate input is zero, the final residual stream
+                has no other reader), dw_lm = dlogits^T (xhat * w) from k6's recomputed h;
+                then k7 -> k6 as in decoder_block."""
+    _check_block("decoder_block_loss", attn, residual, w_o, post_norm, w_gu, w_down)
+    m, d = residual.shape
+    if tuple(final_norm.shape) != (d,) or w_lm.ndim != 2 or w_lm.shape[1] != d or tuple(targets.shape) != (m,) \
+            or targets.dtype != torch.int64:
+        raise ValueError(f"decoder_block_loss: final_norm {tuple(final_norm.shape)}, w_lm {tuple(w_lm.shape)}, "
+                         f"targets {tuple(targets.shape)} {targets.dtype} do not fit (want ({d},), (V, {d}), ({m},) int64)")
+    _bf16("decoder_block_loss", final_norm, w_lm)
+    x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
+    h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, final_norm, eps)
+    out = _kernel(K5).run({"h": h, "rstd": rstd, "w_lm": w_lm.contiguous(), "targets": targets.contiguous()}, {})
+    return out["loss"], out["lse"], x_mid, z, rstd_mid, x, h, rstd
+
+
+@decoder_block_loss.register_fake
+def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps):
+    m = residual.shape[0]
+
+    def rows():
+        return residual.new_empty(m, dtype=torch.float32)
+
+    return (rows(), rows(), torch.empty_like(residual), residual.new_empty(m, w_gu.shape[0]), rows(),
+            torch.empty_like(residual), torch.empty_like(residual), rows())
+
+
+def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets):
+    """The cross-entropy and LM head backward through k1 and k6 (see decoder_block_loss)
+    -> (dx, dfinal_norm, dw_lm)."""
+    logits = _kernel(K1).run({"h": h, "w": w_lm.contiguous(), "rstd": rstd}, {})["out"].float()
+    dlogits = torch.exp(logits - lse[:, None])
+    dlogits[torch.arange(len(targets), device=targets.device), targets] -= 1.0
+    dlogits = (dloss.float()[:, None] * dlogits).to(x.dtype)
+    zdz = (logits * dlogits.float()).sum(-1)
+    out = _kernel(K6).run({"dz": dlogits, "w_gu": w_lm.contiguous(), "x": x, "rstd": rstd,
+                           "norm_weight": final_norm.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
+    return out["dx"], out["dw"].to(final_norm.dtype), dlogits.T @ out["h"]
+
+
+@torch.library.custom_op("epiforge::decoder_block_loss_backward", mutates_args=())
+def decoder_block_loss_backward(dloss: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, h: torch.Tensor,
+                                rstd: torch.Tensor, attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor,
+                                rstd_mid: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
+                                w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor,
+                                w_lm: torch.Tensor, targets: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                           torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dfinal_norm, dw_lm)."""
+    dx, dfinal_norm, dw_lm = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets)
+    return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid),
+            dfinal_norm, dw_lm)
+
+
+@decoder_block_loss_backward.register_fake
+def _(dloss, lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets):
+    return tuple(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, final_norm, w_lm))
+
+
+def _loss_setup(ctx, inputs, output):
+    attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps = inputs
+    loss, lse, x_mid, z, rstd_mid, x, h, rstd = output
+    ctx.mark_non_differentiable(lse, x_mid, z, rstd_mid, x, h, rstd)
+    ctx.save_for_backward(lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm,
+                          targets)
+
+
+def _loss_backward(ctx, dloss, *unused):
+    grads = decoder_block_loss_backward(dloss.float().contiguous(), *ctx.saved_tensors)
+    return (*grads, None, None)
+
+
+decoder_block_loss.register_autograd(_loss_backward, setup_context=_loss_setup)
