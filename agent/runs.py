@@ -11,7 +11,8 @@ and `epiforge generate --resume LOG` continues it (as it does one that ended on 
 error). The report says, per run, its session, outcome, turns, tokens and dollars, and
 pass@k over the runs that finished (the unbiased estimator, eval/leaderboard.py's pass_at_k;
 which sessions count is agent/sessions.py's counts_as_pass, the leaderboard's rule too: an
-unfinished run is not counted, and the report says how many were left unfinished).
+unfinished run, or one ended by a backend error, is not counted, and the report says how
+many were left out).
 
 run_pool is the part that runs sessions side by side; `epiforge ablate` (agent/ablate.py)
 runs its conditions through it too.
@@ -142,16 +143,19 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
 
 
 def report(config: SessionConfig, rows: list[dict], *, interrupted: bool = False) -> dict:
-    """The runs' rows, their totals and pass@k for k = 1..n over the n runs that finished: a
+    """The runs' rows, their totals and pass@k for k = 1..n over the n runs that count: a
     row's "pass" (agent/sessions.py counts_as_pass, the leaderboard's rule) is None for an
-    unfinished run, which is not counted; "unfinished" says how many there were."""
+    unfinished run (no end: killed, cut off, or failed before its log began) and for one
+    ended by a backend error, neither counted; "not_counted" says how many were left out,
+    "unfinished" how many of them never ended."""
     from eval.leaderboard import pass_at_k
 
     counted = [r["pass"] for r in rows if r["pass"] is not None]
     n, c = len(counted), sum(counted)
     costs = [r["cost_usd"] for r in rows if r["turns"]]
     return {"task": config.task, "backend": config.backend, "model": config.model, "runs": rows, "n": n, "passed": c,
-            "unfinished": len(rows) - n, "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
+            "not_counted": len(rows) - n,
+            "unfinished": sum(r["pass"] is None and r["outcome"] != "backend_error" for r in rows), "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
             "turns": sum(r["turns"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
             "cost_usd": None if None in costs else round(sum(costs), 6),
             "to_resume": [r["log"] for r in rows if r["log"] and r["outcome"] in RESUMABLE + ("error",)],
@@ -167,15 +171,18 @@ def shown_ks(n: int) -> list[int]:
 
 def render(rep: dict) -> str:
     total = len(rep["runs"])
+    outage = rep["not_counted"] - rep["unfinished"]
     lines = [f"{total} runs of {rep['task']} with {rep['backend']} / {rep['model']}: {rep['passed']} passed"
              + (f", {rep['unfinished']} unfinished" if rep["unfinished"] else "")
+             + (f", {outage} ended by a backend error" if outage else "")
              + (" (interrupted by Ctrl-C)" if rep["interrupted"] else ""),
              f"{'run':>4}  {'session':34} {'outcome':19} {'turns':>5} {'tokens':>9} {'$':>8}  kernel"]
     for r in rep["runs"]:
         cost = "unpriced" if r["cost_usd"] is None else f"{r['cost_usd']:.4f}"
         lines.append(f"{r['run']:>4}  {r['session']:34} {r['outcome']:19} {r['turns']:>5} {r['tokens']:>9} "
                      f"{cost:>8}  {r['kernel'] or '-'}")
-    left = (f"; {rep['unfinished']} unfinished run(s) not counted" if rep["unfinished"] else "")
+    left = (f"; {rep['not_counted']} run(s) not counted (unfinished, or ended by a backend error)"
+            if rep["not_counted"] else "")
     if rep["n"]:
         lines.append("  ".join(f"pass@{k} = {rep['pass_at_k'][str(k)]:.3f}" for k in shown_ks(rep["n"]))
                      + f"  (unbiased estimator over the {rep['n']} finished runs, a finished run that did not pass "

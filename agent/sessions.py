@@ -28,12 +28,12 @@ def last_end(events: list) -> SessionEnded | None:
 
 def counts_as_pass(end: SessionEnded | None) -> bool | None:
     """The rule by which a session counts in pass@k, for `generate --runs` (agent/runs.py) and
-    the leaderboard (eval/leaderboard.py agent_rows) alike: an unfinished session, whose log
-    has no session_ended event (killed, cut off by Ctrl-C, failed before its log began), is
-    not counted (None); a finished one is a pass (True) when it ended passed or passed_slow,
-    else a failure (False), whatever ended it (a backend_error too; a session resumed after
-    it counts by its last end)."""
-    return None if end is None else end.outcome in PASSED
+    the leaderboard (eval/leaderboard.py agent_rows) alike. Not counted (None): an unfinished
+    session, whose log has no session_ended event (killed, cut off by Ctrl-C, failed before
+    its log began), and one that ended on a backend error (an outage says nothing of the
+    model, and `generate --resume` continues it). Any other end is a pass (True) when it is
+    passed or passed_slow, else a failure (False); a resumed session counts by its last end."""
+    return None if end is None or end.outcome == "backend_error" else end.outcome in PASSED
 
 
 def summarize(path: Path) -> dict | str:

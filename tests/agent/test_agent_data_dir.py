@@ -131,7 +131,7 @@ def test_an_unfinished_run_is_not_counted_in_pass_at_k_here_or_on_the_leaderboar
     assert str(path) in again["to_resume"]
     text = render(again)
     assert text.splitlines()[0] == f"3 runs of k1_gemm_rmsnorm with anthropic / {PRICED}: 1 passed, 1 unfinished"
-    assert "over the 2 finished runs" in text and "1 unfinished run(s) not counted" in text
+    assert "over the 2 finished runs" in text and "1 run(s) not counted (unfinished, or ended by a backend error)" in text
 
     from eval.leaderboard import agent_rows
 
@@ -146,4 +146,16 @@ def test_no_finished_run_means_no_pass_at_k():
            "cost_usd": 0.01, "kernel": None, "pass": None, "log": "s.jsonl"}
     rep = report(config, [row])
     assert (rep["n"], rep["unfinished"], rep["pass_at_k"]) == (0, 1, {})
-    assert "pass@k: no run finished; 1 unfinished run(s) not counted" in render(rep)
+    assert "pass@k: no run finished; 1 run(s) not counted (unfinished, or ended by a backend error)" in render(rep)
+
+
+def test_a_run_ended_by_a_backend_error_is_not_counted_but_listed_to_resume():
+    config = SessionConfig(task="k1_gemm_rmsnorm", backend="anthropic", model=PRICED)
+    base = {"reason": "", "turns": 1, "tokens": 10, "cost_usd": 0.01, "kernel": None}
+    rows = [base | {"run": 1, "session": "a", "outcome": "passed", "pass": True, "log": "a.jsonl"},
+            base | {"run": 2, "session": "b", "outcome": "gave_up", "pass": False, "log": "b.jsonl"},
+            base | {"run": 3, "session": "c", "outcome": "backend_error", "pass": None, "log": "c.jsonl"}]
+    rep = report(config, rows)
+    assert (rep["n"], rep["passed"], rep["not_counted"], rep["unfinished"]) == (2, 1, 1, 0)
+    assert rep["pass_at_k"] == {"1": pytest.approx(0.5), "2": 1.0} and rep["to_resume"] == ["c.jsonl"]
+    assert render(rep).splitlines()[0] == f"3 runs of k1_gemm_rmsnorm with anthropic / {PRICED}: 1 passed, 1 ended by a backend error"
