@@ -187,3 +187,34 @@ def test_early_c_loads_cross_compile_for_k7_and_k0(tmp_path):
     assert k7["128x128 pp cs8 ec"][2] == 8, stages
     assert k0["128x128 pp cs5 ec"] == k0["128x128 pp cs5"], stages
     assert any(k.endswith("_early_c 128x128 pp cs5 ec") for k in stages), stages  # the edited kernel's class
+
+
+#: where the GPU check runs each early config: the paper's 1B and 7B shapes, and a short-K
+#: one (k7: K = 64, one k-tile; k0: K = N = 512) where the mainloop between two epilogues
+#: is shortest, so the two warpgroups' C loads and epilogues overlap the most
+EARLY_C_GPU_DIMS = {"1B": {}, "7B": {}, "short-K": {"k7": {"d": 64}, "k0": {"d": 512}}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tid", ["k7", "k0"])
+def test_early_c_loads_gives_the_same_bits_on_the_gpu(tid):
+    """The flag moves only when C arrives, so every early config must give bit for bit what
+    the same config without it gives, call after call (a wait passing on a stale phase
+    would show as differing bits, or hang)."""
+    import tasks
+    from bench.gpu_env import install_precompiled
+    from eval.kernel import HUMAN_DIR, load_kernel_module
+
+    install_precompiled()
+    task = tasks.get_task(tid)
+    module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+    paper = {s.name: s.dims() for s in tasks.shape_sets()["paper"]}
+    for name, override in EARLY_C_GPU_DIMS.items():
+        dims = {**paper.get(name, paper["1B"]), **override.get(tid, {})}
+        inputs = task.make_inputs(dims, seed=7, device="cuda")
+        for early in [c for c in EARLY_C_CONFIGS if c.early_c_loads]:
+            want = module.run(dict(inputs), {}, config=early.for_plain_gemm())
+            for i in range(10):
+                got = module.run(dict(inputs), {}, config=early)
+                for k in want:
+                    assert torch.equal(got[k], want[k]), f"{tid} {name} {early.key()} call {i}: {k} differs"
