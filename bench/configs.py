@@ -57,3 +57,34 @@ CANDIDATES = [
 #: the candidates with epi_c_stages set change only kernels whose epilogue loads C or tiles
 C_STAGE_CANDIDATES = [i for i, c in enumerate(CANDIDATES) if c.epi_c_stages is not None]
 WITH_C_LOADS = ("k0", "k6", "k7")
+
+#: the early prologue C loads (GemmConfig.early_c_loads, primitives/early_c.py) against the
+#: same kernels without them, for k7 and k0 (128x128 pingpong at every paper scale but 70B):
+#: their tuned configs (k7's _cs2 gets 5 C stages, k0's default 4, where the flag needs 5 of
+#: the tile's 8 sub-tiles) and the C depths the flag can take. Not in CANDIDATES: the flag
+#: refuses a GEMM without C, so a sweep of every task cannot take it.
+EARLY_C_CONFIGS = [
+    GemmConfig.parse(k) for k in (
+        "128x128_c1x2_pp", "128x128_c1x2_pp_cs2",
+        "128x128_c1x2_pp_cs5", "128x128_c1x2_pp_cs5_ec",
+        "128x128_c1x2_pp_cs6", "128x128_c1x2_pp_cs6_ec",
+        "128x128_c1x2_pp_cs8", "128x128_c1x2_pp_cs8_ec",
+    )
+]
+#: named config lists for --configs (beside CANDIDATES indexes and config keys)
+CONFIG_SETS = {"early-c": EARLY_C_CONFIGS}
+
+
+def config_args(args: list[str]) -> list[GemmConfig]:
+    """--configs of bench.run and bench.precompile: each an index into CANDIDATES, a config
+    key (GemmConfig.parse, e.g. 128x128_c1x2_pp_cs5_ec) or the name of a CONFIG_SETS list."""
+    out = []
+    for a in args:
+        if a.isdigit():
+            out.append(CANDIDATES[int(a)])
+        elif a in CONFIG_SETS:
+            out.extend(CONFIG_SETS[a])
+        else:
+            out.append(GemmConfig.parse(a))
+    return list({c.key(): c for c in out}.values())
+

@@ -4,6 +4,7 @@ instead of compiling (10-40 s each there). Compiled kernels do not depend on M, 
 smoke-shaped inputs describe them fully.
 
     .venv/bin/python -m bench.precompile [--tasks k0 k3] [--configs 0 1]
+    .venv/bin/python -m bench.precompile --tasks k0 k7 --configs early-c --parts kernels gemm
     .venv/bin/python -m bench.precompile --tuned --parts kernels library gemm
 
 --tuned compiles only what the paper shapes run: each expert kernel (and library
@@ -29,7 +30,7 @@ import shutil  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench.configs import CACHE_DIR, CANDIDATES  # noqa: E402
+from bench.configs import CACHE_DIR, CANDIDATES, config_args  # noqa: E402
 
 
 def _drop_stale(cache: Path) -> None:
@@ -47,7 +48,9 @@ def _drop_stale(cache: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
-    ap.add_argument("--configs", nargs="*", type=int, default=None, help="indexes into bench.configs.CANDIDATES")
+    ap.add_argument("--configs", nargs="*", default=None,
+                    help="indexes into bench.configs.CANDIDATES, config keys, or a bench.configs.CONFIG_SETS name "
+                         "(early-c: the early C loads beside the same kernels without them)")
     ap.add_argument("--parts", nargs="*", default=["kernels", "library", "diagnostics", "gemm"],
                     help="what to compile: the expert kernels, quack's library alternatives and the diagnostics "
                          "(bench.quack_library), the GEMM-only baseline")
@@ -66,7 +69,10 @@ def main(argv=None) -> int:
     from primitives import lowering
 
     catalogue = [t for t in tasks.load_catalogue()[0] if not args.tasks or t.id in args.tasks or t.name in args.tasks]
-    configs = [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
+    try:
+        configs = config_args(args.configs) if args.configs is not None else CANDIDATES
+    except (ValueError, IndexError) as e:
+        ap.error(f"--configs: {e}")
     dims = tasks.shape_sets()["smoke"][0].dims()
     failures = 0
     library = alternatives()
@@ -81,7 +87,7 @@ def main(argv=None) -> int:
             picked.setdefault(DEFAULT_CONFIG.key(), DEFAULT_CONFIG)
         return list(picked.values())
 
-    gemm_configs = {c.key(): c for c in configs}
+    gemm_configs = {c.for_plain_gemm().key(): c.for_plain_gemm() for c in configs}
     if args.tuned:
         from eval.baselines import SOL_TABLE
 

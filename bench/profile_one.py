@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             return module.run(inputs, prepared, config=config)
     elif args.what == "gemm":
         def call():
-            return gemm_only(a, b, config=config)
+            return gemm_only(a, b, config=config.for_plain_gemm())
     else:
         def call():
             return diags[args.what][0](inputs, config)

@@ -96,7 +96,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         entry = row["configs"].setdefault(key, {})
         candidates = {
             "fused": (lambda s, _c=None if own else cfg: module.run(s, prepared, config=_c), whole),
-            "gemm_quack": (lambda a, b, _c=cfg: gemm_only(a, b, config=_c), operands),
+            "gemm_quack": (lambda a, b, _c=cfg.for_plain_gemm(): gemm_only(a, b, config=_c), operands),
         }
         if library is not None:
             lib_cfg = library_config or (P.pick_config(library[2], *operands[0]) if own else cfg)
@@ -173,11 +173,14 @@ def fastest_fused(row: dict, n: int = 3) -> list[str]:
 
 def fastest_gemms(row: dict, n: int = 3) -> list[str]:
     """The sweep row's n fastest configs of the identity-epilogue GEMM (distinct kernels:
-    epi_c_stages does not change a GEMM that loads no C)."""
+    epi_c_stages does not change a GEMM that loads no C), as that GEMM runs them (without
+    early_c_loads, which it refuses)."""
+    from primitives.config import GemmConfig
+
     timed = {k: speed(v["gemm_quack"], row.get("gemm_cublas")) for k, v in row["configs"].items() if "gemm_quack" in v}
     distinct = {}
     for k in sorted(timed, key=timed.get):
-        distinct.setdefault(k.split("_cs")[0], k)
+        distinct.setdefault(k.split("_cs")[0], GemmConfig.parse(k).for_plain_gemm().key())
     return list(distinct.values())[:n]
 
 
@@ -228,7 +231,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
     ap.add_argument("--scales", nargs="*", default=None, help="paper shape names: 1B 7B 70B")
-    ap.add_argument("--configs", nargs="*", type=int, default=None, help="indexes into bench.configs.CANDIDATES")
+    ap.add_argument("--configs", nargs="*", default=None,
+                    help="indexes into bench.configs.CANDIDATES, config keys, or a bench.configs.CONFIG_SETS name")
     ap.add_argument("--tuned", action="store_true", help="time each kernel at its own tuned config only (no sweep)")
     ap.add_argument("--compile", action="store_true", help="also time cuBLAS + torch.compile of the unfused code")
     ap.add_argument("--liger", action="store_true", help="also time Liger-Kernel composites where Liger has the op")
@@ -260,13 +264,16 @@ def main(argv=None) -> int:
         ap.error(str(e))
 
     import tasks
-    from bench.configs import CANDIDATES
+    from bench.configs import CANDIDATES, config_args
     from bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
     from eval.baselines import unfused_fn
     from eval.kernel import expert_kernel, load_kernel_module
 
+    try:
+        configs = [None] if args.tuned else config_args(args.configs) if args.configs is not None else CANDIDATES
+    except (ValueError, IndexError) as e:
+        ap.error(f"--configs: {e}")
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
-    configs = [None] if args.tuned else [CANDIDATES[i] for i in args.configs] if args.configs is not None else CANDIDATES
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"environment": fingerprint(command_line("bench.run", argv)), "reps": args.reps, "rows": []}

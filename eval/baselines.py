@@ -75,6 +75,7 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
     skipped = {}
     seen = set()
     for cfg in [*kernel_configs, *sol_configs(task, dims)]:
+        cfg = cfg and cfg.for_plain_gemm()  # the kernel's tile, as a GEMM that loads no C
         if cfg is None or cfg.key() in seen:
             continue
         seen.add(cfg.key())

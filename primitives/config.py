@@ -26,6 +26,13 @@ class GemmConfig(BaseModel):
                     "epilogue's sub-tiles per tile); fewer leave room for another mainloop A/B stage, which "
                     "long-K tiles with a heavy epilogue need; more (up to all of a tile's sub-tiles) put a whole "
                     "tile's C loads in flight at once, which short-K tiles with a C-heavy epilogue need")
+    early_c_loads: bool = Field(
+        False,
+        description="pingpong only, and only for a GEMM that loads C: issue a tile's first C loads before "
+                    "waiting for the other warpgroup's epilogue instead of after it, so they fill while that "
+                    "epilogue drains (primitives/early_c.py). The kernel needs more than half of a tile's "
+                    "epilogue sub-tiles in C stages (5 of 8 on 128x128; quack gives k7 5, k0 4: set "
+                    "epi_c_stages) and refuses to compile otherwise. It changes load timing only, never values")
 
     @model_validator(mode="after")
     def _sm90_tile_rules(self):
@@ -42,25 +49,35 @@ class GemmConfig(BaseModel):
         if not ok or tn <= 0:
             mode = "pingpong" if self.pingpong else "cooperative"
             raise ValueError(f"tile {tm}x{tn} does not compile for sm_90a as {mode} (see primitive_docs/gemm_config.md)")
+        if self.early_c_loads and not self.pingpong:
+            raise ValueError("early_c_loads needs pingpong=True: it moves C loads ahead of the pingpong epilogue barrier")
         return self
 
     def key(self) -> str:
         """A short stable name, e.g. for caches and reports: 128x192_c2x1_pp (+ _sw1 when
-        the tile swizzle is not quack's default 8, + _cs1 when epi_c_stages is set)."""
+        the tile swizzle is not quack's default 8, + _cs1 when epi_c_stages is set, + _ec
+        when early_c_loads is set)."""
         pp = "_pp" if self.pingpong else ""
         sw = f"_sw{self.max_swizzle_size}" if self.max_swizzle_size != 8 else ""
         cs = f"_cs{self.epi_c_stages}" if self.epi_c_stages is not None else ""
-        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}{cs}"
+        ec = "_ec" if self.early_c_loads else ""
+        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}{cs}{ec}"
+
+    def for_plain_gemm(self) -> "GemmConfig":
+        """This config for a GEMM that loads no C, such as the identity-epilogue GEMM timed
+        beside a fused kernel: early_c_loads dropped (the one field such a GEMM refuses)."""
+        return self.model_copy(update={"early_c_loads": False}) if self.early_c_loads else self
 
     @classmethod
     def parse(cls, key: str) -> "GemmConfig":
         """The inverse of key()."""
-        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d+))?", key)
+        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d+))?(_ec)?", key)
         if not m:
             raise ValueError(f"not a config key: {key!r} (expected e.g. 128x192_c2x1_pp)")
-        tm, tn, cm, cn, pp, sw, cs = m.groups()
+        tm, tn, cm, cn, pp, sw, cs, ec = m.groups()
         return cls(tile_m=int(tm), tile_n=int(tn), cluster_m=int(cm), cluster_n=int(cn), pingpong=bool(pp),
-                   max_swizzle_size=int(sw) if sw else 8, epi_c_stages=int(cs) if cs else None)
+                   max_swizzle_size=int(sw) if sw else 8, epi_c_stages=int(cs) if cs else None,
+                   early_c_loads=bool(ec))
 
 
 DEFAULT_CONFIG = GemmConfig()

@@ -132,6 +132,9 @@ class Epilogue:
                                     f"heads, got {config.tile_n} (e.g. a 128x128 or 128x256 tile)")
         if self.mode == "acc_pair" and self.outputs and config.tile_n % 32:
             raise EpilogueError(f"{self.name}(): acc_pair outputs need tile_n a multiple of 32 on SM90, got {config.tile_n}")
+        if config.early_c_loads and call.c is None:
+            raise EpilogueError(f"{self.name}(): config {config.key()} has early_c_loads, which moves C loads, but this "
+                                "call loads no C (pass c= or drop the flag)")
         if a.device.type == "cuda":
             from primitives.lowering import launch
 

@@ -31,7 +31,9 @@ _quack_ready = False
 #: the attribute a config's epi_c_stages travels in (quack's post_init_attrs: set on the
 #: GEMM object before tracing, and part of both the in-memory and the on-disk compile key)
 _C_STAGES_ATTR = "epiforge_epi_c_stage_base"
-#: the stage counts of the kernels this process traced: "class tile [pp] [csN]" -> (A/B, D, C)
+#: the attribute a config's early_c_loads travels in, the same way (primitives/early_c.py)
+_EARLY_C_ATTR = "epiforge_early_c_loads"
+#: the stage counts of the kernels this process traced: "class tile [pp] [csN] [ec]" -> (A/B, D, C)
 STAGES: dict[str, tuple[int, int, int]] = {}
 
 
@@ -55,7 +57,9 @@ def _import_quack():
 def _hook_stage_split():
     """quack sizes the epilogue's C stages from a class attribute (GemmSm90.epi_c_stage_base,
     4) and gives the mainloop what shared memory is left. A config's epi_c_stages overrides
-    it for one trace: on the kernel's own (minted, per-epilogue) class, restored after."""
+    it for one trace: on the kernel's own (minted, per-epilogue) class, restored after.
+    A config's early_c_loads gives the object, before its trace, a subclass with the edited
+    kernel (primitives/early_c.py), then checks the stage split allows it."""
     from quack.gemm_sm90 import GemmSm90
 
     original = GemmSm90._setup_attributes
@@ -64,6 +68,11 @@ def _hook_stage_split():
 
     def _setup_attributes(self, *args, **kwargs):
         base = getattr(self, _C_STAGES_ATTR, None)
+        early = bool(getattr(self, _EARLY_C_ATTR, False))
+        if early:
+            from primitives import early_c
+
+            early_c.install(self)
         cls = type(self)
         if base is None:
             original(self, *args, **kwargs)
@@ -78,8 +87,10 @@ def _hook_stage_split():
                 else:
                     del cls.epi_c_stage_base
         tile = "x".join(str(x) for x in self.cta_tile_shape_mnk[:2])
-        name = f"{cls.__name__} {tile}{' pp' if self.pingpong else ''}{f' cs{base}' if base else ''}"
+        name = f"{cls.__name__} {tile}{' pp' if self.pingpong else ''}{f' cs{base}' if base else ''}{' ec' if early else ''}"
         STAGES[name] = (self.ab_stage, self.epi_stage, self.epi_c_stage)
+        if early:
+            early_c.check(self)
 
     _setup_attributes._epiforge = True
     GemmSm90._setup_attributes = _setup_attributes
@@ -176,7 +187,8 @@ def _gemm(epi: Epilogue, call: Call, config: GemmConfig, launch: bool, device):
         pingpong=config.pingpong,
         persistent=True,
         max_swizzle_size=config.max_swizzle_size,
-        post_init_attrs=((_C_STAGES_ATTR, config.epi_c_stages),) if config.epi_c_stages is not None else (),
+        post_init_attrs=(((_C_STAGES_ATTR, config.epi_c_stages),) if config.epi_c_stages is not None else ())
+        + (((_EARLY_C_ATTR, True),) if config.early_c_loads else ()),
         _launch=launch,
     )
     return result

@@ -1,5 +1,6 @@
-"""GemmConfig: keys, the SM90 tile rules, and the epilogue C-stage knob's effect on the
-compiled kernel's shared-memory split (checked by cross-compiling for sm_90a)."""
+"""GemmConfig: keys, the SM90 tile rules, the epilogue C-stage knob's effect on the
+compiled kernel's shared-memory split, and the early prologue C loads (both checked by
+cross-compiling for sm_90a)."""
 
 import json
 import os
@@ -8,15 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 import primitives as P
-from bench.configs import CANDIDATES
+from bench.configs import CANDIDATES, EARLY_C_CONFIGS, config_args
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: c.key())
+@pytest.mark.parametrize("cfg", CANDIDATES + EARLY_C_CONFIGS, ids=lambda c: c.key())
 def test_key_round_trips(cfg):
     assert P.GemmConfig.parse(cfg.key()) == cfg
 
@@ -26,6 +28,8 @@ def test_keys_name_every_knob_that_changes_the_kernel():
     assert len(keys) == len(CANDIDATES)
     assert P.GemmConfig(epi_c_stages=1).key() == "128x192_c2x1_pp_cs1"
     assert P.GemmConfig(max_swizzle_size=1, epi_c_stages=2).key() == "128x192_c2x1_pp_sw1_cs2"
+    assert P.GemmConfig(epi_c_stages=5, early_c_loads=True).key() == "128x192_c2x1_pp_cs5_ec"
+    assert P.GemmConfig(early_c_loads=True).key() == "128x192_c2x1_pp_ec"
 
 
 @pytest.mark.parametrize("bad", [{"epi_c_stages": 0}, {"epi_c_stages": 17}, {"tile_m": 256, "tile_n": 128}])
@@ -84,3 +88,133 @@ def test_epi_c_stages_moves_shared_memory_between_mainloop_and_epilogue(tmp_path
     default, eight = _one(stages, "128x128 pp"), _one(stages, "128x128 pp cs8")
     assert eight[2] == 8 and default[2] < 8, stages
     assert eight[0] < default[0]  # paid for with A/B stages
+
+
+# ---- the early prologue C loads (GemmConfig.early_c_loads, primitives/early_c.py) ----------
+
+
+def test_early_c_loads_is_pingpong_only():
+    with pytest.raises(ValidationError, match="early_c_loads needs pingpong=True"):
+        P.GemmConfig(tile_m=256, tile_n=128, pingpong=False, early_c_loads=True)
+    assert not P.GemmConfig().early_c_loads  # off by default: no existing key or kernel changes
+
+
+def test_early_c_loads_in_the_emulator():
+    """The flag only moves load timing: the emulator takes it and computes the same values;
+    a call that loads no C refuses it (one line, on the CPU as on the GPU)."""
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(300, 64, generator=g).bfloat16(), (torch.randn(200, 64, generator=g) / 8).bfloat16()
+    c = torch.randn(300, 200, generator=g).bfloat16()
+
+    @P.epilogue(reductions={"s": P.RowReduce(product=True)})
+    def residual(acc, c):
+        y = acc + c
+        return {"D": y, "s": (y, y)}
+
+    plain, early = P.GemmConfig(tile_n=128, epi_c_stages=5), P.GemmConfig(tile_n=128, epi_c_stages=5, early_c_loads=True)
+    want, got = residual(a, w, c=c, config=plain), residual(a, w, c=c, config=early)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+    @P.epilogue()
+    def no_c(acc):
+        return {"D": acc}
+
+    with pytest.raises(P.EpilogueError, match="early_c_loads.*loads no C"):
+        no_c(a, w, config=early)
+
+
+def test_bench_config_args_take_keys_and_the_early_c_set():
+    assert config_args(["6", "128x128_c1x2_pp_cs5_ec"]) == [CANDIDATES[6], P.GemmConfig.parse("128x128_c1x2_pp_cs5_ec")]
+    assert config_args(["early-c"]) == EARLY_C_CONFIGS
+    assert {c.key() for c in EARLY_C_CONFIGS if c.early_c_loads} == {
+        "128x128_c1x2_pp_cs5_ec", "128x128_c1x2_pp_cs6_ec", "128x128_c1x2_pp_cs8_ec"}
+    # the identity GEMM timed beside a fused kernel loads no C: the same config, less the flag
+    assert P.GemmConfig.parse("128x128_c1x2_pp_cs5_ec").for_plain_gemm().key() == "128x128_c1x2_pp_cs5"
+    from bench.run import fastest_gemms
+    from eval.timing import summarize
+
+    timing = {**summarize([1.0] * 5).model_dump(), "samples_us": [1.0] * 5}
+    row = {"gemm_cublas": timing, "configs": {"128x128_c1x2_pp_cs5_ec": {"gemm_quack": timing}}}
+    assert fastest_gemms(row) == ["128x128_c1x2_pp_cs5"]  # what a sweep of early configs gives as GEMM-only
+
+
+EARLY_C_SCRIPT = """
+import json, sys
+import tasks, primitives as P
+from eval.kernel import HUMAN_DIR, load_kernel_module
+from primitives import lowering
+dims = tasks.shape_sets()["smoke"][0].dims()
+errors = {}
+for arg in sys.argv[1:]:
+    tid, key = arg.split(":")
+    task = tasks.get_task(tid)
+    module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+    try:
+        module.run(dict(task.make_inputs(dims, seed=0)), {}, config=P.GemmConfig.parse(key))
+    except lowering.CompileError as e:
+        errors[arg] = str(e)
+# quack text the edits do not expect (here: another of its methods) fails loudly
+import quack.gemm_sm90
+from primitives import early_c
+try:
+    early_c._edited(quack.gemm_sm90.GemmSm90.pingpong_barrier_sync, "GemmSm90.kernel", (), early_c._KERNEL_EDITS)
+except early_c.EarlyCError as e:
+    errors["edit"] = str(e)
+print(json.dumps({"stages": lowering.STAGES, "errors": errors}))
+"""
+
+
+def test_early_c_loads_cross_compile_for_k7_and_k0(tmp_path):
+    """k7's and k0's expert epilogues compile for sm_90a with the flag at 128x128 pingpong,
+    with the same stage split as without it; where quack gives a tile's 8 sub-tiles only 4
+    C stages (k0 at its default) the kernel is refused with the epi_c_stages it needs."""
+    env = {**os.environ, "QUACK_ARCH": "90", "CUTE_DSL_ARCH": "sm_90a", "EPIFORGE_CROSS_COMPILE": "1",
+           "QUACK_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    runs = ["k7:128x128_c1x2_pp_cs2", "k7:128x128_c1x2_pp_cs2_ec", "k7:128x128_c1x2_pp_cs8_ec",
+            "k0:128x128_c1x2_pp_cs5", "k0:128x128_c1x2_pp_cs5_ec", "k0:128x128_c1x2_pp_ec"]
+    out = subprocess.run([sys.executable, "-c", EARLY_C_SCRIPT, *runs], env=env,
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    stages, errors = got["stages"], got["errors"]
+    assert set(errors) == {"k0:128x128_c1x2_pp_ec", "edit"}, errors
+    assert "needs more than half of a tile's 8 epilogue sub-tiles in C stages, got 4" in errors["k0:128x128_c1x2_pp_ec"]
+    assert "set epi_c_stages >= 5" in errors["k0:128x128_c1x2_pp_ec"]
+    assert "GemmSm90.kernel is not the text primitives/early_c.py edits" in errors["edit"]
+    k7 = {k.split(" ", 1)[1]: v for k, v in stages.items() if "dswiglu" in k}
+    k0 = {k.split(" ", 1)[1]: v for k, v in stages.items() if "rms_partial" in k}
+    assert k7["128x128 pp cs2 ec"] == k7["128x128 pp cs2"] == [5, 2, 5], stages
+    assert k7["128x128 pp cs8 ec"][2] == 8, stages
+    assert k0["128x128 pp cs5 ec"] == k0["128x128 pp cs5"], stages
+    assert any(k.endswith("_early_c 128x128 pp cs5 ec") for k in stages), stages  # the edited kernel's class
+
+
+#: where the GPU check runs each early config: the paper's 1B and 7B shapes, and a short-K
+#: one (k7: K = 64, one k-tile; k0: K = N = 512) where the mainloop between two epilogues
+#: is shortest, so the two warpgroups' C loads and epilogues overlap the most
+EARLY_C_GPU_DIMS = {"1B": {}, "7B": {}, "short-K": {"k7": {"d": 64}, "k0": {"d": 512}}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tid", ["k7", "k0"])
+def test_early_c_loads_gives_the_same_bits_on_the_gpu(tid):
+    """The flag moves only when C arrives, so every early config must give bit for bit what
+    the same config without it gives, call after call (a wait passing on a stale phase
+    would show as differing bits, or hang)."""
+    import tasks
+    from bench.gpu_env import install_precompiled
+    from eval.kernel import HUMAN_DIR, load_kernel_module
+
+    install_precompiled()
+    task = tasks.get_task(tid)
+    module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+    paper = {s.name: s.dims() for s in tasks.shape_sets()["paper"]}
+    for name, override in EARLY_C_GPU_DIMS.items():
+        dims = {**paper.get(name, paper["1B"]), **override.get(tid, {})}
+        inputs = task.make_inputs(dims, seed=7, device="cuda")
+        for early in [c for c in EARLY_C_CONFIGS if c.early_c_loads]:
+            want = module.run(dict(inputs), {}, config=early.for_plain_gemm())
+            for i in range(10):
+                got = module.run(dict(inputs), {}, config=early)
+                for k in want:
+                    assert torch.equal(got[k], want[k]), f"{tid} {name} {early.key()} call {i}: {k} differs"
