@@ -2,6 +2,8 @@
 and backward (training/ops.py), and an unfused float32 reference with the same parameters.
 
     x -> [RMSNorm -> QKV -> RoPE]  rmsnorm_qkv_rope  (k4hf; backward: torch RoPE^-1, k6)
+         (qk_norm, Qwen3: [RMSNorm -> QKV -> per-head QK-norm -> RoPE] rmsnorm_qk_norm_rope:
+          torch input norm, qkv's q/k through qkn, v a plain GEMM; backward torch, then k6)
       -> causal GQA attention       torch scaled_dot_product_attention (and its autograd)
       -> [O-proj + residual + RMSNorm -> gate/up + SwiGLU -> down-proj + residual]
                                     attention_out_mlp (k0, k2, addmm; backward: k7 -> k6)
@@ -17,7 +19,8 @@ The two layout changes from Hugging Face's, made at load time and undone by to_h
     are reordered [0, h/2, 1, h/2+1, ...] (h = head_dim), so kernel pair j is HF's pair
     (j, j + h/2), which rotates by the same angle pos * inv_freq[j]. q and k get the same
     permutation, so q . k per head, and with it attention, is unchanged; v and o_proj are not
-    touched.
+    touched. With qk_norm, q_norm and k_norm are permuted the same way (a head's mean square
+    does not depend on the column order).
 """
 
 from __future__ import annotations
@@ -27,14 +30,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from training.ops import attention_out_mlp, rmsnorm_qkv_rope, rotate_adjacent_pairs
+from training.ops import QK_NORM_EPS, attention_out_mlp, rmsnorm_qk_norm_rope, rmsnorm_qkv_rope, rotate_adjacent_pairs
 
 
 @dataclass(frozen=True)
 class LlamaLayerConfig:
     """One decoder layer's sizes; defaults are LLaMA-3's eps and RoPE theta. inv_freq is the
     plain theta^(-2j/head_dim): LLaMA-3.1/3.2's rope_scaling ("llama3" rope_type) is not
-    applied (the kernels take any inv_freq; a scaled one would be a drop-in)."""
+    applied (the kernels take any inv_freq; a scaled one would be a drop-in).
+    qk_norm: Qwen3's per-head RMSNorm of q and k before RoPE (weights q_norm, k_norm of
+    head_dim each; its eps is QK_NORM_EPS, the qkn kernel's); Qwen3 sets rope_theta 1e6 and
+    eps 1e-6."""
 
     d: int
     n_heads: int
@@ -43,6 +49,7 @@ class LlamaLayerConfig:
     ffn: int
     eps: float = 1e-5
     rope_theta: float = 500000.0
+    qk_norm: bool = False
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads or self.head_dim % 2:
@@ -74,7 +81,9 @@ def hf_to_kernel_layout(sd: dict[str, torch.Tensor], cfg: LlamaLayerConfig) -> d
     for name, t in (("q", q), ("k", k), ("gate", gate)):
         if tuple(t.shape) != want[name]:
             raise ValueError(f"{name} weight {tuple(t.shape)} does not fit {cfg} (want {want[name]})")
-    return {
+    params = {} if not cfg.qk_norm else {"q_norm": sd["self_attn.q_norm.weight"][pair.to(q.device)],
+                                         "k_norm": sd["self_attn.k_norm.weight"][pair.to(q.device)]}
+    return params | {
         "input_norm": sd["input_layernorm.weight"],
         "post_norm": sd["post_attention_layernorm.weight"],
         "w_qkv": torch.cat((q, k, sd["self_attn.v_proj.weight"])),
@@ -88,7 +97,9 @@ def kernel_to_hf_layout(params: dict[str, torch.Tensor], cfg: LlamaLayerConfig) 
     """The inverse of hf_to_kernel_layout (for saving a checkpoint HF code can read)."""
     unpair = torch.argsort(_rope_pairing(cfg.head_dim))
     q, k, v = params["w_qkv"].split((cfg.q_cols, cfg.kv_cols, cfg.kv_cols))
-    return {
+    qk_norm = {} if not cfg.qk_norm else {"self_attn.q_norm.weight": params["q_norm"][unpair.to(q.device)],
+                                          "self_attn.k_norm.weight": params["k_norm"][unpair.to(q.device)]}
+    return qk_norm | {
         "input_layernorm.weight": params["input_norm"],
         "post_attention_layernorm.weight": params["post_norm"],
         "self_attn.q_proj.weight": _permute_heads(q, unpair, cfg.head_dim),
@@ -120,6 +131,8 @@ class _LayerParams(torch.nn.Module):
         self.cfg = cfg
         shapes = {"input_norm": (cfg.d,), "post_norm": (cfg.d,), "w_qkv": (cfg.q_cols + 2 * cfg.kv_cols, cfg.d),
                   "w_o": (cfg.d, cfg.q_cols), "w_gu": (2 * cfg.ffn, cfg.d), "w_down": (cfg.d, cfg.ffn)}
+        if cfg.qk_norm:
+            shapes |= {"q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,)}
         for name, shape in shapes.items():
             init = torch.ones(shape) if name.endswith("norm") else torch.randn(shape) / shape[-1] ** 0.5
             setattr(self, name, torch.nn.Parameter(init.to(device=device, dtype=dtype)))
@@ -162,8 +175,12 @@ class FusedLlamaLayer(_LayerParams):
         batch, seq, d = x.shape
         rows = x.reshape(batch * seq, d)
         pos = self._positions(batch, seq, positions, x.device)
-        qkv, _ = rmsnorm_qkv_rope(rows, self.input_norm, self.w_qkv, pos, self.inv_freq,
-                                  self.cfg.q_cols + self.cfg.kv_cols, self.cfg.eps)
+        if self.cfg.qk_norm:
+            qkv, _ = rmsnorm_qk_norm_rope(rows, self.input_norm, self.w_qkv, self.q_norm, self.k_norm, pos,
+                                          self.inv_freq, self.cfg.q_cols + self.cfg.kv_cols, self.cfg.eps)
+        else:
+            qkv, _ = rmsnorm_qkv_rope(rows, self.input_norm, self.w_qkv, pos, self.inv_freq,
+                                      self.cfg.q_cols + self.cfg.kv_cols, self.cfg.eps)
         attn = self._attention(qkv, batch, seq)
         y, _, _, _ = attention_out_mlp(attn, rows, self.w_o, self.post_norm, self.w_gu, self.w_down, self.cfg.eps)
         return y.reshape(batch, seq, d)
@@ -180,12 +197,21 @@ class ReferenceLlamaLayer(_LayerParams):
     def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.eps) * weight
 
+    def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
+        """Qwen3's QK-norm: each q and k head RMSNorm'd with q_norm or k_norm."""
+        c = self.cfg
+        heads = qk.reshape(qk.shape[0], -1, c.head_dim)
+        weight = torch.cat((self.q_norm.expand(c.n_heads, -1), self.k_norm.expand(c.n_kv_heads, -1)))
+        return (heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + QK_NORM_EPS) * weight).reshape(qk.shape)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         c = self.cfg
         batch, seq, d = x.shape
         rows = x.reshape(batch * seq, d)
         pos = self._positions(batch, seq, positions, x.device)
         qkv = self._rmsnorm(rows, self.input_norm) @ self.w_qkv.T
+        if c.qk_norm:
+            qkv = torch.cat((self._qk_norm(qkv[:, :c.q_cols + c.kv_cols]), qkv[:, c.q_cols + c.kv_cols:]), dim=1)
         qkv = rotate_adjacent_pairs(qkv, pos, self.inv_freq, c.q_cols + c.kv_cols)
         h = rows + self._attention(qkv, batch, seq) @ self.w_o.T
         z = self._rmsnorm(h, self.post_norm) @ self.w_gu.T

@@ -80,6 +80,8 @@ class FusedLlamaModel(_ModelParams):
     the mean cross-entropy over all B*S rows (float32)."""
 
     def __init__(self, cfg: LlamaModelConfig, device=None):
+        if cfg.layer.qk_norm:
+            raise ValueError("FusedLlamaModel: qk_norm (Qwen3) has no stack op yet; FusedLlamaLayer has it")
         super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):

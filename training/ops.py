@@ -329,3 +329,121 @@ def _mlp_block_backward(ctx, dy, dx_extra, dz_unused, drstd_unused):
 
 
 attention_out_mlp.register_autograd(_mlp_block_backward, setup_context=_mlp_block_setup)
+
+
+# ---- Qwen3's attention input: RMSNorm -> QKV -> per-head QK-norm -> RoPE (qkn) ------------
+
+QKN = "qkn_gemm_qknorm_rope"
+#: the QK-norm's epsilon: the qkn kernel's HeadRMS compiles it in (Qwen3's rms_norm_eps)
+QK_NORM_EPS = 1e-6
+
+
+def _qk_split(w_qkv: torch.Tensor, rotary_cols: int, head_dim: int) -> tuple[int, int]:
+    """(q heads, kv heads) of rows [q; k; v] with rotary_cols = q + k columns."""
+    kv_cols = w_qkv.shape[0] - rotary_cols
+    return (rotary_cols - kv_cols) // head_dim, kv_cols // head_dim
+
+
+def _head_norm_weight(q_norm: torch.Tensor, k_norm: torch.Tensor, n_q: int, n_kv: int) -> torch.Tensor:
+    """The per-column weight of the [q | k] columns: q_norm over every q head, k_norm over every k head."""
+    return torch.cat((q_norm.float().repeat(n_q), k_norm.float().repeat(n_kv)))
+
+
+@torch.library.custom_op("epiforge::rmsnorm_qk_norm_rope", mutates_args=())
+def rmsnorm_qk_norm_rope(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor, q_norm: torch.Tensor,
+                         k_norm: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's attention input -> (qkv, rstd): a = RMSNorm(x); the q and k columns of
+    a @ w_qkv^T get a per-head RMSNorm (eps QK_NORM_EPS) with weight q_norm or k_norm
+    (head_dim,), then RoPE; v's columns pass. Rows of w_qkv [q; k; v], rotary pairs adjacent.
+      forward   the input norm in torch (qkn takes the normalised a: its head statistic is not
+                invariant to a deferred row scale because of eps), then qkn (the Q/K GEMM
+                with the per-head norm and RoPE in its epilogue) on w_qkv's q and k rows; v
+                is a plain GEMM.
+      backward  see rmsnorm_qk_norm_rope_backward: torch (no kernel covers the QK-norm
+                backward), then k6."""
+    m, d = x.shape
+    head_dim = 2 * inv_freq.shape[0]
+    if tuple(norm_weight.shape) != (d,) or w_qkv.shape[1] != d or rotary_cols % head_dim \
+            or not 0 < rotary_cols < w_qkv.shape[0] or tuple(positions.shape) != (m,) \
+            or tuple(q_norm.shape) != (head_dim,) or tuple(k_norm.shape) != (head_dim,):
+        raise ValueError(f"rmsnorm_qk_norm_rope: x {tuple(x.shape)}, norm_weight {tuple(norm_weight.shape)}, w_qkv "
+                         f"{tuple(w_qkv.shape)}, q_norm {tuple(q_norm.shape)}, k_norm {tuple(k_norm.shape)}, positions "
+                         f"{tuple(positions.shape)}, rotary_cols {rotary_cols} do not fit")
+    if not all(t.dtype == torch.bfloat16 for t in (x, norm_weight, w_qkv, q_norm, k_norm)):
+        raise ValueError("rmsnorm_qk_norm_rope: the expert kernels take bfloat16 operands")
+    import primitives as P
+
+    kernel = _kernel(QKN)
+    if kernel.EPS != QK_NORM_EPS or head_dim not in kernel.EPILOGUES:
+        raise ValueError(f"rmsnorm_qk_norm_rope: qkn has eps {kernel.EPS} and head widths {sorted(kernel.EPILOGUES)}; "
+                         f"here {QK_NORM_EPS} and {head_dim}")
+    rstd = _row_rstd(x, eps)
+    a = (x.float() * rstd[:, None] * norm_weight.float()).to(x.dtype).contiguous()
+    weight = _head_norm_weight(q_norm, k_norm, *_qk_split(w_qkv, rotary_cols, head_dim))
+    freq = P.prepare.rope_freq_table(inv_freq.float(), head_dim, rotary_cols=rotary_cols, direction=1)
+    qk = kernel.EPILOGUES[head_dim](a, w_qkv[:rotary_cols].contiguous(), w=weight, pos=positions.float().contiguous(),
+                                    freq=freq, config=kernel.CONFIGS[head_dim])["D"]
+    return torch.cat((qk, a @ w_qkv[rotary_cols:].T), dim=1), rstd
+
+
+@rmsnorm_qk_norm_rope.register_fake
+def _(x, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols, eps):
+    return x.new_empty(x.shape[0], w_qkv.shape[0]), x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("epiforge::rmsnorm_qk_norm_rope_backward", mutates_args=())
+def rmsnorm_qk_norm_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
+                                  norm_weight: torch.Tensor, w_qkv: torch.Tensor, q_norm: torch.Tensor,
+                                  k_norm: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                                  rotary_cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                             torch.Tensor]:
+    """-> (dx, dnorm_weight, dw_qkv, dq_norm, dk_norm).
+    torch, float32: the RoPE backward (inverse rotation), then the per-head RMSNorm backward
+    from the recomputed pre-norm projection z = a @ w_qk^T (a GEMM; qkn stores only its
+    output): with r the head's 1/rms and n = z r, dz = r (dn - n mean(dn n)), dn = dy * w;
+    the norm weights' gradients sum dy * n over rows and heads. Then k6 (QKV dgrad + the
+    input RMSNorm backward) on [dz_q, dz_k, dv] with ZdZ = sum z dz over all columns (v's z is
+    the op's own v output)."""
+    m, d = x.shape
+    head_dim = 2 * inv_freq.shape[0]
+    n_q, n_kv = _qk_split(w_qkv, rotary_cols, head_dim)
+    dy = rotate_adjacent_pairs(dqkv[:, :rotary_cols].float(), positions, inv_freq, rotary_cols, direction=-1)
+    a = (x.float() * rstd[:, None] * norm_weight.float()).to(x.dtype)
+    z = (a.float() @ w_qkv[:rotary_cols].float().T).reshape(m, n_q + n_kv, head_dim)
+    r = torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + QK_NORM_EPS)
+    normed = z * r
+    dy = dy.reshape(m, n_q + n_kv, head_dim)
+    dnormed = dy * _head_norm_weight(q_norm, k_norm, n_q, n_kv).reshape(n_q + n_kv, head_dim)
+    dz_qk = r * (dnormed - normed * (dnormed * normed).mean(-1, keepdim=True))
+    dweight = (dy * normed).sum(0)
+    dz = torch.cat((dz_qk.reshape(m, rotary_cols), dqkv[:, rotary_cols:].float()), dim=1).to(x.dtype).contiguous()
+    zdz = (z.reshape(m, rotary_cols) * dz[:, :rotary_cols].float()).sum(-1) \
+        + (qkv[:, rotary_cols:].float() * dz[:, rotary_cols:].float()).sum(-1)
+    out = _kernel(K6).run({"dz": dz, "w_gu": w_qkv.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
+                           "norm_weight": norm_weight.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
+    return (out["dx"], out["dw"].to(norm_weight.dtype), dz.T @ out["h"], dweight[:n_q].sum(0).to(q_norm.dtype),
+            dweight[n_q:].sum(0).to(k_norm.dtype))
+
+
+@rmsnorm_qk_norm_rope_backward.register_fake
+def _(dqkv, qkv, x, rstd, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols):
+    return (torch.empty_like(x), torch.empty_like(norm_weight), torch.empty_like(w_qkv), torch.empty_like(q_norm),
+            torch.empty_like(k_norm))
+
+
+def _qk_norm_setup(ctx, inputs, output):
+    x, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols, eps = inputs
+    qkv, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.rotary_cols = rotary_cols
+    ctx.save_for_backward(qkv, x, rstd, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq)
+
+
+def _qk_norm_backward(ctx, dqkv, drstd_unused):
+    qkv, x, *rest = ctx.saved_tensors
+    grads = rmsnorm_qk_norm_rope_backward(dqkv.to(x.dtype).contiguous(), qkv, x, *rest, ctx.rotary_cols)
+    return (*grads, None, None, None, None)
+
+
+rmsnorm_qk_norm_rope.register_autograd(_qk_norm_backward, setup_context=_qk_norm_setup)

@@ -1,0 +1,176 @@
+"""training/: the Qwen3 variant of the layer (LlamaLayerConfig(qk_norm=True)): the per-head
+QK-norm before RoPE through the qkn expert kernel forward, torch then k6 backward, on the CPU
+through the emulator; against the unfused float32 reference layer (with the plain bf16
+pipeline's error as the second bound, tests/test_training_layer.py's rule and tolerance), a
+plain HF-style Qwen3 attention input, unfused float64 op math, and opcheck.
+Measured at head_dim 64 and 128 (these seeds): 0.31% (y) to 0.73% (dk_norm) fused, 0.49% to 1.39%
+plain bf16.
+"""
+
+import math
+
+import pytest
+import torch
+
+from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from training.ops import QK_NORM_EPS, rmsnorm_qk_norm_rope, rotate_adjacent_pairs
+
+REL_TOL = 4 * 2.0**-8
+TIMES_PLAIN_BF16 = 2.0
+
+#: Qwen3's settings (eps 1e-6, theta 1e6) at the layer test's CPU sizes
+CPU_CONFIG = LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=768, eps=1e-6, rope_theta=1e6,
+                              qk_norm=True)
+CPU_BATCH, CPU_SEQ = 2, 48
+
+
+def _hf_state_dict(cfg, seed=0):
+    """A random HF Qwen3DecoderLayer state dict (float32 holding bf16 values)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def linear(n_out, n_in):
+        return (torch.randn(n_out, n_in, generator=g) / n_in**0.5).bfloat16().float()
+
+    def norm(n):
+        return (1 + 0.1 * torch.randn(n, generator=g)).bfloat16().float()
+
+    return {"input_layernorm.weight": norm(cfg.d), "self_attn.q_proj.weight": linear(cfg.q_cols, cfg.d),
+            "self_attn.k_proj.weight": linear(cfg.kv_cols, cfg.d), "self_attn.v_proj.weight": linear(cfg.kv_cols, cfg.d),
+            "self_attn.q_norm.weight": norm(cfg.head_dim), "self_attn.k_norm.weight": norm(cfg.head_dim),
+            "self_attn.o_proj.weight": linear(cfg.d, cfg.q_cols), "post_attention_layernorm.weight": norm(cfg.d),
+            "mlp.gate_proj.weight": linear(cfg.ffn, cfg.d), "mlp.up_proj.weight": linear(cfg.ffn, cfg.d),
+            "mlp.down_proj.weight": linear(cfg.d, cfg.ffn)}
+
+
+def _rel(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _forward_backward(layer, x, dy, dtype):
+    x = x.to(dtype).detach().requires_grad_()
+    y = layer(x)
+    y.backward(dy.to(dtype))
+    return {"y": y.detach(), "dx": x.grad, **{f"d{n}": p.grad for n, p in layer.named_parameters()}}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_qk_norm_layer_output_and_every_gradient_match_the_float32_reference(head_dim):
+    cfg = LlamaLayerConfig(d=256, n_heads=256 // head_dim, n_kv_heads=128 // head_dim, head_dim=head_dim, ffn=768,
+                           eps=1e-6, rope_theta=1e6, qk_norm=True)
+    sd = _hf_state_dict(cfg)
+    layers = FusedLlamaLayer(cfg), ReferenceLlamaLayer(cfg), ReferenceLlamaLayer(cfg, torch.bfloat16)
+    for layer in layers:
+        layer.load_hf_state_dict(sd)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=g).bfloat16().float()
+    dy = (1e-2 * torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=g)).bfloat16().float()
+    got, want, plain = (_forward_backward(m, x, dy, t) for m, t in zip(layers, (torch.bfloat16, torch.float32,
+                                                                               torch.bfloat16)))
+    assert {"dq_norm", "dk_norm"} <= want.keys()
+    errors = {name: (_rel(got[name], want[name]), _rel(plain[name], want[name])) for name in want}
+    print("\n".join(f"{n:12s} fused {e:.2e}  plain bf16 {p:.2e}" for n, (e, p) in errors.items()))
+    for name, (err, plain_err) in errors.items():
+        assert err <= REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {REL_TOL:.2e})"
+        assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+
+
+def _hf_style_qkv(sd, cfg, x, positions):
+    """Hugging Face's Qwen3 attention input, plainly in float32: RMSNorm, q/k/v projections,
+    q_norm/k_norm over each head, rotate_half RoPE -> q, k, v as (B, heads, S, head_dim)."""
+    def rmsnorm(t, w, eps):
+        return w * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps))
+
+    def rotate_half(t):
+        half = t.shape[-1] // 2
+        return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+
+    b, s, _ = x.shape
+    h = rmsnorm(x, sd["input_layernorm.weight"], cfg.eps)
+    q = rmsnorm((h @ sd["self_attn.q_proj.weight"].T).view(b, s, cfg.n_heads, cfg.head_dim),
+                sd["self_attn.q_norm.weight"], QK_NORM_EPS).transpose(1, 2)
+    k = rmsnorm((h @ sd["self_attn.k_proj.weight"].T).view(b, s, cfg.n_kv_heads, cfg.head_dim),
+                sd["self_attn.k_norm.weight"], QK_NORM_EPS).transpose(1, 2)
+    v = (h @ sd["self_attn.v_proj.weight"].T).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+    freqs = positions[:, :, None].double() * cfg.inv_freq().double()[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().float()[:, None], emb.sin().float()[:, None]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+
+def test_hf_qwen3_weights_give_hf_attention_scores_and_round_trip():
+    """The pairing permutation applied to q_norm and k_norm as to q_proj and k_proj rows:
+    per head, q . k (what attention reads) equals HF's; v unchanged; to_hf_state_dict gives
+    the weights back."""
+    cfg = CPU_CONFIG
+    sd = _hf_state_dict(cfg, seed=3)
+    x = torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=torch.Generator().manual_seed(4)).bfloat16().float()
+    positions = torch.arange(CPU_SEQ)[None, :] + torch.tensor([[0], [1000]])
+    q_hf, k_hf, v_hf = _hf_style_qkv(sd, cfg, x, positions)
+    rep = cfg.n_heads // cfg.n_kv_heads
+    scores_hf = q_hf @ k_hf.repeat_interleave(rep, 1).transpose(-1, -2) / math.sqrt(cfg.head_dim)
+    for layer, tol in ((ReferenceLlamaLayer(cfg), 1e-5), (FusedLlamaLayer(cfg), REL_TOL)):
+        layer.load_hf_state_dict(sd)
+        rows = x.to(layer.w_qkv.dtype).reshape(-1, cfg.d)
+        pos = positions.reshape(-1).float()
+        with torch.no_grad():
+            if isinstance(layer, FusedLlamaLayer):
+                qkv, _ = rmsnorm_qk_norm_rope(rows, layer.input_norm, layer.w_qkv, layer.q_norm, layer.k_norm, pos,
+                                              layer.inv_freq, cfg.q_cols + cfg.kv_cols, cfg.eps)
+            else:
+                qkv = layer._rmsnorm(rows, layer.input_norm) @ layer.w_qkv.T
+                qkv = torch.cat((layer._qk_norm(qkv[:, :cfg.q_cols + cfg.kv_cols]), qkv[:, cfg.q_cols + cfg.kv_cols:]), 1)
+                qkv = rotate_adjacent_pairs(qkv, pos, layer.inv_freq, cfg.q_cols + cfg.kv_cols)
+        q, k, v = (t.float().reshape(CPU_BATCH, CPU_SEQ, -1, cfg.head_dim).transpose(1, 2)
+                   for t in qkv.split((cfg.q_cols, cfg.kv_cols, cfg.kv_cols), dim=-1))
+        scores = q @ k.repeat_interleave(rep, 1).transpose(-1, -2) / math.sqrt(cfg.head_dim)
+        assert _rel(scores, scores_hf) <= tol and _rel(v, v_hf) <= tol, type(layer).__name__
+        for name, t in layer.to_hf_state_dict().items():
+            assert torch.equal(t.float(), sd[name]), name
+
+
+def _op_args(cfg=CPU_CONFIG, m=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def bf16(*shape, scale=1.0, offset=0.0):
+        return (offset + scale * torch.randn(*shape, generator=g)).bfloat16().requires_grad_()
+
+    return (bf16(m, cfg.d), bf16(cfg.d, scale=0.1, offset=1.0), bf16(cfg.q_cols + 2 * cfg.kv_cols, cfg.d, scale=cfg.d**-0.5),
+            bf16(cfg.head_dim, scale=0.1, offset=1.0), bf16(cfg.head_dim, scale=0.1, offset=1.0),
+            (torch.arange(m) % 40).float(), cfg.inv_freq(), cfg.q_cols + cfg.kv_cols, cfg.eps)
+
+
+def _unfused(x, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols, eps):
+    cfg = CPU_CONFIG
+    z = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight @ w_qkv.T
+    heads = z[:, :rotary_cols].reshape(z.shape[0], -1, cfg.head_dim)
+    weight = torch.cat((q_norm.expand(cfg.n_heads, -1), k_norm.expand(cfg.n_kv_heads, -1)))
+    qk = (heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + QK_NORM_EPS) * weight).reshape(z.shape[0], -1)
+    return rotate_adjacent_pairs(torch.cat((qk, z[:, rotary_cols:]), 1), positions, inv_freq, rotary_cols)
+
+
+def test_the_op_and_its_gradients_match_unfused_float64_math():
+    args = _op_args()
+    leaves = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    ref_args = [a.detach().double().requires_grad_() if i in leaves else
+                a.double() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+    got, want = rmsnorm_qk_norm_rope(*args)[0], _unfused(*ref_args)
+    cotangent = (1e-2 * torch.randn(want.shape, generator=torch.Generator().manual_seed(5))).double()
+    got.backward(cotangent.bfloat16())
+    want.backward(cotangent)
+    assert _rel(got, want) <= REL_TOL
+    for i in leaves:
+        err = _rel(args[i].grad, ref_args[i].grad)
+        assert err <= REL_TOL, f"gradient of argument {i}: {err:.2e}"
+
+
+def test_the_op_passes_torch_library_opcheck():
+    result = torch.library.opcheck(rmsnorm_qk_norm_rope, _op_args(m=32), test_utils=(
+        "test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_the_fused_model_refuses_qk_norm_in_one_line():
+    from training.model import FusedLlamaModel, LlamaModelConfig
+
+    with pytest.raises(ValueError, match="qk_norm"):
+        FusedLlamaModel(LlamaModelConfig(vocab=64, n_layers=1, layer=CPU_CONFIG))
