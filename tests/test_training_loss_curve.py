@@ -29,4 +29,5 @@ def test_a_few_tiny_steps_write_both_curves_and_their_deviation(tmp_path):
     assert {"torch", "date", "command", "commit"} <= env.keys()
     assert env["command"].startswith("python -m training.loss_curve --steps 3")
     assert str(tmp_path) in env["command"]  # the command as run (no $OUT set)
+    assert isinstance(report["uncommitted_tracked_files"], list)
     assert 0 < report["data"]["entropy_rate_nats"] < report["data"]["uniform_loss_nats"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,6 +64,19 @@ def sample_batches(probs: torch.Tensor, steps: int, batch: int, seq: int, gen: t
     for t in range(seq):
         out[:, t + 1] = torch.multinomial(probs[out[:, t]], 1, generator=gen).squeeze(1)
     return out.reshape(steps, batch, seq + 1)
+
+
+def uncommitted_tracked_files() -> list[str] | None:
+    """The tracked files that differ from the commit (what "-dirty" on the commit means: on a
+    shared checkout they may be others' files, not training/'s), or None without git."""
+    from eval.machine import REPO
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                             timeout=20, check=True, cwd=REPO).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted(line[3:] for line in out.splitlines() if line.strip())
 
 
 def parse_args(argv):
@@ -181,6 +195,7 @@ def main(argv=None) -> dict:
                       "final_fused": fused_losses[-1], "final_reference": ref_losses[-1]},
         "seconds": {"fused": fused_seconds, "reference": ref_seconds},
         "environment": fingerprint(args.device, command_line("training.loss_curve", argv)),
+        "uncommitted_tracked_files": uncommitted_tracked_files(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"loss_curve_{args.device}"
