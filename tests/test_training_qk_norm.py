@@ -169,6 +169,22 @@ def test_the_op_passes_torch_library_opcheck():
     assert all(v == "SUCCESS" for v in result.values()), result
 
 
+def test_the_qk_norm_layer_traces_whole_under_torch_compile_and_gives_the_eager_numbers():
+    layer = FusedLlamaLayer(CPU_CONFIG)
+    layer.load_hf_state_dict(_hf_state_dict(CPU_CONFIG))
+    x = torch.randn(CPU_BATCH, CPU_SEQ, CPU_CONFIG.d, generator=torch.Generator().manual_seed(2)).bfloat16()
+
+    def run(fn):
+        layer.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        loss = fn(xg).float().pow(2).mean()
+        loss.backward()
+        return [loss.detach(), xg.grad, *(p.grad.clone() for p in layer.parameters())]
+
+    compiled, eager = run(torch.compile(layer, fullgraph=True, backend="aot_eager")), run(layer)
+    assert all(torch.equal(c, e) for c, e in zip(compiled, eager))
+
+
 def test_the_fused_model_refuses_qk_norm_in_one_line():
     from training.model import FusedLlamaModel, LlamaModelConfig
 
