@@ -198,12 +198,11 @@ def cmd_compare(args) -> int:
             if store is not None:
                 for r in cmp.results:
                     store.add(r)
+            if not args.json:  # each task's table as soon as it is judged: a long --all shows its progress
+                progress.console.print(render_comparison(cmp), markup=False, highlight=False, soft_wrap=True)
             progress.advance(job)
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in comparisons], indent=1))
-    else:
-        for cmp in comparisons:
-            print(render_comparison(cmp))
     return 0 if all(r.passed for c in comparisons for r in c.results) else 1
 
 
@@ -241,6 +240,10 @@ def render_comparison(cmp) -> str:
                 notes.setdefault(name, note.replace("|", "/"))
     if notes:
         lines += ["", *(f"- {name}: {note}" for name, note in notes.items())]
+    spent = max((r.stage_s for r in cmp.results), key=lambda d: sum(d.values()), default={})
+    if spent:
+        lines += ["", f"Judged in {sum(spent.values()):.0f} s: "
+                      + ", ".join(f"{stage} {s:.0f} s" for stage, s in spent.items() if s >= 0.5) + "."]
     if cmp.device == "cpu":
         lines += ["", "Timing: absent. Nothing is timed on a CPU (the emulator's speed says nothing about the GPU's); "
                       "run `epiforge compare --device gpu` on a Hopper GPU for one interleaved run of these kernels "

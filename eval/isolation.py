@@ -11,7 +11,9 @@ runner's group and removes the evaluation's temp dir), the runner gets SIGKILL w
 judge dies. The judge makes itself non-dumpable, so a runner of the same user cannot read
 or write its memory through /proc or ptrace; the runner shuts itself in namespaces before
 anything else (sandbox(): no capability over processes outside, so not over a root
-judge either; a read-only filesystem but its own dir; no network). The runner also gets a
+judge either; a read-only filesystem but its own dir; no network), and just before the
+kernel loads it forbids itself new Unix-domain sockets (forbid_unix_sockets: a service's
+socket file stays unreachable through the read-only mount). The runner also gets a
 CPU memory limit and PYTHONHASHSEED pinned (nothing of its behaviour may depend on a
 per-process hash seed).
 The harness reads the judge's frames (eval/judge.py) on a private pipe until it closes or
@@ -176,6 +178,58 @@ def sandbox(writable: Path, *, whole_fs: bool = True, readonly: list[str] = ()) 
     os.chdir(writable)  # the old cwd is the directory under the new mount: enter through the new one
     net = "no network" if flags & _CLONE_NEWNET else "the network reachable"
     return f"user and mount namespaces: {what}, {net}"
+
+
+#: per machine: (seccomp's audit arch, the seccomp, socket and io_uring_setup syscall numbers)
+_SYSCALLS = {"x86_64": (0xC000003E, 317, 41, 425), "aarch64": (0xC00000B7, 277, 198, 425)}
+_PR_SET_NO_NEW_PRIVS = 38
+_X32_BIT = 0x40000000
+#: what forbid_unix_sockets achieves, in words (the Result's environment records it)
+NO_UNIX_SOCKETS = "no new Unix-domain sockets, no io_uring (seccomp)"
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def forbid_unix_sockets() -> str:
+    """From now on no thread of this process may open a Unix-domain socket (EACCES), nor set
+    up io_uring (whose socket operation bypasses socket()): a filesystem socket of a service
+    outside the runner (a database, a container daemon) stays unreachable, since the
+    read-only mount does not stop connect(). Sockets made before (the judge's channel, a
+    socketpair) keep working; other families are the network namespace's business. A
+    seccomp filter on every thread (TSYNC), with no_new_privs; returns what it achieved."""
+    import platform
+    import struct
+
+    numbers = _SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return f"none (no filter written for {platform.machine()})"
+    audit_arch, nr_seccomp, nr_socket, nr_io_uring_setup = numbers
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW; SECCOMP_RET_ERRNO | EACCES
+    program = [  # (code, jump if true, jump if false, k); jumps count from the next instruction
+        (ld, 0, 0, 4),                   # 0  seccomp_data.arch
+        (jeq, 1, 0, audit_arch),         # 1  this machine's ABI: go on at 3
+        (ret, 0, 0, allow),              # 2  another ABI: no Python here runs it
+        (ld, 0, 0, 0),                   # 3  seccomp_data.nr
+        (jge, 6, 0, _X32_BIT),           # 4  x32 numbers (a second door to every call): deny
+        (jeq, 5, 0, nr_io_uring_setup),  # 5  io_uring_setup: deny
+        (jeq, 0, 3, nr_socket),          # 6  socket: look at its family; any other call: allow
+        (ld, 0, 0, 16),                  # 7  args[0], its low 32 bits: the family
+        (jeq, 2, 0, 1),                  # 8  AF_UNIX: deny
+        (ret, 0, 0, allow),              # 9
+        (ret, 0, 0, allow),              # 10
+        (ret, 0, 0, deny),               # 11
+    ]
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *ins) for ins in program))
+    fprog = _SockFprog(len(program), ctypes.addressof(code))
+    libc = _libc()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return f"none (no_new_privs: {os.strerror(ctypes.get_errno())})"
+    if libc.syscall(nr_seccomp, 1, 1, ctypes.byref(fprog)) != 0:  # SECCOMP_SET_MODE_FILTER, FILTER_FLAG_TSYNC
+        return f"none (seccomp: {os.strerror(ctypes.get_errno())})"
+    return NO_UNIX_SOCKETS
 
 
 _CLONE_NEWPID = 0x20000000

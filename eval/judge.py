@@ -35,6 +35,8 @@ from eval.isolation import make_undumpable, setup_child
 from eval.machine import fingerprint
 from eval.result import Outcome, Result, ShapeResult, worst_element
 
+_STARTED = time.monotonic()  # this module's import: the judge's own startup counts in its first stage
+
 _RUNNERS: list = []  # the live KernelProcesses, for the SIGTERM handler
 _TMP = None
 
@@ -68,7 +70,7 @@ class Candidate:
     def live(self) -> bool:
         return self.result is None
 
-    def finish(self, outcome: Outcome, message: str) -> None:
+    def finish(self, outcome: Outcome, message: str, stage_s: dict[str, float] | None = None) -> None:
         from eval.numerics import mask_numbers
 
         stderr = self.kp.stderr_tail() if self.kp else ""
@@ -76,7 +78,7 @@ class Candidate:
             stderr = mask_numbers(stderr)  # a traceback may quote the hidden shape's sizes
         self.result = Result(**self.base, outcome=outcome, message=message, stage=self.stage, per_shape=self.per_shape,
                              worst=worst_element(self.per_shape), compiled=self.kp.compiled if self.kp else [],
-                             stderr_tail=stderr)
+                             stderr_tail=stderr, stage_s=stage_s or {})
 
 
 def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
@@ -95,10 +97,20 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
     deadline = time.monotonic() + float(request["timeout_s"])
     cands = [Candidate(k["label"], k["source"], k["base"]) for k in request["kernels"]]
 
+    spent: dict[str, float] = {}  # seconds per stage, the judge's startup counted in "load"
+    clock = {"stage": "load", "since": _STARTED}
+
     def at(name, who=None):
+        now = time.monotonic()
+        spent[clock["stage"]] = spent.get(clock["stage"], 0.0) + now - clock["since"]
+        clock.update(stage=name, since=now)
         for c in (who or [c for c in cands if c.live]):
             c.stage = name
         channel.stage(name)
+
+    def so_far() -> dict[str, float]:
+        open_stage = {clock["stage"]: spent.get(clock["stage"], 0.0) + time.monotonic() - clock["since"]}
+        return {k: round(v, 3) for k, v in (spent | open_stage).items()}
 
     task = get_task(request["task"])
     is_hidden = False
@@ -115,7 +127,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
             try:
                 _start(c, tmp / f"runner-{i}", request, deadline, lambda name, c=c: at(name, [c]))
             except KernelFailure as f:
-                c.finish(Outcome(f.outcome), f.message)
+                c.finish(Outcome(f.outcome), f.message, so_far())
         named = shape_sets()[request["shapes"]]
         hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
         # numerics at every shape (named, then hidden) before anything is timed: a kernel
@@ -127,7 +139,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
                 c.per_shape.append(check_shape(task, c.kp, shape, request["seed"], i, device, hidden=is_hidden))
                 res = c.per_shape[-1]
                 if res.outcome != Outcome.PASSED:
-                    c.finish(res.outcome, f"{res.shape}: {res.message}")
+                    c.finish(res.outcome, f"{res.shape}: {res.message}", so_far())
         is_hidden = False
         for i, shape in enumerate(named if device == "cuda" else []):
             group = {c.label: (c.kp, c.per_shape[i]) for c in cands if c.live}
@@ -138,21 +150,22 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
             for c in [c for c in cands if c.live]:
                 res = c.per_shape[i]
                 if res.outcome != Outcome.PASSED:
-                    c.finish(res.outcome, f"{res.shape}: {res.message}")
+                    c.finish(res.outcome, f"{res.shape}: {res.message}", so_far())
         at("done")
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device))
+            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device), so_far())
     except TaskCodeError as e:  # the task's reference.py failed: the task's fault, not a kernel's
         traceback.print_exc()
         detail = mask_numbers(e.detail) if is_hidden else e.detail  # it may quote the hidden shape's sizes
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.TASK_ERROR, f"the task's code failed during {c.stage}, not the kernel: {e.file}: {detail}")
+            c.finish(Outcome.TASK_ERROR, f"the task's code failed during {c.stage}, not the kernel: {e.file}: {detail}",
+                     so_far())
     except Exception as e:  # the judge's own failure (e.g. out of memory computing a reference)
         traceback.print_exc()
         first = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         why = "out of memory: a kernel's process may hold it" if "out of memory" in first.lower() else "an error"
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.RUNTIME_ERROR, f"the judge stopped with {why} during {c.stage}: {first}")
+            c.finish(Outcome.RUNTIME_ERROR, f"the judge stopped with {why} during {c.stage}: {first}", so_far())
     finally:
         for c in cands:
             if c.kp is not None:
@@ -184,6 +197,7 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
         c.base["environment"]["runner_sandbox"] = c.kp.sandbox
         loaded = c.kp.ask(load, stage="load")
         if loaded.get("cuda") is not False:
+            c.base["environment"]["runner_syscalls"] = loaded.get("syscalls")
             return
         c.base["environment"]["runner_sandbox_blocked"] = f"{mode}: {loaded.get('why')}"[:300]
         c.kp.close()

@@ -128,6 +128,9 @@ class Result(BaseModel):
     environment: dict = {}
     started_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     wall_s: float | None = None
+    stage_s: dict[str, float] = Field({}, description="seconds the judge spent in each stage of this evaluation, "
+                                                      "startup (interpreter and imports) included under load; in a "
+                                                      "compare, a stage shared by the kernels counts for each")
 
     @property
     def passed(self) -> bool:

@@ -230,6 +230,11 @@ class Runner:
         trace.set_compile_listener(lambda building: self.progress("compile" if building else self.stage))
         if msg.get("finishing"):
             _register_finishing(Path(msg["finishing"]))
+        from eval.isolation import forbid_unix_sockets
+
+        # last before the kernel's code: the driver, quack and the profiler have set up
+        syscalls = "off (EPIFORGE_RUNNER_SANDBOX=0)" if os.environ.get("EPIFORGE_RUNNER_SANDBOX") == "0" \
+            else forbid_unix_sockets()
         self.tamper = TamperCheck()
         try:
             module = load_kernel_module(Path(self.kernel_file))
@@ -242,7 +247,7 @@ class Runner:
         if not callable(getattr(module, "run", None)):
             raise Failure("STATIC_REJECTED", "the kernel defines no run(inputs, prepared, config=None)")
         self.module = module
-        return {"ok": True}
+        return {"ok": True, "syscalls": syscalls}
 
     def op_put(self, msg, fds):
         refs = [channel.TensorRef(**r) for r in msg["tensors"]]

@@ -124,6 +124,16 @@ def test_the_cli_compares_and_stores(tmp_path):
     from eval.store import ResultStore
 
     assert sorted(r.result.track for r in ResultStore(db).rows()) == ["expert", "generated"]
+    # without --json: the table as printed, a wide row unwrapped when piped, and where the time went
+    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "compare", "--task", "k1", "--kernels", "expert",
+                          "--device", "cpu", "--seed", "4"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "## k1_gemm_rmsnorm on the CPU (smoke shapes)"
+    assert any(line.startswith("| expert | expert | PASSED (provisional) | ok | smoke-a |") for line in lines)
+    (judged,) = [line for line in lines if line.startswith("Judged in ")]
+    assert "load " in judged and "numerics " in judged
+    assert [line for line in lines if line][-1].startswith("Timing: absent.") and "Traceback" not in out.stderr
     bad = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "compare", "--task", "k8", "--kernels",
                           "generated:model=nobody"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no generated kernel" in bad.stderr

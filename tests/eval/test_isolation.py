@@ -15,7 +15,7 @@ import pytest
 
 from eval import evaluate
 from eval.evaluation import _from_judge
-from eval.isolation import TEMP_PREFIX, JudgeRun
+from eval.isolation import NO_UNIX_SOCKETS, TEMP_PREFIX, JudgeRun
 from eval.remote import KernelFailure, KernelProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +41,9 @@ def test_the_next_candidate_passes_after_a_fault(fault, expect, kw):
         assert bad.wall_s < 12 + 10
     good = evaluate("k1", "human", seed=3)
     assert good.passed, good.message + good.stderr_tail
+    # where the time went: every stage it passed through, and no more than the whole took
+    assert {"load", "numerics"} <= good.stage_s.keys() and 0 < sum(good.stage_s.values()) <= good.wall_s
+    assert good.environment["runner_syscalls"] == NO_UNIX_SOCKETS
 
 
 def test_the_worker_sees_no_secrets(monkeypatch):
