@@ -2,7 +2,7 @@
 forward and backward (training/model_ops.py), and an unfused float32 reference with the same
 parameters; Hugging Face LlamaForCausalLM weights load into both.
 
-    tokens -> embed_rmsnorm_qkv_rope        (gather, layer 0's norm in torch, k4hf)
+    tokens -> embed_rmsnorm_qkv_rope        (gather, layer 0's norm in torch, k4hf; qkn with QK-norm)
            -> attention -> decoder_block    (k0, k2, k0 + layer 1's norm, layer 1's k4hf)
            -> ...          (N-1 of them)
            -> attention -> decoder_block_loss (k0, k2, k0 + final norm, k5)  -> mean loss
@@ -77,11 +77,11 @@ class _ModelParams(torch.nn.Module):
 class FusedLlamaModel(_ModelParams):
     """The model through the fused ops; bfloat16 parameters and activations.
     forward(tokens (B, S) int64, targets (B, S) int64, positions (S,) or (B, S) | None) ->
-    the mean cross-entropy over all B*S rows (float32)."""
+    the mean cross-entropy over all B*S rows (float32). With qk_norm (Qwen3) every layer's
+    QKV GEMM is qkn on the normalised input (made in torch from k0's x and rstd) instead of
+    k4hf, its QK-norm backward in torch; the rest is the same."""
 
     def __init__(self, cfg: LlamaModelConfig, device=None):
-        if cfg.layer.qk_norm:
-            raise ValueError("FusedLlamaModel: qk_norm (Qwen3) has no stack op yet; FusedLlamaLayer has it")
         super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
@@ -90,15 +90,20 @@ class FusedLlamaModel(_ModelParams):
         first, last = self.layers[0], self.layers[-1]
         pos = first._positions(batch, seq, positions, tokens.device)
         rope = (pos, first.inv_freq, c.q_cols + c.kv_cols)
-        qkv, x, _ = embed_rmsnorm_qkv_rope(tokens.reshape(-1), self.embed, first.input_norm, first.w_qkv, *rope, c.eps)
+        qkv, x, _ = embed_rmsnorm_qkv_rope(tokens.reshape(-1), self.embed, first.input_norm, first.w_qkv, *rope, c.eps,
+                                           *self._qk_norms(first))
         for layer, nxt in zip(self.layers[:-1], self.layers[1:]):
             attn = layer._attention(qkv, batch, seq)
             qkv, x, *_ = decoder_block(attn, x, layer.w_o, layer.post_norm, layer.w_gu, layer.w_down,
-                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps)
+                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps, *self._qk_norms(nxt))
         attn = last._attention(qkv, batch, seq)
         loss = decoder_block_loss(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
                                   self.lm_head, targets.reshape(-1), c.eps)[0]
         return loss.mean()
+
+    def _qk_norms(self, layer) -> tuple:
+        """(q_norm, k_norm) of a Qwen3 layer, () of a LLaMA one (the ops' optional arguments)."""
+        return (layer.q_norm, layer.k_norm) if self.cfg.layer.qk_norm else ()
 
 
 class ReferenceLlamaModel(_ModelParams):

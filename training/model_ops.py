@@ -23,9 +23,17 @@ h and rstd never leave an op: the op consuming them is the op producing them.
 
 The residual stream x handed from op to op is the tensor k0 wrote (no copy); z, rstd and the
 other saved tensors are non-differentiable outputs (custom ops save only inputs and outputs).
+
+Qwen3 (QK-norm): the entry op and decoder_block take q_norm and k_norm (optional, trailing);
+with them the QKV GEMM is qkn (per-head RMSNorm + RoPE in the epilogue) on the normalised
+input, which torch makes from x and rstd (qkn cannot take the deferred row scale: its head
+statistic's eps breaks the scale invariance), and the QK-norm backward is torch
+(training/ops.py qk_norm_rope_grads) before the same k6.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -35,6 +43,9 @@ from training.ops import (
     _row_rstd,
     attention_out_mlp_grads,
     attention_out_swiglu_kernels,
+    normalised,
+    qk_norm_rope_grads,
+    qk_norm_rope_kernel,
     qkv_rope_grads,
     qkv_rope_kernel,
     residual_rmsnorm_kernel,
@@ -60,12 +71,42 @@ def _check_block(name, attn, residual, w_o, post_norm, w_gu, w_down):
     _bf16(name, attn, residual, w_o, post_norm, w_gu, w_down)
 
 
-def _check_qkv(name, m, d, norm_weight, w_qkv, positions, inv_freq, rotary_cols):
-    if tuple(norm_weight.shape) != (d,) or w_qkv.shape[1] != d or rotary_cols % (2 * inv_freq.shape[0]) \
-            or not 0 < rotary_cols < w_qkv.shape[0] or tuple(positions.shape) != (m,):
+def _check_qkv(name, m, d, norm_weight, w_qkv, positions, inv_freq, rotary_cols, q_norm=None, k_norm=None):
+    head_dim = 2 * inv_freq.shape[0]
+    qk_norms = [t for t in (q_norm, k_norm) if t is not None]
+    if tuple(norm_weight.shape) != (d,) or w_qkv.shape[1] != d or rotary_cols % head_dim \
+            or not 0 < rotary_cols < w_qkv.shape[0] or tuple(positions.shape) != (m,) \
+            or len(qk_norms) == 1 or any(tuple(t.shape) != (head_dim,) for t in qk_norms):
         raise ValueError(f"{name}: norm_weight {tuple(norm_weight.shape)}, w_qkv {tuple(w_qkv.shape)}, positions "
-                         f"{tuple(positions.shape)}, rotary_cols {rotary_cols} do not fit rows ({m}, {d})")
-    _bf16(name, norm_weight, w_qkv)
+                         f"{tuple(positions.shape)}, rotary_cols {rotary_cols}, q_norm/k_norm "
+                         f"{[tuple(t.shape) if t is not None else None for t in (q_norm, k_norm)]} do not fit rows "
+                         f"({m}, {d}) (q_norm and k_norm both or neither)")
+    _bf16(name, norm_weight, w_qkv, *qk_norms)
+
+
+def _attention_input(x, h, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols, q_norm, k_norm):
+    """The QKV GEMM on a deferred RMSNorm: k4hf on h and rstd, or with QK-norm (Qwen3) qkn on
+    the normalised x (its head statistic is not invariant to a deferred row scale, because of
+    its eps; h goes unused)."""
+    if q_norm is None:
+        return qkv_rope_kernel(h, rstd, w_qkv, positions, inv_freq, rotary_cols)
+    return qk_norm_rope_kernel(normalised(x, rstd, norm_weight), w_qkv, q_norm, k_norm, positions, inv_freq,
+                               rotary_cols)
+
+
+def _attention_input_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols, dx_in, q_norm,
+                           k_norm):
+    """-> (dx, dnorm_weight, dw_qkv, dq_norm, dk_norm); without QK-norm the last two are
+    empty tensors (a custom op returns tensors, not None)."""
+    if q_norm is None:
+        return (*qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols, dx_in),
+                norm_weight.new_empty(0), norm_weight.new_empty(0))
+    return qk_norm_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols,
+                              dx_in)
+
+
+def _qk_norm_grads_fake(norm_weight, q_norm, k_norm):
+    return tuple(norm_weight.new_empty(0) if t is None else torch.empty_like(t) for t in (q_norm, k_norm))
 
 
 # ---- the model's entry: embedding -> layer 0's RMSNorm -> QKV -> RoPE ------------------------
@@ -73,10 +114,13 @@ def _check_qkv(name, m, d, norm_weight, w_qkv, positions, inv_freq, rotary_cols)
 
 @torch.library.custom_op("epiforge::embed_rmsnorm_qkv_rope", mutates_args=())
 def embed_rmsnorm_qkv_rope(tokens: torch.Tensor, embed: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor,
-                           positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int, eps: float
+                           positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int, eps: float,
+                           q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (qkv, x, rstd): x = embed[tokens] (M, d), the residual stream entering layer 0;
-    qkv = RoPE(RMSNorm(x) @ w_qkv^T) on the first rotary_cols columns; rstd saved.
+    qkv = RoPE(RMSNorm(x) @ w_qkv^T) on the first rotary_cols columns; rstd saved. With
+    q_norm and k_norm (Qwen3): the QK-norm before RoPE, qkn instead of k4hf, its backward in
+    torch (training/ops.py rmsnorm_qk_norm_rope).
       forward   the gather and layer 0's h = x * w and rstd in torch (no GEMM before it to
                 fuse them into), then k4hf.
       backward  RoPE backward and ZdZ in torch, k6 with x's cotangent (the residual
@@ -86,16 +130,17 @@ def embed_rmsnorm_qkv_rope(tokens: torch.Tensor, embed: torch.Tensor, norm_weigh
     if tokens.ndim != 1 or tokens.dtype != torch.int64 or embed.ndim != 2:
         raise ValueError(f"embed_rmsnorm_qkv_rope: tokens {tuple(tokens.shape)} {tokens.dtype} and embed "
                          f"{tuple(embed.shape)} do not fit (want (M,) int64 and (V, d))")
-    _check_qkv("embed_rmsnorm_qkv_rope", m, embed.shape[1], norm_weight, w_qkv, positions, inv_freq, rotary_cols)
+    _check_qkv("embed_rmsnorm_qkv_rope", m, embed.shape[1], norm_weight, w_qkv, positions, inv_freq, rotary_cols,
+               q_norm, k_norm)
     _bf16("embed_rmsnorm_qkv_rope", embed)
     x = embed[tokens]
     h = (x.float() * norm_weight.float()).to(x.dtype)
     rstd = _row_rstd(x, eps)
-    return qkv_rope_kernel(h, rstd, w_qkv, positions, inv_freq, rotary_cols), x, rstd
+    return _attention_input(x, h, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols, q_norm, k_norm), x, rstd
 
 
 @embed_rmsnorm_qkv_rope.register_fake
-def _(tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps):
+def _(tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps, q_norm=None, k_norm=None):
     m = tokens.shape[0]
     return embed.new_empty(m, w_qkv.shape[0]), embed.new_empty(m, embed.shape[1]), embed.new_empty(m, dtype=torch.float32)
 
@@ -104,33 +149,38 @@ def _(tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps):
 def embed_rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, dx: torch.Tensor, qkv: torch.Tensor, x: torch.Tensor,
                                     rstd: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor,
                                     norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
-                                    inv_freq: torch.Tensor, rotary_cols: int
-                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dembed, dnorm_weight, dw_qkv)."""
-    dx, dnorm, dw_qkv = qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols, dx)
+                                    inv_freq: torch.Tensor, rotary_cols: int, q_norm: Optional[torch.Tensor],
+                                    k_norm: Optional[torch.Tensor]
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dembed, dnorm_weight, dw_qkv, dq_norm, dk_norm); the last two empty without QK-norm."""
+    dx, dnorm, dw_qkv, dq_norm, dk_norm = _attention_input_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions,
+                                                                 inv_freq, rotary_cols, dx, q_norm, k_norm)
     dembed = torch.zeros(embed.shape, dtype=torch.float32, device=embed.device).index_add_(0, tokens, dx.float())
-    return dembed.to(embed.dtype), dnorm, dw_qkv
+    return dembed.to(embed.dtype), dnorm, dw_qkv, dq_norm, dk_norm
 
 
 @embed_rmsnorm_qkv_rope_backward.register_fake
-def _(dqkv, dx, qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols):
-    return torch.empty_like(embed), torch.empty_like(norm_weight), torch.empty_like(w_qkv)
+def _(dqkv, dx, qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, q_norm, k_norm):
+    return (torch.empty_like(embed), torch.empty_like(norm_weight), torch.empty_like(w_qkv),
+            *_qk_norm_grads_fake(norm_weight, q_norm, k_norm))
 
 
 def _embed_setup(ctx, inputs, output):
-    tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps = inputs
+    tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps, q_norm, k_norm = inputs
     qkv, x, rstd = output
     ctx.mark_non_differentiable(rstd)
     ctx.rotary_cols = rotary_cols
-    ctx.save_for_backward(qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq)
+    ctx.save_for_backward(qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq, q_norm, k_norm)
 
 
 def _embed_backward(ctx, dqkv, dx, drstd_unused):
-    qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq = ctx.saved_tensors
+    qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq, q_norm, k_norm = ctx.saved_tensors
     dx = torch.zeros_like(x) if dx is None else dx.to(x.dtype).contiguous()
-    grads = embed_rmsnorm_qkv_rope_backward(dqkv.to(x.dtype).contiguous(), dx, qkv, x, rstd, tokens, embed,
-                                            norm_weight, w_qkv, positions, inv_freq, ctx.rotary_cols)
-    return None, *grads, None, None, None, None
+    *grads, dq_norm, dk_norm = embed_rmsnorm_qkv_rope_backward(
+        dqkv.to(x.dtype).contiguous(), dx, qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq,
+        ctx.rotary_cols, q_norm, k_norm)
+    qk_grads = (None, None) if q_norm is None else (dq_norm, dk_norm)
+    return None, *grads, None, None, None, None, *qk_grads
 
 
 embed_rmsnorm_qkv_rope.register_autograd(_embed_backward, setup_context=_embed_setup)
@@ -142,7 +192,8 @@ embed_rmsnorm_qkv_rope.register_autograd(_embed_backward, setup_context=_embed_s
 @torch.library.custom_op("epiforge::decoder_block", mutates_args=())
 def decoder_block(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                   w_gu: torch.Tensor, w_down: torch.Tensor, next_norm: torch.Tensor, next_w_qkv: torch.Tensor,
-                  positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int, eps: float
+                  positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int, eps: float,
+                  next_q_norm: Optional[torch.Tensor] = None, next_k_norm: Optional[torch.Tensor] = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Layer i after its attention, then layer i+1 up to its attention -> (qkv, x, x_mid, z,
     rstd_mid, rstd): x_mid = attn @ w_o^T + residual; x = x_mid + SwiGLU(RMSNorm(x_mid) @
@@ -156,16 +207,22 @@ def decoder_block(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor,
                 x's cotangent as its accumulate input: the full gradient of x), k7 (down
                 dgrad + SwiGLU backward + ZdZ), k6 fed k7's ZdZ (gate/up dgrad + post-norm
                 backward + the residual gradient), plain GEMMs for the weight gradients and
-                the O-proj dgrad."""
+                the O-proj dgrad.
+    With next_q_norm and next_k_norm (Qwen3): layer i+1's QK-norm, qkn instead of k4hf and
+    its backward in torch, as in embed_rmsnorm_qkv_rope."""
     _check_block("decoder_block", attn, residual, w_o, post_norm, w_gu, w_down)
-    _check_qkv("decoder_block", *residual.shape, next_norm, next_w_qkv, positions, inv_freq, rotary_cols)
+    _check_qkv("decoder_block", *residual.shape, next_norm, next_w_qkv, positions, inv_freq, rotary_cols,
+               next_q_norm, next_k_norm)
     x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
     h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, next_norm, eps)
-    return qkv_rope_kernel(h, rstd, next_w_qkv, positions, inv_freq, rotary_cols), x, x_mid, z, rstd_mid, rstd
+    qkv = _attention_input(x, h, rstd, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, next_q_norm,
+                           next_k_norm)
+    return qkv, x, x_mid, z, rstd_mid, rstd
 
 
 @decoder_block.register_fake
-def _(attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps):
+def _(attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps,
+      next_q_norm=None, next_k_norm=None):
     m = residual.shape[0]
     return (residual.new_empty(m, next_w_qkv.shape[0]), torch.empty_like(residual), torch.empty_like(residual),
             residual.new_empty(m, w_gu.shape[0]), residual.new_empty(m, dtype=torch.float32),
@@ -177,38 +234,44 @@ def decoder_block_backward(dqkv: torch.Tensor, dx: torch.Tensor, qkv: torch.Tens
                            rstd: torch.Tensor, attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor,
                            rstd_mid: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor, w_gu: torch.Tensor,
                            w_down: torch.Tensor, next_norm: torch.Tensor, next_w_qkv: torch.Tensor,
-                           positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int
+                           positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int,
+                           next_q_norm: Optional[torch.Tensor], next_k_norm: Optional[torch.Tensor]
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                      torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dnext_norm, dnext_w_qkv)."""
-    dx, dnext_norm, dnext_w_qkv = qkv_rope_grads(dqkv, qkv, x, rstd, next_norm, next_w_qkv, positions, inv_freq,
-                                                 rotary_cols, dx)
+                                      torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dnext_norm, dnext_w_qkv,
+    dnext_q_norm, dnext_k_norm); the last two empty without QK-norm."""
+    dx, dnext_norm, dnext_w_qkv, dq_norm, dk_norm = _attention_input_grads(
+        dqkv, qkv, x, rstd, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, dx, next_q_norm, next_k_norm)
     # x = x_mid + down(...): dx is the down projection's output gradient and x_mid's residual one
     return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid),
-            dnext_norm, dnext_w_qkv)
+            dnext_norm, dnext_w_qkv, dq_norm, dk_norm)
 
 
 @decoder_block_backward.register_fake
 def _(dqkv, dx, qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
-      positions, inv_freq, rotary_cols):
-    return tuple(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv))
+      positions, inv_freq, rotary_cols, next_q_norm, next_k_norm):
+    return (*(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv)),
+            *_qk_norm_grads_fake(next_norm, next_q_norm, next_k_norm))
 
 
 def _block_setup(ctx, inputs, output):
-    attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps = inputs
+    (attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps,
+     next_q_norm, next_k_norm) = inputs
     qkv, x, x_mid, z, rstd_mid, rstd = output
     ctx.mark_non_differentiable(x_mid, z, rstd_mid, rstd)
     ctx.rotary_cols = rotary_cols
     ctx.save_for_backward(qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
-                          positions, inv_freq)
+                          positions, inv_freq, next_q_norm, next_k_norm)
 
 
 def _block_backward(ctx, dqkv, dx, *unused):
-    saved = ctx.saved_tensors
+    *saved, next_q_norm, next_k_norm = ctx.saved_tensors
     x = saved[1]
     dx = torch.zeros_like(x) if dx is None else dx.to(x.dtype).contiguous()
-    grads = decoder_block_backward(dqkv.to(x.dtype).contiguous(), dx, *saved, ctx.rotary_cols)
-    return (*grads, None, None, None, None)
+    *grads, dq_norm, dk_norm = decoder_block_backward(dqkv.to(x.dtype).contiguous(), dx, *saved, ctx.rotary_cols,
+                                                      next_q_norm, next_k_norm)
+    qk_grads = (None, None) if next_q_norm is None else (dq_norm, dk_norm)
+    return (*grads, None, None, None, None, *qk_grads)
 
 
 decoder_block.register_autograd(_block_backward, setup_context=_block_setup)

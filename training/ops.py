@@ -372,19 +372,31 @@ def rmsnorm_qk_norm_rope(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torc
                          f"{tuple(positions.shape)}, rotary_cols {rotary_cols} do not fit")
     if not all(t.dtype == torch.bfloat16 for t in (x, norm_weight, w_qkv, q_norm, k_norm)):
         raise ValueError("rmsnorm_qk_norm_rope: the expert kernels take bfloat16 operands")
+    rstd = _row_rstd(x, eps)
+    return qk_norm_rope_kernel(normalised(x, rstd, norm_weight), w_qkv, q_norm, k_norm, positions, inv_freq,
+                               rotary_cols), rstd
+
+
+def normalised(x: torch.Tensor, rstd: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's output x * rstd * w, rounded once to x's dtype (what qkn reads)."""
+    return (x.float() * rstd[:, None] * norm_weight.float()).to(x.dtype).contiguous()
+
+
+def qk_norm_rope_kernel(a, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols: int) -> torch.Tensor:
+    """qkn on the q and k rows of w_qkv (per-head RMSNorm + RoPE in the epilogue), v's rows a
+    plain GEMM -> qkv."""
     import primitives as P
 
+    head_dim = 2 * inv_freq.shape[0]
     kernel = _kernel(QKN)
     if kernel.EPS != QK_NORM_EPS or head_dim not in kernel.EPILOGUES:
         raise ValueError(f"rmsnorm_qk_norm_rope: qkn has eps {kernel.EPS} and head widths {sorted(kernel.EPILOGUES)}; "
                          f"here {QK_NORM_EPS} and {head_dim}")
-    rstd = _row_rstd(x, eps)
-    a = (x.float() * rstd[:, None] * norm_weight.float()).to(x.dtype).contiguous()
     weight = _head_norm_weight(q_norm, k_norm, *_qk_split(w_qkv, rotary_cols, head_dim))
     freq = P.prepare.rope_freq_table(inv_freq.float(), head_dim, rotary_cols=rotary_cols, direction=1)
     qk = kernel.EPILOGUES[head_dim](a, w_qkv[:rotary_cols].contiguous(), w=weight, pos=positions.float().contiguous(),
                                     freq=freq, config=kernel.CONFIGS[head_dim])["D"]
-    return torch.cat((qk, a @ w_qkv[rotary_cols:].T), dim=1), rstd
+    return torch.cat((qk, a @ w_qkv[rotary_cols:].T), dim=1)
 
 
 @rmsnorm_qk_norm_rope.register_fake
@@ -405,11 +417,19 @@ def rmsnorm_qk_norm_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torc
     the norm weights' gradients sum dy * n over rows and heads. Then k6 (QKV dgrad + the
     input RMSNorm backward) on [dz_q, dz_k, dv] with ZdZ = sum z dz over all columns (v's z is
     the op's own v output)."""
+    return qk_norm_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols,
+                              torch.zeros_like(x))
+
+
+def qk_norm_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols: int,
+                       dx_in):
+    """rmsnorm_qk_norm_rope's backward with dx_in, the residual stream's other gradient, as
+    k6's accumulate input -> (dx, dnorm_weight, dw_qkv, dq_norm, dk_norm)."""
     m, d = x.shape
     head_dim = 2 * inv_freq.shape[0]
     n_q, n_kv = _qk_split(w_qkv, rotary_cols, head_dim)
     dy = rotate_adjacent_pairs(dqkv[:, :rotary_cols].float(), positions, inv_freq, rotary_cols, direction=-1)
-    a = (x.float() * rstd[:, None] * norm_weight.float()).to(x.dtype)
+    a = normalised(x, rstd, norm_weight)
     z = (a.float() @ w_qkv[:rotary_cols].float().T).reshape(m, n_q + n_kv, head_dim)
     r = torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + QK_NORM_EPS)
     normed = z * r
@@ -421,7 +441,7 @@ def rmsnorm_qk_norm_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torc
     zdz = (z.reshape(m, rotary_cols) * dz[:, :rotary_cols].float()).sum(-1) \
         + (qkv[:, rotary_cols:].float() * dz[:, rotary_cols:].float()).sum(-1)
     out = _kernel(K6).run({"dz": dz, "w_gu": w_qkv.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
-                           "norm_weight": norm_weight.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
+                           "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": zdz}, {})
     return (out["dx"], out["dw"].to(norm_weight.dtype), dz.T @ out["h"], dweight[:n_q].sum(0).to(q_norm.dtype),
             dweight[n_q:].sum(0).to(k_norm.dtype))
 
