@@ -203,17 +203,19 @@ def _model_state_dict(cfg, seed=0):
 
 
 MODEL_CONFIG = LlamaModelConfig(vocab=520, n_layers=2, layer=CPU_CONFIG)
+#: Qwen3's head layout: 128-wide heads, q wider than d (Qwen3-0.6B: d 1024, 16 q heads of 128)
+WIDE_Q_CONFIG = LlamaModelConfig(vocab=520, n_layers=2, layer=LlamaLayerConfig(
+    d=256, n_heads=4, n_kv_heads=2, head_dim=128, ffn=768, eps=1e-6, rope_theta=1e6, qk_norm=True))
+#: the GPU shape: 2 layers of Qwen3-0.6B (d 1024, 16 heads of 128, 8 KV heads, F 3072), V 32768, 2 x 1024
+GPU_MODEL_CONFIG = LlamaModelConfig(vocab=32768, n_layers=2, layer=LlamaLayerConfig(
+    d=1024, n_heads=16, n_kv_heads=8, head_dim=128, ffn=3072, eps=1e-6, rope_theta=1e6, qk_norm=True))
 
 
-def test_a_qwen3_model_loss_and_every_gradient_match_the_float32_reference():
-    """The fused model with qk_norm (qkn in the entry op and in decoder_block, the rest as in
-    LLaMA's): its loss and every gradient, q_norm and k_norm included, within the model test's
-    bound (6 u, tests/test_training_model.py) and 2x plain bf16's error. Measured (these seeds):
-    the gradients 0.44% (final_norm) to 1.06% (layers.1.k_norm) fused, 0.76% to 2.2% plain
-    bf16; the loss 6.8e-5 fused, 1.4e-4 plain."""
-    sd = _model_state_dict(MODEL_CONFIG)
-    models = FusedLlamaModel(MODEL_CONFIG), ReferenceLlamaModel(MODEL_CONFIG), ReferenceLlamaModel(MODEL_CONFIG, torch.bfloat16)
-    stream = torch.randint(0, MODEL_CONFIG.vocab, (CPU_BATCH, CPU_SEQ + 1), generator=torch.Generator().manual_seed(1))
+def _against_float32_reference(cfg, batch, seq, device):
+    sd = {k: v.to(device) for k, v in _model_state_dict(cfg).items()}
+    models = FusedLlamaModel(cfg, device), ReferenceLlamaModel(cfg, device=device), \
+        ReferenceLlamaModel(cfg, torch.bfloat16, device)
+    stream = torch.randint(0, cfg.vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1)).to(device)
     results = []
     for model in models:
         model.load_hf_state_dict(sd)
@@ -227,6 +229,22 @@ def test_a_qwen3_model_loss_and_every_gradient_match_the_float32_reference():
     for name, (err, plain_err) in errors.items():
         assert err <= MODEL_REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {MODEL_REL_TOL:.2e})"
         assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+
+
+@pytest.mark.parametrize("cfg", [MODEL_CONFIG, WIDE_Q_CONFIG], ids=["head64", "head128-q-wider-than-d"])
+def test_a_qwen3_model_loss_and_every_gradient_match_the_float32_reference(cfg):
+    """The fused model with qk_norm (qkn in the entry op and in decoder_block, the rest as in
+    LLaMA's): its loss and every gradient, q_norm and k_norm included, within the model test's
+    bound (6 u, tests/test_training_model.py) and 2x plain bf16's error. Measured (these seeds),
+    head64: the gradients 0.44% (final_norm) to 1.06% (layers.1.k_norm) fused, 0.76% to 2.2%
+    plain bf16; the loss 6.8e-5 fused, 1.4e-4 plain. head128 (q 512 wide, d 256): 0.46% to 1.05%
+    fused, 0.69% to 1.56% plain; the loss 6.7e-5 fused, 1.4e-4 plain."""
+    _against_float32_reference(cfg, CPU_BATCH, CPU_SEQ, "cpu")
+
+
+@pytest.mark.gpu
+def test_a_qwen3_model_loss_and_every_gradient_match_the_float32_reference_on_the_gpu():
+    _against_float32_reference(GPU_MODEL_CONFIG, 2, 1024, "cuda")
 
 
 def test_the_qwen3_model_runs_qkn_where_llama_runs_k4hf():
