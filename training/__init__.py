@@ -21,5 +21,6 @@
               HF LlamaForCausalLM state dicts (model.embed_tokens, model.layers.N.*,
               model.norm, lm_head).
     loss_curve.py  trains the fused and the reference model side by side on a synthetic
-              Markov-chain token stream; writes the two loss curves (JSON) and a plot.
+              Markov-chain token stream (and the reference holding bf16-rounded weights, to
+              split the gap); writes the loss curves (JSON) and a plot (training/results/).
 """

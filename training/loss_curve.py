@@ -7,12 +7,14 @@ The data: sequences from a fixed random Markov chain over the vocabulary (each t
 loss falls from about log V towards the chain's entropy rate (recorded). Every step's batch is
 drawn once from a seeded generator and fed to both models.
 
-The optimiser: AdamW for both, same settings. The fused model holds bfloat16 parameters
-(what the kernels take); its AdamW steps float32 master copies, which are rounded into the
-bf16 parameters after each step, so the curves differ by the fused path's bf16 arithmetic,
-not by bf16 weight updates. The reference is float32 throughout.
+The optimiser: AdamW for all, same settings, stepping float32 master weights. The fused
+model holds bfloat16 parameters (what the kernels take): the masters are rounded into them
+after each step. The reference is float32 throughout. A third run, the float32 reference
+whose parameters are the bf16-rounded masters (float32 arithmetic, the fused model's
+weights), splits the fused-vs-reference gap into what holding bf16 weights costs and what
+the kernels' bf16 arithmetic costs (fused vs that run).
 
-Writes DIR/loss_curve_<device>.json (both curves, their max and mean deviation, sizes,
+Writes DIR/loss_curve_<device>.json (the curves, their max and mean deviations, sizes,
 settings, the environment with the command and commit) and DIR/loss_curve_<device>.png.
 On a CPU the expert kernels run through the emulator (the JSON says so).
 """
@@ -100,11 +102,12 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def _train(model, batches, args, masters=None):
-    """AdamW over `batches`; masters: float32 copies that the optimiser steps and that are
-    rounded into the model's (bf16) parameters. -> (losses, seconds)."""
+def _train(model, batches, args, bf16_weights: bool):
+    """AdamW over `batches` on float32 master copies of the parameters, copied into them
+    after each step (rounded to bf16 first with bf16_weights). -> (losses, seconds)."""
     params = list(model.parameters())
-    opt = torch.optim.AdamW(masters or params, lr=args.lr, weight_decay=args.weight_decay)
+    masters = [p.detach().float().clone() for p in params]
+    opt = torch.optim.AdamW(masters, lr=args.lr, weight_decay=args.weight_decay)
     losses = []
     start = time.perf_counter()
     for step_batch in batches:
@@ -112,19 +115,23 @@ def _train(model, batches, args, masters=None):
         model.zero_grad(set_to_none=True)
         loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
-        if masters:
-            for m, p in zip(masters, params):
-                m.grad = p.grad.float()
+        for m, p in zip(masters, params):
+            m.grad = p.grad.float()
         opt.step()
-        if masters:
-            with torch.no_grad():
-                for m, p in zip(masters, params):
-                    p.copy_(m)
+        with torch.no_grad():
+            for m, p in zip(masters, params):
+                p.copy_(m.bfloat16() if bf16_weights else m)
         losses.append(loss.item())
     return losses, time.perf_counter() - start
 
 
-def _plot(path: Path, fused: list[float], ref: list[float], title: str) -> None:
+def deviation(a: list[float], b: list[float]) -> dict:
+    """max and mean |a - b| over the steps, and the (1-based) step of the max."""
+    gaps = [abs(x - y) for x, y in zip(a, b)]
+    return {"max_abs": max(gaps), "mean_abs": sum(gaps) / len(gaps), "max_abs_step": 1 + gaps.index(max(gaps))}
+
+
+def _plot(path: Path, fused: list[float], ref: list[float], ref_bf16w: list[float], title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,9 +144,12 @@ def _plot(path: Path, fused: list[float], ref: list[float], title: str) -> None:
     top.set_ylabel("cross-entropy (nats)")
     top.set_title(title, fontsize=9)
     top.legend()
-    bottom.plot(steps, [f - r for f, r in zip(fused, ref)], color="tab:red", lw=0.8)
+    bottom.plot(steps, [f - r for f, r in zip(fused, ref)], color="tab:red", lw=0.8, label="fused - reference")
+    bottom.plot(steps, [f - r for f, r in zip(fused, ref_bf16w)], color="tab:green", lw=0.8,
+                label="fused - reference with the bf16 weights")
     bottom.axhline(0, color="gray", lw=0.5)
-    bottom.set_ylabel("fused - reference")
+    bottom.set_ylabel("loss difference")
+    bottom.legend(fontsize=7)
     bottom.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -160,23 +170,24 @@ def main(argv=None) -> dict:
 
     torch.manual_seed(args.seed)
     init = {k: v.bfloat16().float() for k, v in ReferenceLlamaModel(cfg).to_hf_state_dict().items()}
-    ref = ReferenceLlamaModel(cfg, device=args.device)
+    ref, ref_bf16w = ReferenceLlamaModel(cfg, device=args.device), ReferenceLlamaModel(cfg, device=args.device)
     fused = FusedLlamaModel(cfg, device=args.device)
-    for model in (ref, fused):
+    for model in (ref, ref_bf16w, fused):
         model.load_hf_state_dict({k: v.to(args.device) for k, v in init.items()})
-    masters = [p.detach().float().clone() for p in fused.parameters()]
 
-    ref_losses, ref_seconds = _train(ref, batches, args)
-    fused_losses, fused_seconds = _train(fused, batches, args, masters)
+    ref_losses, ref_seconds = _train(ref, batches, args, bf16_weights=False)
+    ref_bf16w_losses, ref_bf16w_seconds = _train(ref_bf16w, batches, args, bf16_weights=True)
+    fused_losses, fused_seconds = _train(fused, batches, args, bf16_weights=True)
 
-    deviation = [abs(f - r) for f, r in zip(fused_losses, ref_losses)]
+    gap = deviation(fused_losses, ref_losses)
     n_params = sum(p.numel() for p in ref.parameters())
     device_note = ("the emulator's run on a CPU: the expert kernels' epilogues emulated in torch "
                    "(primitives/emulator.py), not the GPU kernels" if args.device == "cpu"
                    else "the expert kernels on the GPU")
     report = {
         "what": "loss curves of the fused model (training/model.py, expert kernels) and its unfused float32 "
-                "reference, same initial weights (bf16 values), same batches, AdamW",
+                "reference, same initial weights (bf16 values), same batches, AdamW; and of the reference holding "
+                "the fused model's bf16-rounded weights (float32 arithmetic)",
         "device": args.device,
         "note": device_note,
         "model": {"vocab": cfg.vocab, "n_layers": cfg.n_layers, "d": layer.d, "n_heads": layer.n_heads,
@@ -187,13 +198,15 @@ def main(argv=None) -> dict:
                  "batch": args.batch, "seq": args.seq, "tokens_per_step": args.batch * args.seq},
         "training": {"steps": args.steps, "optimizer": "AdamW", "lr": args.lr, "weight_decay": args.weight_decay,
                      "seed": args.seed,
-                     "fused": "bf16 parameters and activations; AdamW steps float32 master weights",
-                     "reference": "float32 parameters and activations"},
-        "curves": {"fused": fused_losses, "reference": ref_losses},
-        "deviation": {"max_abs": max(deviation), "mean_abs": sum(deviation) / len(deviation),
-                      "max_abs_step": 1 + deviation.index(max(deviation)),
-                      "final_fused": fused_losses[-1], "final_reference": ref_losses[-1]},
-        "seconds": {"fused": fused_seconds, "reference": ref_seconds},
+                     "masters": "AdamW steps float32 master weights in every run",
+                     "fused": "bf16 parameters (the masters rounded) and activations",
+                     "reference": "float32 parameters and activations",
+                     "reference_bf16_weights": "float32 activations, the masters rounded to bf16 as parameters"},
+        "curves": {"fused": fused_losses, "reference": ref_losses, "reference_bf16_weights": ref_bf16w_losses},
+        "deviation": gap | {"final_fused": fused_losses[-1], "final_reference": ref_losses[-1]},
+        "deviation_fused_vs_reference_bf16_weights": deviation(fused_losses, ref_bf16w_losses),
+        "deviation_reference_bf16_weights_vs_reference": deviation(ref_bf16w_losses, ref_losses),
+        "seconds": {"fused": fused_seconds, "reference": ref_seconds, "reference_bf16_weights": ref_bf16w_seconds},
         "environment": fingerprint(args.device, command_line("training.loss_curve", argv)),
         "uncommitted_tracked_files": uncommitted_tracked_files(),
     }
@@ -201,10 +214,12 @@ def main(argv=None) -> dict:
     stem = args.out / f"loss_curve_{args.device}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     title = (f"{cfg.n_layers} layers, d {layer.d}, V {cfg.vocab}, {args.steps} steps, lr {args.lr}, {args.device}"
-             f"{' (emulator)' if args.device == 'cpu' else ''}; max |fused - ref| {max(deviation):.4f}")
-    _plot(stem.with_suffix(".png"), fused_losses, ref_losses, title)
+             f"{' (emulator)' if args.device == 'cpu' else ''}; max |fused - ref| {gap['max_abs']:.4f}")
+    _plot(stem.with_suffix(".png"), fused_losses, ref_losses, ref_bf16w_losses, title)
+    kernels_only = report["deviation_fused_vs_reference_bf16_weights"]
     print(f"{stem}.json: final loss fused {fused_losses[-1]:.4f}, reference {ref_losses[-1]:.4f}; "
-          f"deviation max {max(deviation):.4f} mean {report['deviation']['mean_abs']:.4f}; "
+          f"deviation max {gap['max_abs']:.4f} mean {gap['mean_abs']:.4f} (against the reference with bf16 weights: "
+          f"max {kernels_only['max_abs']:.4f} mean {kernels_only['mean_abs']:.4f}); "
           f"{fused_seconds:.0f} s fused, {ref_seconds:.0f} s reference")
     return report
 
