@@ -40,5 +40,5 @@ def test_agreement_pairs_each_expert_row_with_the_bench_files():
     rows = compare_export.agreement(lb.load_shipped(), final)
     bench = {(r["task"], r["shape"]): r for r in final["rows"]}
     assert len(rows) == len(bench)  # every bench row has its compare row
-    for task, shape, ours, theirs, cublas in rows:
-        assert theirs == bench[(task, shape)]["fused_over_gemm_only"] and ours > 0 and cublas > 0
+    for task, shape, ours, theirs, cublas, fused in rows:
+        assert theirs == bench[(task, shape)]["fused_over_gemm_only"] and ours > 0 and cublas > 0 and fused > 0
