@@ -105,11 +105,14 @@ class KernelStageFailure(StageFailure):
 
 def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, shape_index: int, *, reps: int,
               warmup: int, rotate: int, device: str = "cuda", kernel_configs: list[str] = (),
-              baselines: list[str] = ()) -> dict[str, ShapeTiming]:
+              baselines: list[str] = (), stage=lambda name: None) -> dict[str, ShapeTiming]:
     """Timings of every kernel and the baselines in ONE interleaved run, the timed outputs
     checked (module docstring). Each kernel's ShapeTiming has the baselines and, under
     "kernel:<name>", every other kernel, so their ratios are per repetition too. A kernel
-    that fails raises KernelStageFailure naming it."""
+    that fails raises KernelStageFailure naming it. stage(name): "warmup" while the inputs
+    are shared and the baselines built (torch.compile's compile among them) and everything
+    is warmed up, then "benchmark" for the timed repetitions."""
+    stage("warmup")
     dims = shape.dims()
     seeds = [derive_seed(master_seed, shape_index, 100 + j) for j in range(rotate)]
     sets = {}
@@ -190,6 +193,7 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     for i in range(warmup):
         for name in local:
             local_rep(name, i % rotate)
+    stage("benchmark")
     samples = {n: [] for n in names}
     walls = {n: [] for n in names}
     for i in range(reps):
@@ -314,14 +318,13 @@ def run_timed_stages(task, kernels: dict[str, tuple[KernelProcess, object]], sha
             active[name] = launch_line
     if not active:
         return
-    stage("benchmark")
     summaries = {}
     while active:
         try:
             configs = sorted({c for n in active for c in kernels[n][1].gemm_configs})
             summaries = benchmark(task, {n: kernels[n][0] for n in active}, shape, master_seed, shape_index, reps=reps,
                                   warmup=warmup, rotate=ROTATE.get(shapes_name, 2), device=device,
-                                  kernel_configs=configs, baselines=baselines)
+                                  kernel_configs=configs, baselines=baselines, stage=stage)
             break
         except KernelStageFailure as f:
             res = kernels[f.name][1]
