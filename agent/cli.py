@@ -173,7 +173,8 @@ def _session_options(p) -> None:
                         "an unpriced model needs --price-in and --price-out)")
     p.add_argument("--max-tokens", type=int, default=None, help="input + output tokens over the session (default: no limit)")
     p.add_argument("--max-wall-s", type=float, default=None,
-                   help="wall-clock seconds; it also cuts a running check short (default: no limit)")
+                   help="wall-clock seconds; it also cuts a running check or API request short, and no retry waits past it "
+                        "(default: no limit)")
     p.add_argument("--price-in", type=float, default=None, metavar="USD",
                    help="USD per million input tokens, instead of agent/pricing.py's table (default: the table)")
     p.add_argument("--price-out", type=float, default=None, metavar="USD",

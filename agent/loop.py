@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.backends.base import Backend, BackendError, RecordingExhausted, SessionContext
+from agent.backends.base import Backend, BackendError, RecordingExhausted, SessionContext, WallTimeExhausted
 from agent.backends.replay_backend import ReplayBackend
 from agent.pack import build_pack
 from agent.pricing import cost_usd, session_price
@@ -219,7 +219,10 @@ class _Driver:
             self.log.write(ModelRequest(session=self.session, step=self.step, n_messages=len(self.messages),
                                         chars=chars - self.fixed_chars))
             try:
-                turn = self.backend.complete(self.system, self.messages, TOOLS, step=self.step, on_retry=self._retried)
+                turn = self.backend.complete(self.system, self.messages, TOOLS, step=self.step, on_retry=self._retried,
+                                             time_left=self._wall_left)
+            except WallTimeExhausted as e:  # retrying would outlast --max-wall-s
+                return self._end("passed_slow" if self.toolbox.slow_pass else "budget_exhausted", str(e))
             except RecordingExhausted as e:
                 return self._end("recording_exhausted", str(e))
             except BackendError as e:

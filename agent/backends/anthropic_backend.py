@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import time
 
-from agent.backends.base import Backend, BackendError, ModelTurn, RetryPolicy, retry_after, root_cause, with_retries
+from agent.backends.base import (
+    Backend, BackendError, ModelTurn, RetryPolicy, request_timeout, retry_after, root_cause, with_retries,
+)
 from agent.pricing import cost_usd
 from agent.session import Message, TextBlock, ToolUseBlock, Usage
 
@@ -32,6 +34,7 @@ class AnthropicBackend(Backend):
 
         self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
         self.client = anthropic.Anthropic(api_key=key, base_url=self.base_url, timeout=timeout_s, max_retries=0)
+        self.timeout_s = timeout_s
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
         self.stream = stream
@@ -42,7 +45,7 @@ class AnthropicBackend(Backend):
         return {"backend": self.name, "model": self.model, "base_url": self.base_url,
                 "sdk": f"anthropic {version('anthropic')}", "stream": self.stream}
 
-    def complete(self, system, messages, tools, *, step, on_retry=None) -> ModelTurn:
+    def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None) -> ModelTurn:
         request = dict(
             model=self.model,
             max_tokens=self.max_output_tokens,
@@ -50,7 +53,8 @@ class AnthropicBackend(Backend):
             tools=[{"name": t.name, "description": t.description, "input_schema": t.input_schema} for t in tools],
             messages=_wire_messages(messages),
         )
-        turn = with_retries(lambda: self._once(request), _classify, self.retry, on_retry, reached=self.reached)
+        turn = with_retries(lambda left: self._once(request | {"timeout": request_timeout(self.timeout_s, left)}),
+                            _classify, self.retry, on_retry, reached=self.reached, time_left=time_left)
         self.reached = True
         return turn
 

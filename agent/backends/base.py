@@ -3,7 +3,10 @@
 Backends speak their own wire format; the loop sees only session.Message/Block values.
 Failures are BackendError with one clear line; transient API failures (429, 5xx,
 overloaded, timeouts, dropped connections) are retried here with exponential backoff,
-each retry reported to the loop (which logs it).
+each retry reported to the loop (which logs it). The loop passes `time_left` (seconds the
+session's wall-time budget has left, None: no limit): a retry that would wait longer than
+that is not made (WallTimeExhausted, which ends the session as budget_exhausted), and no
+single request is allowed longer than it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ class BackendError(RuntimeError):
 
 class RecordingExhausted(BackendError):
     """A replay asked for a response the recording does not have."""
+
+
+class WallTimeExhausted(Exception):
+    """The session's wall-time budget has no room for another request or the wait before a
+    retry (one line, naming the wall-time budget). Not a BackendError: the session ends as
+    budget_exhausted, not backend_error."""
 
 
 @dataclass
@@ -62,6 +71,7 @@ class SessionContext:
 
 
 RetryHook = Callable[[int, str, float], None]  # (attempt, error line, wait seconds)
+TimeLeft = Callable[[], "float | None"]  # seconds the session's wall-time budget has left (None: no limit)
 
 
 class Backend:
@@ -77,7 +87,8 @@ class Backend:
         """Called once before the first turn (the command backend prepares its workspace)."""
 
     def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], *, step: int,
-                 on_retry: RetryHook | None = None) -> ModelTurn:
+                 on_retry: RetryHook | None = None, time_left: TimeLeft | None = None) -> ModelTurn:
+        """One model turn. `time_left`: see with_retries (a backend may ignore it)."""
         raise NotImplementedError
 
     def info(self) -> dict:
@@ -111,16 +122,26 @@ class RetryPolicy:
         return wait / 2 + random.random() * wait / 2
 
 
-def with_retries(call: Callable[[], ModelTurn], classify: Callable[[Exception], tuple[bool, str, float | None]],
-                 policy: RetryPolicy, on_retry: RetryHook | None, *, reached: bool = True) -> ModelTurn:
-    """Run `call`; on an exception `classify` says (retryable, one-line description,
+def with_retries(call: Callable[[float | None], ModelTurn], classify: Callable[[Exception], tuple[bool, str, float | None]],
+                 policy: RetryPolicy, on_retry: RetryHook | None, *, reached: bool = True,
+                 time_left: TimeLeft | None = None) -> ModelTurn:
+    """Run `call(seconds)`; on an exception `classify` says (retryable, one-line description,
     server-suggested wait). Retryable failures are retried as `policy` says. Until the
     server has answered once (`reached` False), a refused connection is not retried: it is
-    a wrong URL or a server that is not running, and the user should hear so at once."""
-    attempt = 0
+    a wrong URL or a server that is not running, and the user should hear so at once.
+
+    `time_left()`: seconds the session's wall-time budget has left (None: no limit). Each
+    attempt gets it as `seconds`, the most its request may take (None: the client's timeout);
+    an attempt with no time left, or a retry whose wait is longer than the time left, raises
+    WallTimeExhausted instead of being made."""
+    attempt, line = 0, None
     while True:
+        left = time_left() if time_left else None
+        if left is not None and left <= 0:
+            after = f" after {line}" if line else ""
+            raise WallTimeExhausted(f"wall-time budget: no time left for another request{after}")
         try:
-            return call()
+            return call(left)
         except BackendError:
             raise
         except Exception as e:  # the SDK's errors, classified below
@@ -131,10 +152,19 @@ def with_retries(call: Callable[[], ModelTurn], classify: Callable[[Exception], 
                 tries = f" (after {attempt + 1} attempts)" if attempt else ""
                 raise BackendError(line + tries) from None
             wait = policy.wait_s(attempt, suggested)
+            left = time_left() if time_left else None
+            if left is not None and left < wait:
+                raise WallTimeExhausted(f"wall-time budget: {max(left, 0.0):.1f} s left, less than the {wait:.1f} s "
+                                        f"wait before retry {attempt + 1} ({line})") from None
             attempt += 1
             if on_retry:
                 on_retry(attempt, line, round(wait, 3))
             time.sleep(wait)
+
+
+def request_timeout(timeout_s: float, left: float | None) -> float:
+    """A request's timeout: the backend's, or the wall time left when that is shorter."""
+    return timeout_s if left is None else max(0.001, min(timeout_s, left))
 
 
 def _refused(e: BaseException) -> bool:

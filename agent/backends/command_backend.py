@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.backends.base import Backend, BackendError, ModelTurn
+from agent.backends.base import Backend, BackendError, ModelTurn, request_timeout
 from agent.feedback import scrub
 from agent.session import TextBlock, ToolUseBlock
 from eval.kernel import REPO
@@ -85,7 +85,7 @@ class CommandBackend(Backend):
 
     # ---- one turn -------------------------------------------------------------------------
 
-    def complete(self, system, messages, tools, *, step, on_retry=None) -> ModelTurn:
+    def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None) -> ModelTurn:
         if self.ctx is None:
             raise BackendError("command: the workspace was not prepared (start() not called)")
         ws = Path(self.ctx.workspace)
@@ -99,6 +99,7 @@ class CommandBackend(Backend):
         values = {"prompt": str(ws / "PROMPT.md"), "feedback": str(ws / "FEEDBACK.md"), "workspace": str(ws), "step": str(step)}
         argv = [a.format(**values) if "{" in a else a for a in self.argv]
         env = os.environ | {"EPIFORGE_WORKSPACE": str(ws), "EPIFORGE_STEP": str(step), "EPIFORGE_TASK": self.ctx.task.name}
+        timeout = request_timeout(self.timeout_s, time_left() if time_left else None)  # never past the wall budget
         started = time.monotonic()
         try:
             proc = subprocess.Popen(argv, cwd=ws, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -106,7 +107,7 @@ class CommandBackend(Backend):
         except OSError as e:
             raise BackendError(f"command: cannot start {argv[0]!r}: {e.strerror}") from None
         try:
-            out, err = proc.communicate(stdin, timeout=self.timeout_s)
+            out, err = proc.communicate(stdin, timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -115,7 +116,7 @@ class CommandBackend(Backend):
         seconds = round(time.monotonic() - started, 3)
         after = kernel.read_text(encoding="utf-8") if kernel.exists() else ""
         checks = _read_lines(ws / _CHECKS)[checks_before:]
-        status = f"killed after {self.timeout_s:.0f} s" if timed_out else f"exit code {proc.returncode}"
+        status = f"killed after {timeout:.0f} s" if timed_out else f"exit code {proc.returncode}"
         summary = f"[command backend] the agent ran for {seconds:.1f} s ({status}); it ran ./check {len(checks)} time(s)"
         content = [TextBlock(text=summary + (" and left a new kernel.py." if after != before else "; kernel.py is unchanged."))]
         if after != before and after.strip():

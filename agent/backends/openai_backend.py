@@ -13,7 +13,9 @@ import os
 import time
 from urllib.parse import urlparse
 
-from agent.backends.base import Backend, BackendError, ModelTurn, RetryPolicy, retry_after, root_cause, with_retries
+from agent.backends.base import (
+    Backend, BackendError, ModelTurn, RetryPolicy, request_timeout, retry_after, root_cause, with_retries,
+)
 from agent.pricing import cost_usd
 from agent.session import Message, TextBlock, ToolUseBlock, Usage
 
@@ -40,6 +42,7 @@ class OpenAIBackend(Backend):
         import openai  # only when this backend is used
 
         self.client = openai.OpenAI(api_key=key, base_url=self.base_url, timeout=timeout_s, max_retries=0)
+        self.timeout_s = timeout_s
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
         self.stream = stream
@@ -50,7 +53,7 @@ class OpenAIBackend(Backend):
         return {"backend": self.name, "model": self.model, "base_url": self.base_url,
                 "sdk": f"openai {version('openai')}", "stream": self.stream}
 
-    def complete(self, system, messages, tools, *, step, on_retry=None) -> ModelTurn:
+    def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None) -> ModelTurn:
         request = dict(
             model=self.model,
             max_tokens=self.max_output_tokens,
@@ -58,7 +61,8 @@ class OpenAIBackend(Backend):
             tools=[{"type": "function", "function": {"name": t.name, "description": t.description,
                                                      "parameters": t.input_schema}} for t in tools],
         )
-        turn = with_retries(lambda: self._once(request, step), _classify, self.retry, on_retry, reached=self.reached)
+        turn = with_retries(lambda left: self._once(request | {"timeout": request_timeout(self.timeout_s, left)}, step),
+                            _classify, self.retry, on_retry, reached=self.reached, time_left=time_left)
         self.reached = True
         return turn
 

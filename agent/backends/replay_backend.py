@@ -24,7 +24,7 @@ class ReplayBackend(Backend):
     def has(self, step: int) -> bool:
         return step in self.responses and (self.upto_step is None or step < self.upto_step)
 
-    def complete(self, system, messages, tools, *, step, on_retry=None) -> ModelTurn:
+    def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None) -> ModelTurn:
         if not self.has(step):
             raise RecordingExhausted(f"replay: the recording has no response for step {step}")
         r = self.responses[step]
@@ -46,10 +46,10 @@ class ForkBackend(Backend):
     def start(self, ctx) -> None:
         self.live.start(ctx)
 
-    def complete(self, system, messages, tools, *, step, on_retry=None) -> ModelTurn:
+    def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None) -> ModelTurn:
         if step < self.fork_at:
             return self.replay.complete(system, messages, tools, step=step, on_retry=on_retry)
-        return self.live.complete(system, messages, tools, step=step, on_retry=on_retry)
+        return self.live.complete(system, messages, tools, step=step, on_retry=on_retry, time_left=time_left)
 
     def close(self) -> None:
         self.live.close()

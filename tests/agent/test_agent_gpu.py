@@ -20,7 +20,7 @@ class Scripted(Backend):
         super().__init__("scripted-in-test")
         self.turns = turns
 
-    def complete(self, system, messages, tools, *, step, on_retry=None):
+    def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None):
         return ModelTurn(content=self.turns[step], stop_reason="tool_use")
 
 

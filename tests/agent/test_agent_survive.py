@@ -73,6 +73,68 @@ def test_a_retry_after_header_sets_the_wait(tmp_path, anthropic_key, said):
     assert end.outcome == "gave_up" and len(server.requests) == 3
 
 
+def test_retries_stop_at_the_wall_time_budget_through_the_seam():
+    from agent.backends.base import WallTimeExhausted, with_retries
+
+    calls, left, retried = [], [5.0], []
+
+    def call(seconds):
+        calls.append(seconds)
+        left[0] -= 1.0  # each attempt takes a second of the budget
+        raise RuntimeError("overloaded")
+
+    with pytest.raises(WallTimeExhausted) as e:
+        with_retries(call, lambda _: (True, "HTTP 529 overloaded_error", 0.0), RetryPolicy(max_retries=9), None,
+                     time_left=lambda: left[0])
+    assert calls == [5.0, 4.0, 3.0, 2.0, 1.0]  # each request capped by the time left, then none at 0 s left
+    assert str(e.value) == "wall-time budget: no time left for another request after HTTP 529 overloaded_error"
+    left[0], calls[:] = 2.5, []
+    with pytest.raises(WallTimeExhausted) as e:  # the server asks for 2 s: one wait fits, the second does not
+        with_retries(call, lambda _: (True, "HTTP 529", 2.0), RetryPolicy(max_retries=9),
+                     lambda *a: retried.append(a), time_left=lambda: left[0])
+    assert len(calls) == 1 and retried == [] and str(e.value).startswith("wall-time budget: 1.5 s left, less than")
+
+
+def test_retries_do_not_outlast_the_wall_time_budget(tmp_path, anthropic_key, capsys):
+    with Loopback("anthropic", lambda body: Fail(529, "overloaded_error", retry_after="1"), model=PRICED) as down:
+        t0 = time.monotonic()
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 down.url, "--max-wall-s", "2", "--log-dir", str(tmp_path), *FAST)
+        elapsed = time.monotonic() - t0
+        assert len(down.requests) == 2  # the first try, one retry after ~1 s; a second wait would pass 2 s
+    assert rc == 1 and "Traceback" not in err
+    (log,) = tmp_path.glob("*.jsonl")
+    end = read_events(log)[0][-1]
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget: ")
+    assert end.totals.wall_s < 2 and elapsed < 10  # the old loop: 7 requests over 6.3 s, then backend_error
+    assert "less than the" in end.reason and "HTTP 529 overloaded_error" in end.reason
+    assert f"budget_exhausted ({end.reason})" in out
+
+
+def test_a_request_never_outlasts_the_wall_time_budget(tmp_path, anthropic_key, said):
+    from loopback import Stall
+
+    t0 = time.monotonic()  # the client's timeout is 10 s, the stall 30 s, the budget 2 s
+    end, log, server = _session(tmp_path, [Stall(30), Reply("late")], said, _config(max_wall_s=2))
+    assert time.monotonic() - t0 < 8 and len(server.requests) == 1
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
+    assert 1.5 < end.totals.wall_s < 3
+    assert "timed out" in end.reason
+
+
+def test_an_openai_request_never_outlasts_the_wall_time_budget(tmp_path, openai_key, said):
+    from loopback import Stall
+
+    config = _config(model="local-model", max_wall_s=2).model_copy(update={"backend": "openai"})
+    with Loopback("openai", [Stall(30), Reply("late")], model="local-model") as server:
+        backend = make_backend("openai", model="local-model", base_url=server.url, timeout_s=10,
+                               retry=RetryPolicy(max_retries=2, backoff_s=0.01))
+        end, log = run_session(config, backend, log_dir=tmp_path / "logs", workspace=tmp_path / "ws",
+                               out_dir=tmp_path / "gen", say=said.say)
+    assert len(server.requests) == 1 and 1.5 < end.totals.wall_s < 3
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget") and "timed out" in end.reason
+
+
 def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path, anthropic_key, capsys, monkeypatch):
     logs = tmp_path / "runs"
     before = _kernels_in_repo()
