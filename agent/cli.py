@@ -235,7 +235,7 @@ def _number_problem(args) -> str | None:
 
 
 def _live_backend(args, name: str | None = None, *, model=None, base_url=None, command=None, max_output_tokens=None,
-                  note=None):
+                  stream=None, note=None):
     """The live backend the options name; the keyword arguments fill options left unset
     (`note`: where the backend reports retries; default: stderr)."""
     from agent.backends import RetryPolicy, make_backend
@@ -244,7 +244,7 @@ def _live_backend(args, name: str | None = None, *, model=None, base_url=None, c
     return make_backend(name or args.backend, model=args.model or model, base_url=args.base_url or base_url,
                         command=args.command or command,
                         max_output_tokens=args.max_output_tokens or max_output_tokens or DEFAULTS["max_output_tokens"],
-                        timeout_s=args.timeout, stream=args.stream, retry=retry,
+                        timeout_s=args.timeout, stream=_pick(args.stream, stream), retry=retry,
                         note=note or (lambda line: print(line, file=sys.stderr)))
 
 
@@ -276,11 +276,13 @@ def resumed_config(args, recorded):
         ("max_usd", "--budget-usd", budget), ("max_wall_s", "--max-wall-s", budget),
         ("price_in", "--price-in", update), ("price_out", "--price-out", update),
         ("compile", "--compile", update), ("device", "--device", update), ("speed_target", "--speed-target", update),
-        ("max_output_tokens", "--max-output-tokens", update),
+        ("max_output_tokens", "--max-output-tokens", update), ("pack_without", "--pack-without", update),
     ]
     for field, flag, into in settings:
         old = getattr(recorded.budget if into is budget else recorded, field)
         given = getattr(args, {"max_usd": "budget_usd"}.get(field, field), None)
+        if field == "pack_without":
+            given = list(given) if given else None  # none given: the log's pages stay out
         if given is not None:
             value, source = given, flag
         elif field == "base_url" and env and os.environ.get(env):
@@ -292,8 +294,38 @@ def resumed_config(args, recorded):
         if value is not None or old is not None:
             lines.append(f"resume: {field.replace('_', ' ')} = {value} (from {source})")
         into[field] = value
+    if getattr(args, "docs_dir", None):
+        lines.append(f"resume: docs dir = {args.docs_dir} (from --docs-dir; the log records only the pack's pages)")
     config = recorded.model_copy(update=update | {"budget": recorded.budget.model_copy(update=budget)})
     return config, lines
+
+
+def resumed_backend(args, backend: str, recorded_stream: bool | None = None):
+    """The backend settings a log does not hold in its configuration (retries, timeout;
+    streaming lives in the start's backend_info), as this resume uses them: (stream to pass
+    on, or None for the backend's default; one "resume: ..." line per setting)."""
+    from agent.backends import RetryPolicy
+
+    lines = []
+    if backend in ("anthropic", "openai"):
+        source = "--max-retries" if args.max_retries is not None else "the default; the log does not record it"
+        lines.append(f"resume: max retries = {_pick(args.max_retries, RetryPolicy().max_retries)} (from {source})")
+    default_timeout = 1800.0 if backend == "command" else 600.0
+    source = "--timeout" if args.timeout is not None else "the default; the log does not record it"
+    lines.append(f"resume: timeout = {_pick(args.timeout, default_timeout):g} s (from {source})")
+    stream = None
+    if backend in ("anthropic", "openai"):
+        if args.stream is not None:
+            stream, source = args.stream, "--stream" if args.stream else "--no-stream"
+            if recorded_stream is not None and recorded_stream != args.stream:
+                source += f"; the log had {recorded_stream}"
+        elif recorded_stream is not None:
+            stream, source = recorded_stream, "the log"
+        else:
+            source = "the backend's default"
+        shown = stream if stream is not None else backend == "anthropic"
+        lines.append(f"resume: stream = {shown} (from {source})")
+    return stream, lines
 
 
 def cmd_generate(args) -> int:
@@ -394,17 +426,19 @@ def _resume(args, say):
 
     if args.task or args.backend:
         return _die("--resume continues the logged session: its task and backend are the log's (drop --task/--backend)")
-    recorded = rebuild(read_events(Path(args.resume))[0]).config
+    state = rebuild(read_events(Path(args.resume))[0])
+    recorded = state.config
     if recorded.backend == "replay":
         return _die(f"{args.resume} is a replay: run epiforge replay on its recording again instead")
     config, lines = resumed_config(args, recorded)
     problem = config.budget.problem()
     if problem:
         return _die(problem)
-    for line in lines:
+    stream, more = resumed_backend(args, config.backend, state.start.backend_info.get("stream"))
+    for line in lines + more:
         say(line)
     backend = _live_backend(args, config.backend, model=config.model, base_url=config.base_url, command=config.command,
-                            max_output_tokens=config.max_output_tokens)
+                            max_output_tokens=config.max_output_tokens, stream=stream)
     try:
         end, _ = resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
                                 out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say)

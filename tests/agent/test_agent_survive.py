@@ -184,6 +184,43 @@ def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path
     assert "outcome: passed" in shown and "step 0: write_kernel, run_check -> check cpu/smoke: PASSED" in shown
 
 
+def test_a_resume_applies_and_reports_the_pack_and_backend_flags(tmp_path, anthropic_key, said, capsys):
+    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
+    assert end.outcome == "backend_error"
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Index\n\nKEPT-PAGE-MARKER\n")
+    (docs / "other.md").write_text("# Other\n\nLEFT-OUT-MARKER\n")
+    with Loopback("anthropic", [Reply("nothing"), Reply("nothing")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url, "--pack-without", "other",
+                                 "--docs-dir", str(docs), "--max-retries", "3", "--timeout", "30", "--no-stream")
+    assert rc == 1, err
+    system = json.dumps(server.requests[0]["system"])
+    assert "KEPT-PAGE-MARKER" in system and "LEFT-OUT-MARKER" not in system
+    assert not server.requests[0].get("stream")
+    assert "resume: pack without = ['other'] (from --pack-without; the log had [])" in out
+    assert f"resume: docs dir = {docs} (from --docs-dir" in out
+    assert "resume: max retries = 3 (from --max-retries)" in out
+    assert "resume: timeout = 30 s (from --timeout)" in out
+    assert "resume: stream = False (from --no-stream; the log had True)" in out
+    resumed = next(e for e in read_events(log)[0] if e.event == "session_resumed")
+    assert resumed.config.pack_without == ["other"]
+
+    # nothing given: the log's pages stay out, and the defaults are named as such
+    end, log, _ = _session(tmp_path / "again", [Fail(401, "authentication_error")], said, _config())
+    before = log.read_text()
+    rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", "http://127.0.0.1:9", "--pack-without", "nope")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--pack-without 'nope' matches no page" in err
+    assert log.read_text() == before  # a refused resume leaves the log as it was
+    with Loopback("anthropic", [Reply("nothing"), Reply("nothing")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url)
+    assert rc == 1, err
+    assert "resume: max retries = 9 (from the default; the log does not record it)" in out
+    assert "resume: timeout = 600 s (from the default; the log does not record it)" in out
+    assert "resume: stream = True (from the log)" in out and "resume: pack without = [] (from the log)" in out
+    assert "docs dir" not in out and server.requests[0].get("stream") is True
+
+
 def test_a_session_that_ended_otherwise_is_not_resumed(tmp_path, anthropic_key, said, capsys):
     end, log, _ = _session(tmp_path, [Reply("nothing"), Reply("nothing")], said, _config())
     assert end.outcome == "gave_up"
