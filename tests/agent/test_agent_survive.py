@@ -342,6 +342,36 @@ def test_the_last_turn_warning_covers_the_token_budget(tmp_path, anthropic_key, 
     assert warned[-1] and not warned[0]  # the model heard it before its last request, not from the start
 
 
+def _warned(server, budget):
+    return ["last turn the budget allows (" + budget in json.dumps(body["messages"][-1]) for body in server.requests]
+
+
+def test_the_last_turn_warning_covers_the_turn_budget(tmp_path, anthropic_key, said):
+    end, _, server = _session(tmp_path, [Reply("looking", [("list_examples", {})])] * 8, said, _config(max_turns=3))
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("turn budget")
+    assert _warned(server, "turn budget") == [False, False, True]  # before the third and last request only
+
+
+def test_the_last_turn_warning_covers_the_dollar_budget(tmp_path, anthropic_key, said):
+    reply = Reply("looking", [("list_examples", {})], input_tokens=30000, output_tokens=1000, cache_read=0,
+                  cache_write=0)  # $0.07 a turn at $2 / $10 per MTok
+    config = _config(model="my-local-model", max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
+    end, _, server = _session(tmp_path, [reply] * 8, said, config)
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("dollar budget")
+    assert _warned(server, "dollar budget") == [False, False, True]
+
+
+def test_the_last_turn_warning_covers_the_wall_time_budget(tmp_path, anthropic_key, said):
+    def slow(body):  # a model that takes a second a turn
+        time.sleep(1.0)
+        return Reply("looking", [("list_examples", {})])
+
+    end, _, server = _session(tmp_path, slow, said, _config(max_wall_s=3.5))
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
+    warned = _warned(server, "wall-time budget")
+    assert len(warned) >= 2 and warned[-1] and not warned[0]  # heard before its last request, not from the start
+
+
 def test_a_check_timeout_follows_the_task():
     import tasks
 
