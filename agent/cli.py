@@ -59,6 +59,19 @@ fails never stops the others; after Ctrl-C or a backend outage, each unfinished 
 resumes on its own with --resume.
 """
 
+_ABLATE_EXAMPLES = """\
+environment:
+  ANTHROPIC_API_KEY    the key of --backend anthropic (required); ANTHROPIC_BASE_URL: its API URL
+  OPENAI_API_KEY       the key of --backend openai (a local server needs none); OPENAI_BASE_URL: its URL
+  EPIFORGE_DATA_DIR    where the sessions' logs go by default: DATA/ablations/<time>/
+
+examples:
+  epiforge ablate --task k8 --backend anthropic --runs 5 --concurrency 2 --pack-without operands
+  epiforge ablate --task k1 --backend openai --base-url http://127.0.0.1:8000/v1 --model qwen2.5-coder \\
+      --pack-without operands --pack-without pitfalls --max-turns 10
+  epiforge ablate --from-logs ~/.local/share/epiforge/ablations/20261130T181500Z --report report.json
+"""
+
 
 def add_commands(sub) -> None:
     """Register the agent's subcommands on the epiforge parser (and the demo's options)."""
@@ -67,7 +80,11 @@ def add_commands(sub) -> None:
         demo.add_argument("--log", default=None, help="the session to replay (default: the example in logs/examples/)")
         demo.add_argument("--experts", action="store_true", help="also evaluate every expert kernel on the CPU (~1 min)")
     fmt = argparse.RawDescriptionHelpFormatter
+    backends = "{anthropic,openai,command}"
     p = sub.add_parser("generate", help="let an LLM backend write a kernel for a task", formatter_class=fmt,
+                       usage=f"%(prog)s --task TASK --backend {backends} [options]\n"
+                             "       %(prog)s --resume LOG [options]\n"
+                             f"       %(prog)s --task TASK --backend {backends} --runs N [--concurrency C] [options]",
                        description="Run one agent session: the model writes a kernel for the task, the evaluator "
                                    "checks it, until it passes or a budget is spent.", epilog=_GENERATE_EXAMPLES)
     p.add_argument("--task", help="task id or name, e.g. k8 (required, unless --resume)")
@@ -89,7 +106,9 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("replay", help="re-run a recorded session offline (or fork it into a live backend)",
-                       formatter_class=fmt, epilog="examples:\n  epiforge replay logs/examples/"
+                       formatter_class=fmt,
+                       usage=f"%(prog)s LOG [--log-dir DIR] [--json] [options]\n"
+                             f"       %(prog)s LOG --fork-at N --backend {backends} [options]", epilog="examples:\n  epiforge replay logs/examples/"
                        "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl\n"
                        "  epiforge replay LOG --fork-at 3 --backend anthropic   # needs ANTHROPIC_API_KEY\n")
     p.add_argument("log", help="a session log (JSONL)")
@@ -113,13 +132,16 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("ablate", help="knowledge-pack ablation: runs with and without pages, and a report",
-                       formatter_class=fmt, epilog="examples:\n  epiforge ablate --task k8 --backend anthropic "
-                       "--runs 5 --concurrency 2 --pack-without operands\n"
-                       "  epiforge ablate --from-logs ~/.local/share/epiforge/ablations/20261130T181500Z\n")
+                       formatter_class=fmt,
+                       usage=f"%(prog)s --task TASK --backend {backends} --pack-without DOC [--pack-without DOC ...] "
+                             "[--runs N] [options]\n"
+                             "       %(prog)s --from-logs DIR [--report PATH] [--json]",
+                       epilog=_ABLATE_EXAMPLES)
     p.add_argument("--task", help="task id or name (required, unless --from-logs)")
     p.add_argument("--backend", choices=["anthropic", "openai", "command"], help="the LLM backend (required, unless --from-logs)")
     _backend_options(p)
-    _session_options(p)
+    _session_options(p, pack_without="a primitive_docs page to ablate: each run with the full pack is matched by "
+                                     "runs without this page (repeatable; at least one required, unless --from-logs)")
     p.add_argument("--runs", type=int, default=3, help="sessions per condition (default: 3)")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="at most C sessions at a time, each with its own backend, log and budgets (default: 1)")
@@ -133,13 +155,19 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("sessions", help="list or show agent sessions from their logs").add_subparsers(
         dest="sessions_command", required=True)
-    p = s.add_parser("list", help="one line per session: outcome, turns, tokens, dollars, kernel")
+    p = s.add_parser("list", help="one line per session: outcome, turns, tokens, dollars, kernel",
+                     formatter_class=fmt, epilog="examples:\n  epiforge sessions list\n"
+                     "  epiforge sessions list --log-dir /tmp/runs --log-dir ~/.local/share/epiforge/ablations/"
+                     "20261130T181500Z\n  epiforge sessions list --json\n")
     p.add_argument("--log-dir", action="append", default=None, metavar="DIR",
                    help="a folder of session logs (repeatable; default: DATA/sessions/, DATA: $EPIFORGE_DATA_DIR, "
                         "else $XDG_DATA_HOME/epiforge, else ~/.local/share/epiforge)")
     p.add_argument("--json", action="store_true", help="print the sessions as JSON on stdout")
     p.set_defaults(func=cmd_sessions_list)
-    p = s.add_parser("show", help="one session in full: configuration, steps, evaluations, outcome")
+    p = s.add_parser("show", help="one session in full: configuration, steps, evaluations, outcome",
+                     formatter_class=fmt, epilog="examples:\n  epiforge sessions show 20261130T181500Z-k1-3f9a2c\n"
+                     "  epiforge sessions show 20261130T181500Z-k1-3f9a2c --log-dir /tmp/runs --json\n"
+                     "  epiforge sessions show ~/.local/share/epiforge/sessions/20261130T181500Z-k1-3f9a2c.jsonl\n")
     p.add_argument("session", help="a session id (looked up in --log-dir) or a log's path")
     p.add_argument("--log-dir", action="append", default=None, metavar="DIR",
                    help="a folder of session logs (repeatable; default: DATA/sessions/, DATA: $EPIFORGE_DATA_DIR, "
@@ -166,7 +194,8 @@ def _backend_options(p) -> None:
                    help=f"output tokens per response (default: {DEFAULTS['max_output_tokens']})")
 
 
-def _session_options(p) -> None:
+def _session_options(p, pack_without: str = "leave this primitive_docs page out of the knowledge pack "
+                                             "(repeatable; default: none)") -> None:
     p.add_argument("--max-turns", type=int, default=None, help=f"model responses (default: {DEFAULTS['max_turns']})")
     p.add_argument("--budget-usd", type=float, default=None,
                    help="dollars over the session, checked before each request (default: no limit; "
@@ -179,8 +208,7 @@ def _session_options(p) -> None:
                    help="USD per million input tokens, instead of agent/pricing.py's table (default: the table)")
     p.add_argument("--price-out", type=float, default=None, metavar="USD",
                    help="USD per million output tokens (default: the table)")
-    p.add_argument("--pack-without", action="append", default=[], metavar="DOC",
-                   help="leave this primitive_docs page out of the knowledge pack (repeatable; default: none)")
+    p.add_argument("--pack-without", action="append", default=[], metavar="DOC", help=pack_without)
     p.add_argument("--docs-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-compile every epilogue for sm_90a in checks (default: on)")

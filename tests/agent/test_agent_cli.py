@@ -72,6 +72,37 @@ def test_every_agent_flag_is_documented_with_its_default():
     assert f"default: {DEFAULTS['max_output_tokens']}" in generate["max_output_tokens"].help
     text = parsers["generate"].format_help()
     assert "ANTHROPIC_API_KEY" in text and "examples:" in text and "epiforge generate --resume" in text
+    ablate = {a.dest: a for a in parsers["ablate"]._actions}
+    assert all("required" in ablate[d].help for d in ("task", "backend", "pack_without"))
+    text = parsers["ablate"].format_help()
+    assert "ANTHROPIC_API_KEY" in text and "OPENAI_API_KEY" in text and "examples:" in text
+    for name in ("sessions list", "sessions show"):
+        text = parsers[name].format_help()
+        assert "examples:" in text and f"  epiforge {name}" in text.split("examples:")[1], name
+
+
+def test_usage_lines_show_required_flags_as_required():
+    """A flag a command refuses to run without is never shown as [optional] in its usage."""
+    parsers = {" ".join(k): p for k, p in _subparsers(epiforge.build_parser())}
+    usage = {name: parsers[name].format_usage() for name in ("generate", "replay", "ablate")}
+    assert "--task TASK --backend {anthropic,openai,command} [options]" in usage["generate"]
+    assert "epiforge generate --resume LOG" in usage["generate"]
+    assert "--fork-at N --backend {anthropic,openai,command}" in usage["replay"]
+    assert "--task TASK --backend {anthropic,openai,command} --pack-without DOC" in usage["ablate"]
+    assert "epiforge ablate --from-logs DIR" in usage["ablate"]
+    for name, text in usage.items():
+        for flag in ("--task", "--backend", "--resume", "--fork-at", "--pack-without", "--from-logs"):
+            assert f"[{flag} " not in text.replace(f"[{flag} DOC ...]", ""), f"{name}: {flag} shown as optional"
+    assert parsers["sessions show"].format_usage().rstrip().endswith(" session")  # the positional: required
+
+
+def test_required_flags_still_refuse_in_one_line(tmp_path, capsys):
+    assert epiforge.main(["ablate", "--task", "k1", "--backend", "anthropic"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "epiforge: ablate needs --task, --backend and at least one --pack-without DOC (or --from-logs DIR)"]
+    assert epiforge.main(["generate", "--task", "k1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "epiforge: generate needs --task and --backend (or --resume LOG)"]
 
 
 def test_sessions_show_of_an_unknown_id_is_one_line(tmp_path, capsys):
