@@ -272,10 +272,9 @@ def _load(path: Path) -> dict:
 def passes(task, kernel: str, *, write_to: Path | None = None) -> bool:
     """Does `kernel` pass `task`'s check (eval.evaluate, CPU, smoke, fixed seed)? Cached."""
     key = _key(task, kernel)
-    for path in (SHIPPED_CACHE, _user_cache()) + ((write_to,) if write_to else ()):
-        hit = _load(path).get(key)
-        if hit is not None:
-            return bool(hit["passed"])
+    hit = _cached(key, write_to)
+    if hit is not None:
+        return bool(hit["passed"])
     from eval import evaluate
 
     with tempfile.TemporaryDirectory(prefix="epiforge-screen-") as d:
@@ -288,6 +287,19 @@ def passes(task, kernel: str, *, write_to: Path | None = None) -> bool:
 
 
 _STORING = threading.Lock()  # sessions run side by side (generate --runs) share the cache
+
+
+def _cached(key: str, write_to: Path | None) -> dict | None:
+    """A verdict from the shipped cache, the user's or `write_to`; one found elsewhere than
+    `write_to` is copied there, so that `--write` ships every verdict its pages need, even
+    one the user cache already held."""
+    for path in (SHIPPED_CACHE, _user_cache()) + ((write_to,) if write_to else ()):
+        hit = _load(path).get(key)
+        if hit is not None:
+            if write_to is not None and path != write_to:
+                _store(write_to, key, hit)
+            return hit
+    return None
 
 
 def _store(target: Path, key: str | None = None, value: dict | None = None, *, prune: bool = False) -> None:
@@ -306,10 +318,9 @@ def _store(target: Path, key: str | None = None, value: dict | None = None, *, p
 
 def _verdict(kind: str, adapt, task, src: str, write_to: Path | None) -> str | None:
     key = _key(task, kind + "\0" + src)
-    for path in (SHIPPED_CACHE, _user_cache()) + ((write_to,) if write_to else ()):
-        hit = _load(path).get(key)
-        if hit is not None:
-            return hit["why"]
+    hit = _cached(key, write_to)
+    if hit is not None:
+        return hit["why"]
     why = None
     for what, kernel in adapt(src, task):
         if passes(task, kernel, write_to=write_to):

@@ -3,6 +3,7 @@ check. Verdicts come from the real evaluator (eval.evaluate on the CPU emulator)
 repository's are shipped in agent/data/screen_cache.json, and a test keeps them complete."""
 
 import ast
+import json
 
 import pytest
 
@@ -119,6 +120,20 @@ def test_a_renamed_answer_is_withheld_by_its_content(tmp_path, user_cache):
     assert again.sha256 == p.sha256
     # for k8 (SwiGLU) the same page stays whole
     assert "mul_rows" in build_pack(tasks.get_task("k8"), d).doc("scaling").text
+
+
+def test_write_ships_a_verdict_the_user_cache_already_held(tmp_path, user_cache):
+    """`python -m agent.screen --write` must leave the shipped file complete: a verdict it
+    finds in the user cache (a session computed it first) is copied to its target."""
+    task = tasks.get_task("k1")
+    teaching = 'import primitives as P\n\n@P.epilogue(operands={"b": P.PerCol()})\ndef add_bias(acc, b):\n' \
+               '    return {"D": acc + b}\n'
+    assert screen.screen_block(task, teaching) is None  # computed now, into the user cache only
+    held = json.loads(user_cache.read_text())
+    target = tmp_path / "shipped.json"
+    assert not target.exists()
+    assert screen.screen_block(task, teaching, write_to=target) is None
+    assert json.loads(target.read_text()) == held
 
 
 def test_a_change_in_the_code_behind_the_verdicts_makes_them_stale(tmp_path, monkeypatch):
