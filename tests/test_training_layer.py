@@ -13,18 +13,16 @@ same reference layer run in bf16). Measured on the CPU shape below (these seeds)
 to 0.62% (dw_qkv) fused, 0.49% (y) to 1.02% (dinput_norm) for plain bf16.
 """
 
-import math
-
 import pytest
 import torch
+from training_checks import U, assert_near_float32, forward_backward, hf_layer_state_dict, hf_style_layer, rel
 
 from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from training.ops import attention_out_mlp, rmsnorm_qkv_rope, rotate_adjacent_pairs
 
-#: ||got - ref|| / ||ref|| for the output and every gradient: 4 bf16 unit roundoffs
-REL_TOL = 4 * 2.0**-8
-#: ... and at most this many times the plain bf16 pipeline's error
-TIMES_PLAIN_BF16 = 2.0
+#: ||got - ref|| / ||ref|| for the output and every gradient: 4 bf16 unit roundoffs (and at
+#: most training_checks.TIMES_PLAIN_BF16 times the plain bf16 pipeline's error)
+REL_TOL = 4 * U
 
 #: the CPU shape: heads-64 of tasks/shapes.toml (d 256, head_dim 64, F 768) with GQA, M = 96
 #: rows (not a multiple of the 128-row tile: a ragged last tile)
@@ -35,32 +33,8 @@ GPU_CONFIG = LlamaLayerConfig(d=2048, n_heads=32, n_kv_heads=8, head_dim=64, ffn
 GPU_BATCH, GPU_SEQ = 2, 1024
 
 
-def _hf_state_dict(cfg: LlamaLayerConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A random HF LlamaDecoderLayer state dict, float32 holding bf16 values (so the bf16
-    and float32 layers hold the same numbers): linear weights ~ N(0, 1/in), norms ~ 1 +- 0.1."""
-    g = torch.Generator().manual_seed(seed)
-
-    def linear(n_out, n_in):
-        return (torch.randn(n_out, n_in, generator=g) / n_in**0.5).bfloat16().float()
-
-    def norm():
-        return (1 + 0.1 * torch.randn(cfg.d, generator=g)).bfloat16().float()
-
-    return {
-        "input_layernorm.weight": norm(),
-        "self_attn.q_proj.weight": linear(cfg.q_cols, cfg.d),
-        "self_attn.k_proj.weight": linear(cfg.kv_cols, cfg.d),
-        "self_attn.v_proj.weight": linear(cfg.kv_cols, cfg.d),
-        "self_attn.o_proj.weight": linear(cfg.d, cfg.q_cols),
-        "post_attention_layernorm.weight": norm(),
-        "mlp.gate_proj.weight": linear(cfg.ffn, cfg.d),
-        "mlp.up_proj.weight": linear(cfg.ffn, cfg.d),
-        "mlp.down_proj.weight": linear(cfg.d, cfg.ffn),
-    }
-
-
 def _layers(cfg, device, seed=0):
-    sd = _hf_state_dict(cfg, seed)
+    sd = hf_layer_state_dict(cfg, seed)
     layers = FusedLlamaLayer(cfg, device), ReferenceLlamaLayer(cfg, device=device), \
         ReferenceLlamaLayer(cfg, torch.bfloat16, device)
     for layer in layers:
@@ -68,62 +42,15 @@ def _layers(cfg, device, seed=0):
     return layers
 
 
-def _hf_style_layer(sd, cfg, x, position_ids):
-    """Hugging Face's LlamaDecoderLayer, rewritten plainly in float32: rotate_half RoPE
-    (column j with j + head_dim/2), repeat_kv, an explicit causal softmax, separate
-    gate/up projections."""
-    def rmsnorm(t, w):
-        return w * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + cfg.eps))
-
-    def rotate_half(t):
-        half = t.shape[-1] // 2
-        return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
-
-    b, s, _ = x.shape
-    h = rmsnorm(x, sd["input_layernorm.weight"])
-    q, k, v = (h @ sd[f"self_attn.{n}_proj.weight"].T for n in "qkv")
-    q = q.view(b, s, cfg.n_heads, cfg.head_dim).transpose(1, 2)
-    k = k.view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    v = v.view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    freqs = position_ids[:, :, None].double() * cfg.inv_freq().double()[None, None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().float()[:, None], emb.sin().float()[:, None]
-    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-    rep = cfg.n_heads // cfg.n_kv_heads
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.head_dim)
-    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-    attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, cfg.q_cols)
-    x = x + attn @ sd["self_attn.o_proj.weight"].T
-    h = rmsnorm(x, sd["post_attention_layernorm.weight"])
-    gate, up = h @ sd["mlp.gate_proj.weight"].T, h @ sd["mlp.up_proj.weight"].T
-    return x + (torch.nn.functional.silu(gate) * up) @ sd["mlp.down_proj.weight"].T
-
-
-def _rel(got, want):
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
-
-
-def _forward_backward(layer, x, dy, dtype):
-    x = x.to(dtype).detach().requires_grad_()
-    y = layer(x)
-    y.backward(dy.to(dtype))
-    return {"y": y.detach(), "dx": x.grad, **{f"d{n}": p.grad for n, p in layer.named_parameters()}}
-
-
 def _against_float32_reference(cfg, batch, seq, device):
     fused, ref, plain_bf16 = _layers(cfg, device)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, seq, cfg.d, generator=g).bfloat16().float().to(device)
     dy = (1e-2 * torch.randn(batch, seq, cfg.d, generator=g)).bfloat16().float().to(device)
-    got = _forward_backward(fused, x, dy, torch.bfloat16)
-    want = _forward_backward(ref, x, dy, torch.float32)
-    plain = _forward_backward(plain_bf16, x, dy, torch.bfloat16)
-    errors = {name: (_rel(got[name], want[name]), _rel(plain[name], want[name])) for name in want}
-    print("\n".join(f"{n:12s} fused {e:.2e}  plain bf16 {p:.2e}" for n, (e, p) in errors.items()))
-    for name, (err, plain_err) in errors.items():
-        assert err <= REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {REL_TOL:.2e})"
-        assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+    got = forward_backward(fused, x, dy, torch.bfloat16)
+    want = forward_backward(ref, x, dy, torch.float32)
+    plain = forward_backward(plain_bf16, x, dy, torch.bfloat16)
+    assert_near_float32(got, want, plain, REL_TOL)
 
 
 def test_output_and_every_gradient_match_the_float32_reference_on_the_cpu():
@@ -137,16 +64,16 @@ def test_hf_weights_load_into_both_layers_and_match_a_plain_hf_style_layer(cfg):
     """The gate/up interleave and the RoPE pairing permutation, applied at load time, give
     Hugging Face's layer: the float32 reference to float32 roundoff, the fused one within the
     bf16 bound; given positions (B, S) are honoured; to_hf_state_dict gives the weights back."""
-    sd = _hf_state_dict(cfg, seed=3)
+    sd = hf_layer_state_dict(cfg, seed=3)
     fused, ref = FusedLlamaLayer(cfg), ReferenceLlamaLayer(cfg)
     fused.load_hf_state_dict(sd)
     ref.load_hf_state_dict(sd)
     x = torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=torch.Generator().manual_seed(4)).bfloat16().float()
     positions = torch.arange(CPU_SEQ)[None, :] + torch.tensor([[0], [1000]])  # a second sequence further on
-    want = _hf_style_layer(sd, cfg, x, positions)
+    want = hf_style_layer(sd, cfg, x, positions)
     with torch.no_grad():
-        assert _rel(ref(x, positions), want) < 1e-5
-        assert _rel(fused(x.bfloat16(), positions), want) <= REL_TOL
+        assert rel(ref(x, positions), want) < 1e-5
+        assert rel(fused(x.bfloat16(), positions), want) <= REL_TOL
     for name, t in fused.to_hf_state_dict().items():
         assert torch.equal(t.float(), sd[name]), name
 
@@ -196,9 +123,9 @@ def test_each_op_and_its_gradients_match_unfused_float64_math(which):
     torch.autograd.backward(got, [c.bfloat16() for c in cotangents])
     torch.autograd.backward(want, cotangents)
     for i, (o, w) in enumerate(zip(got, want)):
-        assert _rel(o, w) <= REL_TOL, f"output {i}: {_rel(o, w):.2e}"
+        assert rel(o, w) <= REL_TOL, f"output {i}: {rel(o, w):.2e}"
     for i in tensors:
-        assert _rel(args[i].grad, ref_args[i].grad) <= REL_TOL, f"gradient of argument {i}: {_rel(args[i].grad, ref_args[i].grad):.2e}"
+        assert rel(args[i].grad, ref_args[i].grad) <= REL_TOL, f"gradient of argument {i}: {rel(args[i].grad, ref_args[i].grad):.2e}"
 
 
 @pytest.mark.parametrize("which", ["rmsnorm_qkv_rope", "attention_out_mlp"])

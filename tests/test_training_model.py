@@ -18,22 +18,19 @@ to 1.36% plain. 3 layers: loss 2.5e-5 fused, 9.4e-5 plain; gradients 0.49% to 0.
 (layers.2.w_qkv) fused, 0.77% to 1.72% plain.
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from training_checks import U, assert_near_float32, hf_model_state_dict, hf_style_layer, rel
 
 from training.layer import LlamaLayerConfig
 from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
 from training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
 from training.ops import rotate_adjacent_pairs
 
-#: ||got - ref|| / ||ref|| for the loss and every gradient: 6 bf16 unit roundoffs
-REL_TOL = 6 * 2.0**-8
-#: ... and at most this many times the plain bf16 pipeline's error
-TIMES_PLAIN_BF16 = 2.0
+#: ||got - ref|| / ||ref|| for the loss and every gradient: 6 bf16 unit roundoffs (and at
+#: most training_checks.TIMES_PLAIN_BF16 times the plain bf16 pipeline's error)
+REL_TOL = 6 * U
 
 #: the CPU shape: the layer test's (d 256, GQA 4/2 heads of 64, F 768), 2 layers, a vocabulary
 #: of 520 (a multiple of 8 as the GPU needs, not of the LM head's column tile), 2 x 48 rows (a ragged row tile)
@@ -48,30 +45,8 @@ GPU_CONFIG = LlamaModelConfig(vocab=32768, n_layers=2,
 GPU_BATCH, GPU_SEQ = 2, 1024
 
 
-def _layer_test():
-    """tests/test_training_layer.py, for its HF state dict and HF-style layer."""
-    spec = importlib.util.spec_from_file_location("_training_layer_test", Path(__file__).with_name("test_training_layer.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _hf_state_dict(cfg: LlamaModelConfig, seed: int = 0, tied: bool = False) -> dict[str, torch.Tensor]:
-    """A random HF LlamaForCausalLM state dict, float32 holding bf16 values."""
-    layer_test = _layer_test()
-    g = torch.Generator().manual_seed(seed)
-    d = cfg.layer.d
-    sd = {"model.embed_tokens.weight": torch.randn(cfg.vocab, d, generator=g).bfloat16().float(),
-          "model.norm.weight": (1 + 0.1 * torch.randn(d, generator=g)).bfloat16().float()}
-    if not tied:
-        sd["lm_head.weight"] = (torch.randn(cfg.vocab, d, generator=g) / d**0.5).bfloat16().float()
-    for i in range(cfg.n_layers):
-        sd.update({f"model.layers.{i}.{k}": v for k, v in layer_test._hf_state_dict(cfg.layer, seed + 1 + i).items()})
-    return sd
-
-
 def _models(cfg, device, seed=0):
-    sd = _hf_state_dict(cfg, seed)
+    sd = hf_model_state_dict(cfg, seed)
     models = FusedLlamaModel(cfg, device), ReferenceLlamaModel(cfg, device=device), \
         ReferenceLlamaModel(cfg, torch.bfloat16, device)
     for model in models:
@@ -85,10 +60,6 @@ def _tokens(cfg, batch, seq, device, seed=1):
     return stream[:, :-1].to(device), stream[:, 1:].to(device)
 
 
-def _rel(got, want):
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
-
-
 def _loss_and_gradients(model, tokens, targets):
     model.zero_grad(set_to_none=True)
     loss = model(tokens, targets)
@@ -100,11 +71,7 @@ def _against_float32_reference(cfg, batch, seq, device):
     fused, ref, plain_bf16 = _models(cfg, device)
     tokens, targets = _tokens(cfg, batch, seq, device)
     got, want, plain = (_loss_and_gradients(m, tokens, targets) for m in (fused, ref, plain_bf16))
-    errors = {name: (_rel(got[name], want[name]), _rel(plain[name], want[name])) for name in want}
-    print("\n".join(f"{n:22s} fused {e:.2e}  plain bf16 {p:.2e}" for n, (e, p) in errors.items()))
-    for name, (err, plain_err) in errors.items():
-        assert err <= REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {REL_TOL:.2e})"
-        assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+    assert_near_float32(got, want, plain, REL_TOL)
 
 
 @pytest.mark.parametrize("n_layers", [2, 3], ids=["2-layers", "3-layers"])
@@ -146,12 +113,11 @@ def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward():
 def _hf_style_model(sd, cfg, tokens, targets, positions):
     """Hugging Face's LlamaForCausalLM, plainly in float32: embedding, the layer test's
     HF-style layers, the final RMSNorm, lm_head (the embedding if tied), mean cross-entropy."""
-    layer_test = _layer_test()
     x = sd["model.embed_tokens.weight"][tokens]
     for i in range(cfg.n_layers):
         prefix = f"model.layers.{i}."
-        x = layer_test._hf_style_layer({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)},
-                                       cfg.layer, x, positions)
+        x = hf_style_layer({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}, cfg.layer, x,
+                           positions)
     x = sd["model.norm.weight"] * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.layer.eps))
     logits = x @ sd.get("lm_head.weight", sd["model.embed_tokens.weight"]).T
     return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1))
@@ -165,7 +131,7 @@ def test_hf_weights_load_into_both_models_and_match_a_plain_hf_style_model(n_lay
     back (tied: lm_head as a copy of the embedding). One layer: the entry op straight into the
     loss op."""
     cfg = LlamaModelConfig(vocab=CPU_CONFIG.vocab, n_layers=n_layers, layer=CPU_CONFIG.layer)
-    sd = _hf_state_dict(cfg, seed=3, tied=tied)
+    sd = hf_model_state_dict(cfg, seed=3, tied=tied)
     fused, ref = FusedLlamaModel(cfg), ReferenceLlamaModel(cfg)
     fused.load_hf_state_dict(sd)
     ref.load_hf_state_dict(sd)
@@ -173,8 +139,8 @@ def test_hf_weights_load_into_both_models_and_match_a_plain_hf_style_model(n_lay
     positions = torch.arange(CPU_SEQ)[None, :] + torch.tensor([[0], [1000]])
     want = _hf_style_model(sd, cfg, tokens, targets, positions)
     with torch.no_grad():
-        assert _rel(ref(tokens, targets, positions), want) < 1e-5
-        assert _rel(fused(tokens, targets, positions), want) <= REL_TOL
+        assert rel(ref(tokens, targets, positions), want) < 1e-5
+        assert rel(fused(tokens, targets, positions), want) <= REL_TOL
     back = fused.to_hf_state_dict()
     for name, t in sd.items():
         assert torch.equal(back[name].float(), t), name
@@ -182,7 +148,7 @@ def test_hf_weights_load_into_both_models_and_match_a_plain_hf_style_model(n_lay
         assert torch.equal(back["lm_head.weight"].float(), sd["model.embed_tokens.weight"])
     with pytest.raises(ValueError, match="beyond"):
         FusedLlamaModel(LlamaModelConfig(cfg.vocab, n_layers - 1 or 1, cfg.layer)).load_hf_state_dict(
-            _hf_state_dict(LlamaModelConfig(cfg.vocab, n_layers + 1, cfg.layer)))
+            hf_model_state_dict(LlamaModelConfig(cfg.vocab, n_layers + 1, cfg.layer)))
 
 
 # ---- the ops one by one, against unfused float64 math --------------------------------------
@@ -259,9 +225,9 @@ def test_each_op_and_its_gradients_match_unfused_float64_math(which):
     torch.autograd.backward(got, [c.to(o.dtype) for c, o in zip(cotangents, got)])
     torch.autograd.backward(want, cotangents)
     for i, (o, w) in enumerate(zip(got, want)):
-        assert _rel(o, w) <= REL_TOL, f"output {i}: {_rel(o, w):.2e}"
+        assert rel(o, w) <= REL_TOL, f"output {i}: {rel(o, w):.2e}"
     for i in leaves:
-        err = _rel(args[i].grad, ref_args[i].grad)
+        err = rel(args[i].grad, ref_args[i].grad)
         assert err <= REL_TOL, f"gradient of argument {i}: {err:.2e}"
 
 

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from training_checks import U, assert_near_float32, forward_backward, hf_layer_state_dict, hf_model_state_dict, rel
 
 from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
@@ -19,9 +20,8 @@ from training.model_ops import decoder_block, embed_rmsnorm_qkv_rope
 from training.ops import QK_NORM_EPS, rmsnorm_qk_norm_rope, rotate_adjacent_pairs
 
 #: a layer's bound (tests/test_training_layer.py) and a 2-layer model's (tests/test_training_model.py)
-REL_TOL = 4 * 2.0**-8
-MODEL_REL_TOL = 6 * 2.0**-8
-TIMES_PLAIN_BF16 = 2.0
+REL_TOL = 4 * U
+MODEL_REL_TOL = 6 * U
 
 #: Qwen3's settings (eps 1e-6, theta 1e6) at the layer test's CPU sizes
 CPU_CONFIG = LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=768, eps=1e-6, rope_theta=1e6,
@@ -29,54 +29,21 @@ CPU_CONFIG = LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=7
 CPU_BATCH, CPU_SEQ = 2, 48
 
 
-def _hf_state_dict(cfg, seed=0):
-    """A random HF Qwen3DecoderLayer state dict (float32 holding bf16 values)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def linear(n_out, n_in):
-        return (torch.randn(n_out, n_in, generator=g) / n_in**0.5).bfloat16().float()
-
-    def norm(n):
-        return (1 + 0.1 * torch.randn(n, generator=g)).bfloat16().float()
-
-    return {"input_layernorm.weight": norm(cfg.d), "self_attn.q_proj.weight": linear(cfg.q_cols, cfg.d),
-            "self_attn.k_proj.weight": linear(cfg.kv_cols, cfg.d), "self_attn.v_proj.weight": linear(cfg.kv_cols, cfg.d),
-            "self_attn.q_norm.weight": norm(cfg.head_dim), "self_attn.k_norm.weight": norm(cfg.head_dim),
-            "self_attn.o_proj.weight": linear(cfg.d, cfg.q_cols), "post_attention_layernorm.weight": norm(cfg.d),
-            "mlp.gate_proj.weight": linear(cfg.ffn, cfg.d), "mlp.up_proj.weight": linear(cfg.ffn, cfg.d),
-            "mlp.down_proj.weight": linear(cfg.d, cfg.ffn)}
-
-
-def _rel(got, want):
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
-
-
-def _forward_backward(layer, x, dy, dtype):
-    x = x.to(dtype).detach().requires_grad_()
-    y = layer(x)
-    y.backward(dy.to(dtype))
-    return {"y": y.detach(), "dx": x.grad, **{f"d{n}": p.grad for n, p in layer.named_parameters()}}
-
-
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_qk_norm_layer_output_and_every_gradient_match_the_float32_reference(head_dim):
     cfg = LlamaLayerConfig(d=256, n_heads=256 // head_dim, n_kv_heads=128 // head_dim, head_dim=head_dim, ffn=768,
                            eps=1e-6, rope_theta=1e6, qk_norm=True)
-    sd = _hf_state_dict(cfg)
+    sd = hf_layer_state_dict(cfg)
     layers = FusedLlamaLayer(cfg), ReferenceLlamaLayer(cfg), ReferenceLlamaLayer(cfg, torch.bfloat16)
     for layer in layers:
         layer.load_hf_state_dict(sd)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=g).bfloat16().float()
     dy = (1e-2 * torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=g)).bfloat16().float()
-    got, want, plain = (_forward_backward(m, x, dy, t) for m, t in zip(layers, (torch.bfloat16, torch.float32,
-                                                                               torch.bfloat16)))
+    got, want, plain = (forward_backward(m, x, dy, t) for m, t in zip(layers, (torch.bfloat16, torch.float32,
+                                                                              torch.bfloat16)))
     assert {"dq_norm", "dk_norm"} <= want.keys()
-    errors = {name: (_rel(got[name], want[name]), _rel(plain[name], want[name])) for name in want}
-    print("\n".join(f"{n:12s} fused {e:.2e}  plain bf16 {p:.2e}" for n, (e, p) in errors.items()))
-    for name, (err, plain_err) in errors.items():
-        assert err <= REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {REL_TOL:.2e})"
-        assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+    assert_near_float32(got, want, plain, REL_TOL)
 
 
 def _hf_style_qkv(sd, cfg, x, positions):
@@ -107,7 +74,7 @@ def test_hf_qwen3_weights_give_hf_attention_scores_and_round_trip():
     per head, q . k (what attention reads) equals HF's; v unchanged; to_hf_state_dict gives
     the weights back."""
     cfg = CPU_CONFIG
-    sd = _hf_state_dict(cfg, seed=3)
+    sd = hf_layer_state_dict(cfg, seed=3)
     x = torch.randn(CPU_BATCH, CPU_SEQ, cfg.d, generator=torch.Generator().manual_seed(4)).bfloat16().float()
     positions = torch.arange(CPU_SEQ)[None, :] + torch.tensor([[0], [1000]])
     q_hf, k_hf, v_hf = _hf_style_qkv(sd, cfg, x, positions)
@@ -128,7 +95,7 @@ def test_hf_qwen3_weights_give_hf_attention_scores_and_round_trip():
         q, k, v = (t.float().reshape(CPU_BATCH, CPU_SEQ, -1, cfg.head_dim).transpose(1, 2)
                    for t in qkv.split((cfg.q_cols, cfg.kv_cols, cfg.kv_cols), dim=-1))
         scores = q @ k.repeat_interleave(rep, 1).transpose(-1, -2) / math.sqrt(cfg.head_dim)
-        assert _rel(scores, scores_hf) <= tol and _rel(v, v_hf) <= tol, type(layer).__name__
+        assert rel(scores, scores_hf) <= tol and rel(v, v_hf) <= tol, type(layer).__name__
         for name, t in layer.to_hf_state_dict().items():
             assert torch.equal(t.float(), sd[name]), name
 
@@ -162,9 +129,9 @@ def test_the_op_and_its_gradients_match_unfused_float64_math():
     cotangent = (1e-2 * torch.randn(want.shape, generator=torch.Generator().manual_seed(5))).double()
     got.backward(cotangent.bfloat16())
     want.backward(cotangent)
-    assert _rel(got, want) <= REL_TOL
+    assert rel(got, want) <= REL_TOL
     for i in leaves:
-        err = _rel(args[i].grad, ref_args[i].grad)
+        err = rel(args[i].grad, ref_args[i].grad)
         assert err <= REL_TOL, f"gradient of argument {i}: {err:.2e}"
 
 
@@ -176,7 +143,7 @@ def test_the_op_passes_torch_library_opcheck():
 
 def test_the_qk_norm_layer_traces_whole_under_torch_compile_and_gives_the_eager_numbers():
     layer = FusedLlamaLayer(CPU_CONFIG)
-    layer.load_hf_state_dict(_hf_state_dict(CPU_CONFIG))
+    layer.load_hf_state_dict(hf_layer_state_dict(CPU_CONFIG))
     x = torch.randn(CPU_BATCH, CPU_SEQ, CPU_CONFIG.d, generator=torch.Generator().manual_seed(2)).bfloat16()
 
     def run(fn):
@@ -190,18 +157,6 @@ def test_the_qk_norm_layer_traces_whole_under_torch_compile_and_gives_the_eager_
     assert all(torch.equal(c, e) for c, e in zip(compiled, eager))
 
 
-def _model_state_dict(cfg, seed=0):
-    """A random HF Qwen3ForCausalLM state dict (float32 holding bf16 values)."""
-    g = torch.Generator().manual_seed(seed)
-    d = cfg.layer.d
-    sd = {"model.embed_tokens.weight": torch.randn(cfg.vocab, d, generator=g).bfloat16().float(),
-          "model.norm.weight": (1 + 0.1 * torch.randn(d, generator=g)).bfloat16().float(),
-          "lm_head.weight": (torch.randn(cfg.vocab, d, generator=g) / d**0.5).bfloat16().float()}
-    for i in range(cfg.n_layers):
-        sd.update({f"model.layers.{i}.{k}": v for k, v in _hf_state_dict(cfg.layer, seed + 1 + i).items()})
-    return sd
-
-
 MODEL_CONFIG = LlamaModelConfig(vocab=520, n_layers=2, layer=CPU_CONFIG)
 #: Qwen3's head layout: 128-wide heads, q wider than d (Qwen3-0.6B: d 1024, 16 q heads of 128)
 WIDE_Q_CONFIG = LlamaModelConfig(vocab=520, n_layers=2, layer=LlamaLayerConfig(
@@ -212,7 +167,7 @@ GPU_MODEL_CONFIG = LlamaModelConfig(vocab=32768, n_layers=2, layer=LlamaLayerCon
 
 
 def _against_float32_reference(cfg, batch, seq, device):
-    sd = {k: v.to(device) for k, v in _model_state_dict(cfg).items()}
+    sd = {k: v.to(device) for k, v in hf_model_state_dict(cfg).items()}
     models = FusedLlamaModel(cfg, device), ReferenceLlamaModel(cfg, device=device), \
         ReferenceLlamaModel(cfg, torch.bfloat16, device)
     stream = torch.randint(0, cfg.vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1)).to(device)
@@ -224,11 +179,7 @@ def _against_float32_reference(cfg, batch, seq, device):
         results.append({"loss": loss.detach(), **{f"d{n}": p.grad for n, p in model.named_parameters()}})
     got, want, plain = results
     assert {"dlayers.0.q_norm", "dlayers.1.k_norm"} <= want.keys()
-    errors = {name: (_rel(got[name], want[name]), _rel(plain[name], want[name])) for name in want}
-    print("\n".join(f"{n:22s} fused {e:.2e}  plain bf16 {p:.2e}" for n, (e, p) in errors.items()))
-    for name, (err, plain_err) in errors.items():
-        assert err <= MODEL_REL_TOL, f"{name}: {err:.2e} of its norm off float32 (bound {MODEL_REL_TOL:.2e})"
-        assert err <= TIMES_PLAIN_BF16 * plain_err, f"{name}: {err:.2e}, over {TIMES_PLAIN_BF16} x plain bf16's {plain_err:.2e}"
+    assert_near_float32(got, want, plain, MODEL_REL_TOL)
 
 
 @pytest.mark.parametrize("cfg", [MODEL_CONFIG, WIDE_Q_CONFIG], ids=["head64", "head128-q-wider-than-d"])
