@@ -56,11 +56,29 @@ class Channel:
         self.send(stage=name)
 
 
+class Stopwatch:
+    """Seconds per stage of one judge run (Result.stage_s), shared by its candidates."""
+
+    def __init__(self, first: str, since: float):
+        self.spent: dict[str, float] = {}
+        self.stage, self.since = first, since
+
+    def enter(self, stage: str) -> None:
+        now = time.monotonic()
+        self.spent[self.stage] = self.spent.get(self.stage, 0.0) + now - self.since
+        self.stage, self.since = stage, now
+
+    def so_far(self) -> dict[str, float]:
+        spent = {**self.spent, self.stage: self.spent.get(self.stage, 0.0) + time.monotonic() - self.since}
+        return {k: round(v, 3) for k, v in spent.items()}
+
+
 class Candidate:
     """One kernel under judgement: its runner, its shapes so far, and once it ends, its Result."""
 
-    def __init__(self, label: str, source: str, base: dict):
+    def __init__(self, label: str, source: str, base: dict, clock: Stopwatch):
         self.label, self.source, self.base = label, source, {**base, "environment": {}}
+        self.clock = clock
         self.kp = None
         self.per_shape: list[ShapeResult] = []
         self.result: Result | None = None
@@ -70,7 +88,7 @@ class Candidate:
     def live(self) -> bool:
         return self.result is None
 
-    def finish(self, outcome: Outcome, message: str, stage_s: dict[str, float] | None = None) -> None:
+    def finish(self, outcome: Outcome, message: str) -> None:
         from eval.numerics import mask_numbers
 
         stderr = self.kp.stderr_tail() if self.kp else ""
@@ -78,7 +96,7 @@ class Candidate:
             stderr = mask_numbers(stderr)  # a traceback may quote the hidden shape's sizes
         self.result = Result(**self.base, outcome=outcome, message=message, stage=self.stage, per_shape=self.per_shape,
                              worst=worst_element(self.per_shape), compiled=self.kp.compiled if self.kp else [],
-                             stderr_tail=stderr, stage_s=stage_s or {})
+                             stderr_tail=stderr, stage_s=self.clock.so_far())
 
 
 def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
@@ -95,22 +113,14 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
 
     device = request["device"]
     deadline = time.monotonic() + float(request["timeout_s"])
-    cands = [Candidate(k["label"], k["source"], k["base"]) for k in request["kernels"]]
-
-    spent: dict[str, float] = {}  # seconds per stage, the judge's startup counted in "load"
-    clock = {"stage": "load", "since": _STARTED}
+    clock = Stopwatch("load", _STARTED)
+    cands = [Candidate(k["label"], k["source"], k["base"], clock) for k in request["kernels"]]
 
     def at(name, who=None):
-        now = time.monotonic()
-        spent[clock["stage"]] = spent.get(clock["stage"], 0.0) + now - clock["since"]
-        clock.update(stage=name, since=now)
+        clock.enter(name)
         for c in (who or [c for c in cands if c.live]):
             c.stage = name
         channel.stage(name)
-
-    def so_far() -> dict[str, float]:
-        open_stage = {clock["stage"]: spent.get(clock["stage"], 0.0) + time.monotonic() - clock["since"]}
-        return {k: round(v, 3) for k, v in (spent | open_stage).items()}
 
     task = get_task(request["task"])
     is_hidden = False
@@ -127,7 +137,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
             try:
                 _start(c, tmp / f"runner-{i}", request, deadline, lambda name, c=c: at(name, [c]))
             except KernelFailure as f:
-                c.finish(Outcome(f.outcome), f.message, so_far())
+                c.finish(Outcome(f.outcome), f.message)
         named = shape_sets()[request["shapes"]]
         hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
         # numerics at every shape (named, then hidden) before anything is timed: a kernel
@@ -139,7 +149,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
                 c.per_shape.append(check_shape(task, c.kp, shape, request["seed"], i, device, hidden=is_hidden))
                 res = c.per_shape[-1]
                 if res.outcome != Outcome.PASSED:
-                    c.finish(res.outcome, f"{res.shape}: {res.message}", so_far())
+                    c.finish(res.outcome, f"{res.shape}: {res.message}")
         is_hidden = False
         for i, shape in enumerate(named if device == "cuda" else []):
             group = {c.label: (c.kp, c.per_shape[i]) for c in cands if c.live}
@@ -150,22 +160,21 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
             for c in [c for c in cands if c.live]:
                 res = c.per_shape[i]
                 if res.outcome != Outcome.PASSED:
-                    c.finish(res.outcome, f"{res.shape}: {res.message}", so_far())
+                    c.finish(res.outcome, f"{res.shape}: {res.message}")
         at("done")
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device), so_far())
+            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device))
     except TaskCodeError as e:  # the task's reference.py failed: the task's fault, not a kernel's
         traceback.print_exc()
         detail = mask_numbers(e.detail) if is_hidden else e.detail  # it may quote the hidden shape's sizes
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.TASK_ERROR, f"the task's code failed during {c.stage}, not the kernel: {e.file}: {detail}",
-                     so_far())
+            c.finish(Outcome.TASK_ERROR, f"the task's code failed during {c.stage}, not the kernel: {e.file}: {detail}")
     except Exception as e:  # the judge's own failure (e.g. out of memory computing a reference)
         traceback.print_exc()
         first = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         why = "out of memory: a kernel's process may hold it" if "out of memory" in first.lower() else "an error"
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.RUNTIME_ERROR, f"the judge stopped with {why} during {c.stage}: {first}", so_far())
+            c.finish(Outcome.RUNTIME_ERROR, f"the judge stopped with {why} during {c.stage}: {first}")
     finally:
         for c in cands:
             if c.kp is not None:

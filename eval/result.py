@@ -30,7 +30,7 @@ NOT_THE_KERNELS_FAULT = frozenset({Outcome.TASK_ERROR})
 
 
 #: the stages in the order they run; a Result's `stage` names the one it stopped in
-STAGES = ("static", "load", "compile", "numerics", "launches", "benchmark", "recheck", "plausibility", "done")
+STAGES = ("static", "load", "compile", "numerics", "launches", "warmup", "benchmark", "recheck", "plausibility", "done")
 
 
 class RatioStat(BaseModel):
@@ -129,8 +129,8 @@ class Result(BaseModel):
     started_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     wall_s: float | None = None
     stage_s: dict[str, float] = Field({}, description="seconds the judge spent in each stage of this evaluation, "
-                                                      "startup (interpreter and imports) included under load; in a "
-                                                      "compare, a stage shared by the kernels counts for each")
+                                                      "its own startup counted in \"load\"; in a compare, a stage "
+                                                      "shared by the kernels counts for each")
 
     @property
     def passed(self) -> bool:
