@@ -183,8 +183,11 @@ def _backend_options(p) -> None:
                                                     "https://api.anthropic.com; openai: $OPENAI_BASE_URL)")
     p.add_argument("--command", default=None, help="command backend: the agent CLI to run in the workspace "
                                                    "(required for --backend command)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per API request (default: 600; "
-                                                              "command: per run, default 1800)")
+    from agent.backends import DEFAULT_TIMEOUT_S
+
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds per API request (default: {DEFAULT_TIMEOUT_S['anthropic']:g}; "
+                        f"command: per run, default {DEFAULT_TIMEOUT_S['command']:g})")
     p.add_argument("--max-retries", type=int, default=None,
                    help="retries of a failed API request (429, 5xx, overloaded, timeouts), waiting 1, 2, 4 ... "
                         "up to 60 s with jitter, or the server's retry-after (default: 9: an outage of 2 to 4 minutes)")
@@ -332,17 +335,16 @@ def resumed_backend(args, backend: str, recorded_stream: bool | None = None):
     """The backend settings a log does not hold in its configuration (retries, timeout;
     streaming lives in the start's backend_info), as this resume uses them: (stream to pass
     on, or None for the backend's default; one "resume: ..." line per setting)."""
-    from agent.backends import RetryPolicy
+    from agent.backends import DEFAULT_STREAM, DEFAULT_TIMEOUT_S, RetryPolicy
 
     lines = []
-    if backend in ("anthropic", "openai"):
+    if backend in DEFAULT_STREAM:
         source = "--max-retries" if args.max_retries is not None else "the default; the log does not record it"
         lines.append(f"resume: max retries = {_pick(args.max_retries, RetryPolicy().max_retries)} (from {source})")
-    default_timeout = 1800.0 if backend == "command" else 600.0
     source = "--timeout" if args.timeout is not None else "the default; the log does not record it"
-    lines.append(f"resume: timeout = {_pick(args.timeout, default_timeout):g} s (from {source})")
+    lines.append(f"resume: timeout = {_pick(args.timeout, DEFAULT_TIMEOUT_S[backend]):g} s (from {source})")
     stream = None
-    if backend in ("anthropic", "openai"):
+    if backend in DEFAULT_STREAM:
         if args.stream is not None:
             stream, source = args.stream, "--stream" if args.stream else "--no-stream"
             if recorded_stream is not None and recorded_stream != args.stream:
@@ -351,7 +353,7 @@ def resumed_backend(args, backend: str, recorded_stream: bool | None = None):
             stream, source = recorded_stream, "the log"
         else:
             source = "the backend's default"
-        shown = stream if stream is not None else backend == "anthropic"
+        shown = stream if stream is not None else DEFAULT_STREAM[backend]
         lines.append(f"resume: stream = {shown} (from {source})")
     return stream, lines
 

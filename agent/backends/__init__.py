@@ -7,6 +7,9 @@ from __future__ import annotations
 from agent.backends.base import Backend, BackendError, ModelTurn, RecordingExhausted, RetryPolicy, ToolSpec
 
 LIVE_BACKENDS = ("anthropic", "openai", "command")
+#: a live backend's request (command: whole-run) timeout, and whether it streams, when not given
+DEFAULT_TIMEOUT_S = {"anthropic": 600.0, "openai": 600.0, "command": 1800.0}
+DEFAULT_STREAM = {"anthropic": True, "openai": False}
 
 
 def make_backend(name: str, *, model: str | None = None, base_url: str | None = None, command: str | None = None,
@@ -17,18 +20,20 @@ def make_backend(name: str, *, model: str | None = None, base_url: str | None = 
         from agent.backends.anthropic_backend import AnthropicBackend
 
         return AnthropicBackend(model, base_url=base_url, max_output_tokens=max_output_tokens,
-                                timeout_s=timeout_s or 600.0, retry=retry, stream=True if stream is None else stream)
+                                timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name], retry=retry,
+                                stream=DEFAULT_STREAM[name] if stream is None else stream)
     if name == "openai":
         from agent.backends.openai_backend import OpenAIBackend
 
-        return OpenAIBackend(model, base_url=base_url, max_output_tokens=max_output_tokens, timeout_s=timeout_s or 600.0,
-                             retry=retry, stream=bool(stream), note=note)
+        return OpenAIBackend(model, base_url=base_url, max_output_tokens=max_output_tokens,
+                             timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name], retry=retry,
+                             stream=DEFAULT_STREAM[name] if stream is None else stream, note=note)
     if name == "command":
         from agent.backends.command_backend import CommandBackend
 
-        return CommandBackend(command, model, timeout_s=timeout_s or 1800.0)
+        return CommandBackend(command, model, timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name])
     raise BackendError(f"unknown backend {name!r}; live backends: {', '.join(LIVE_BACKENDS)} (replay: epiforge replay LOG)")
 
 
-__all__ = ["Backend", "BackendError", "LIVE_BACKENDS", "ModelTurn", "RecordingExhausted", "RetryPolicy", "ToolSpec",
+__all__ = ["Backend", "BackendError", "DEFAULT_STREAM", "DEFAULT_TIMEOUT_S", "LIVE_BACKENDS", "ModelTurn", "RecordingExhausted", "RetryPolicy", "ToolSpec",
            "make_backend"]
