@@ -47,15 +47,18 @@ def _shut_in() -> str:
         return "off (EPIFORGE_RUNNER_SANDBOX=0)"
     if "--cuda" not in args:
         got = sandbox(Path.cwd())
-        sock = int(args[args.index("--sock") + 1])
-        if got.startswith("user and mount") and own_pid_namespace(signal.SIGKILL, close_in_parent=sock):
-            got += ", its own PID namespace"
-        return got
-    repo = Path(__file__).resolve().parent.parent
-    trees = [str(repo), str(Path.cwd().parent), *sys.path, *os.environ.get("EPIFORGE_SHARED_CACHES", "").split(os.pathsep)]
-    if args[args.index("--cuda") + 1] == "system":  # also the system's own trees (not yet seen on a GPU)
-        trees += list(SYSTEM_TREES)
-    return sandbox(Path.cwd(), whole_fs=False, readonly=trees)
+    else:
+        repo = Path(__file__).resolve().parent.parent
+        trees = [str(repo), str(Path.cwd().parent), *sys.path,
+                 *os.environ.get("EPIFORGE_SHARED_CACHES", "").split(os.pathsep)]
+        if args[args.index("--cuda") + 1] == "system":  # also the system's own trees (not yet seen on a GPU)
+            trees += list(SYSTEM_TREES)
+        got = sandbox(Path.cwd(), whole_fs=False, readonly=trees)
+    # before torch (and CUDA) exist in this process: the fork leaves no driver state behind
+    sock = int(args[args.index("--sock") + 1])
+    if got.startswith("user and mount") and own_pid_namespace(signal.SIGKILL, close_in_parent=sock):
+        got += ", its own PID namespace"
+    return got
 
 
 #: trees a root runner must not write (e.g. /etc/ld.so.preload reaches every later process,

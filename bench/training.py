@@ -1,0 +1,447 @@
+"""Training benchmarks (issue 15 section 4): a LLaMA-3 decoder layer's forward + backward,
+and a whole training step of a LLaMA-3.2-1B-shaped model, with the fused ops of training/
+against cuBLAS + torch.compile(fullgraph) of the same model, eager PyTorch and Liger, each
+in one interleaved run (eval/timing.py: every repetition runs every contender once, in a
+fresh random order).
+
+    python -m bench.training --out $OUT/training.json                 (the H200: both parts)
+    python -m bench.training --parts layer --d 2048 --reps 20 --out F
+    python -m bench.training --tiny --device cpu --out F              (toy sizes: every contender
+                                                                       runnable here once, and agreeing)
+
+The contenders compute the same function from the same weights (the Liger ones hold them in
+Hugging Face's layout, converted by training/layer.py); each row records every contender's
+loss on the same first batch, so a contender that computed something else shows.
+- layer: x (B, S, d) -> layer -> backward of <y, dy>. "attention" times the layer's causal
+  GQA attention alone (torch SDPA, forward + backward, the same views), so each contender's
+  non-attention time is its layer time minus that, repetition by repetition.
+- step: loss = model(tokens, targets); loss.backward(); AdamW(fused=True).step(); zero_grad.
+  Peak memory: the step's high-water mark above what was allocated before it, plus this
+  contender's own parameters and optimizer state (every contender lives on the GPU at once,
+  so the allocator's plain peak would count the others).
+  The breakdown: the kernels of one profiled step, summed by kind (attention, GEMMs with
+  their fused epilogues, the optimizer, the rest), with the largest kernels by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+import sys
+import time
+from typing import Callable
+
+import torch
+from pydantic import BaseModel, Field
+
+from eval.stats import Ratio, Timing, paired_ratio, summarize
+from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
+
+#: the layers benchmarked: LLaMA-3.2-1B, LLaMA-3-8B and LLaMA-3-70B's decoder layers
+LAYERS = {
+    2048: LlamaLayerConfig(d=2048, n_heads=32, n_kv_heads=8, head_dim=64, ffn=8192),
+    4096: LlamaLayerConfig(d=4096, n_heads=32, n_kv_heads=8, head_dim=128, ffn=14336),
+    8192: LlamaLayerConfig(d=8192, n_heads=64, n_kv_heads=8, head_dim=128, ffn=28672),
+}
+#: LLaMA-3.2-1B's shape (untied LM head here: both models hold the same separate lm_head)
+MODEL_1B = LlamaModelConfig(vocab=128256, n_layers=16, layer=LAYERS[2048])
+#: M = 16384 tokens, as in ../shared/notes/anchors-h200.md's training-step anchor
+BATCH, SEQ = 8, 2048
+TINY_LAYER = LlamaLayerConfig(d=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128)
+TINY_MODEL = LlamaModelConfig(vocab=256, n_layers=2, layer=TINY_LAYER)
+TINY_BATCH, TINY_SEQ = 2, 32
+
+#: kernel-name patterns of the breakdown's kinds, tried in this order
+KINDS = (
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor", re.I)),
+    ("gemm", re.compile(r"gemm|xmma|cutlass|cublas|nvjet|sm90_|GemmSm90|kernel_cutlass", re.I)),
+)
+
+
+class Contender(BaseModel):
+    """One contender of one row: what it runs and how it did."""
+
+    name: str
+    what: str = Field(description="what this contender runs, in words")
+    loss: float | None = Field(None, description="its first call's loss (a layer: the mean square of its output; "
+                                                 "attention: of its output), on the same weights and inputs")
+    first_call_s: float | None = Field(None, description="wall seconds of its first call (compiles, autotuning)")
+    peak_gib: float | None = Field(None, description="peak memory of one call (see the module docstring)")
+    timing: Timing | None = Field(None, description="its times, from the row's interleaved run")
+    error: str | None = Field(None, description="why it did not run (then nothing else is set)")
+
+
+class Breakdown(BaseModel):
+    """The GPU kernel time of one profiled call, summed by kind, in milliseconds."""
+
+    by_kind_ms: dict[str, float]
+    top_kernels: list[tuple[str, float]] = Field(description="(kernel name, ms), the largest first")
+
+
+class Row(BaseModel):
+    """One interleaved run: a layer at one width, or the training step."""
+
+    part: str = Field(description="layer | step")
+    config: dict = Field(description="the layer's (or model's) sizes and the tokens per call")
+    reps: int
+    contenders: list[Contender]
+    ratios: dict[str, Ratio] = Field(default_factory=dict,
+                                     description="'<a>/<b>': a's time over b's, repetition by repetition, with "
+                                                 "its bootstrap 95% interval ('non-attention' ones subtract "
+                                                 "the attention contender's time first)")
+    breakdown: dict[str, Breakdown] = Field(default_factory=dict)
+
+
+class Report(BaseModel):
+    environment: dict
+    device: str
+    rows: list[Row]
+
+
+def _liger():
+    """Liger's autograd functions, or None where Liger (or a GPU for its Triton) is absent."""
+    try:
+        from liger_kernel.transformers import functional as lf
+    except ImportError:
+        return None
+    return lf
+
+
+class LigerLlamaLayer(torch.nn.Module):
+    """The same layer as a Liger user writes it, in Hugging Face's layout (rotate_half RoPE,
+    gate and up halves): Liger RMSNorm, one cuBLAS QKV GEMM, Liger RoPE, SDPA, cuBLAS O-proj,
+    Liger fused add + RMSNorm, one cuBLAS gate/up GEMM, Liger SwiGLU, cuBLAS down-proj +
+    residual. Weights are a fused layer's, converted by its to_hf_state_dict."""
+
+    def __init__(self, cfg: LlamaLayerConfig, hf: dict[str, torch.Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        p = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
+        self.input_norm, self.post_norm = p(hf["input_layernorm.weight"]), p(hf["post_attention_layernorm.weight"])
+        self.w_qkv = p(torch.cat([hf[f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+        self.w_o = p(hf["self_attn.o_proj.weight"])
+        self.w_gu = p(torch.cat((hf["mlp.gate_proj.weight"], hf["mlp.up_proj.weight"])))
+        self.w_down = p(hf["mlp.down_proj.weight"])
+        self.inv_freq = cfg.inv_freq(self.w_o.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lf, c = _liger(), self.cfg
+        batch, seq, d = x.shape
+        rows = x.reshape(batch * seq, d)
+        qkv = lf.liger_rms_norm(rows, self.input_norm, c.eps, in_place=False) @ self.w_qkv.T
+        q, k, v = (t.reshape(batch, seq, -1, c.head_dim).transpose(1, 2)
+                   for t in qkv.split((c.q_cols, c.kv_cols, c.kv_cols), dim=-1))
+        angle = torch.arange(seq, device=x.device, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((angle, angle), dim=-1)
+        q, k = lf.liger_rope(q, k, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=c.n_kv_heads != c.n_heads)
+        o = attn.transpose(1, 2).reshape(batch * seq, c.q_cols) @ self.w_o.T
+        h, residual = lf.liger_fused_add_rms_norm(o, rows, self.post_norm, c.eps, in_place=False)
+        gate, up = (h @ self.w_gu.T).chunk(2, dim=-1)
+        y = residual + lf.liger_swiglu(gate, up) @ self.w_down.T
+        return y.reshape(batch, seq, d)
+
+
+class LigerLlamaModel(torch.nn.Module):
+    """The model from Liger layers, with Liger's fused linear cross-entropy (chunked: the
+    logits never exist whole) for the final norm's output."""
+
+    def __init__(self, cfg: LlamaModelConfig, hf: dict[str, torch.Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = torch.nn.Parameter(hf["model.embed_tokens.weight"].detach().clone())
+        self.layers = torch.nn.ModuleList(
+            LigerLlamaLayer(cfg.layer, {k[len(f"model.layers.{i}."):]: v for k, v in hf.items()
+                                        if k.startswith(f"model.layers.{i}.")}) for i in range(cfg.n_layers))
+        self.final_norm = torch.nn.Parameter(hf["model.norm.weight"].detach().clone())
+        self.lm_head = torch.nn.Parameter(hf["lm_head.weight"].detach().clone())
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        lf = _liger()
+        x = self.embed[tokens]
+        for layer in self.layers:
+            x = layer(x)
+        h = lf.liger_rms_norm(x.reshape(-1, x.shape[-1]), self.final_norm, self.cfg.layer.eps, in_place=False)
+        return lf.liger_fused_linear_cross_entropy(h, self.lm_head, targets.reshape(-1))
+
+
+def _gib(n_bytes: int) -> float:
+    return round(n_bytes / 2**30, 3)
+
+
+def _state_bytes(module: torch.nn.Module, opt: torch.optim.Optimizer | None) -> int:
+    n = sum(p.numel() * p.element_size() for p in module.parameters())
+    if opt is not None:
+        n += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    return n
+
+
+def _kind(name: str) -> str:
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "rest")
+
+
+def profile_breakdown(fn: Callable[[], object], top: int = 12) -> Breakdown:
+    """The GPU kernels of one call of fn, by kind (KINDS), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time_total / 1000.0
+    by_kind: dict[str, float] = {}
+    for name, ms in per_kernel.items():
+        by_kind[_kind(name)] = by_kind.get(_kind(name), 0.0) + ms
+    ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
+    return Breakdown(by_kind_ms={k: round(v, 3) for k, v in sorted(by_kind.items())},
+                     top_kernels=[(n[:160], round(ms, 3)) for n, ms in ranked])
+
+
+class _Entry:
+    """A contender while it runs: its call, the state it owns, its record."""
+
+    def __init__(self, record: Contender, call: Callable[[int], object], state_bytes: Callable[[], int]):
+        self.record, self.call, self.state_bytes = record, call, state_bytes
+
+
+def _value(out: torch.Tensor | None) -> float | None:
+    """A loss as it is; a layer's output as its mean square (so contenders can be compared)."""
+    if out is None:
+        return None
+    out = out.detach().float()
+    return round(float(out if out.numel() == 1 else (out * out).mean()), 6)
+
+
+def _why(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
+def _first_call(entry: _Entry, cuda: bool) -> None:
+    """Call once (compiles), then once more measuring the peak memory."""
+    if entry.record.error is not None:
+        return
+    try:
+        t0 = time.perf_counter()
+        out = entry.call(0)
+        if cuda:
+            torch.cuda.synchronize()
+        entry.record.first_call_s = round(time.perf_counter() - t0, 2)
+        entry.record.loss = _value(out)
+        if cuda:
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            entry.call(1)
+            torch.cuda.synchronize()
+            entry.record.peak_gib = _gib(torch.cuda.max_memory_allocated() - before + entry.state_bytes())
+    except Exception as e:  # a contender that cannot run is recorded as such; the others go on
+        entry.record.error = _why(e)
+        if cuda:
+            torch.cuda.synchronize()
+
+
+def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bool,
+             ratio_pairs: list[tuple[str, str]], breakdown_of: tuple[str, ...] = ()) -> Row:
+    from eval.timing import time_cuda_interleaved
+
+    for entry in entries:
+        _first_call(entry, cuda)
+        print(f"  {part} {entry.record.name}: {entry.record.error or f'first call {entry.record.first_call_s} s'}",
+              file=sys.stderr, flush=True)
+    ok = [e for e in entries if e.record.error is None]
+    row = Row(part=part, config=config, reps=reps if cuda else 0, contenders=[e.record for e in entries])
+    if not cuda:
+        return row
+    timings = time_cuda_interleaved({e.record.name: (e.call, [(i,) for i in range(2)]) for e in ok},
+                                    warmup=1, reps=reps)
+    for e in ok:
+        e.record.timing = timings[e.record.name]
+    for a, b in ratio_pairs:
+        if a in timings and b in timings:
+            row.ratios[f"{a}/{b}"] = paired_ratio(timings[a], timings[b], ci=True)
+    if "attention" in timings:  # the non-attention time: each repetition's layer time minus its attention time
+        attn = timings["attention"].samples_us
+        rest = {n: summarize([t - a for t, a in zip(timings[n].samples_us, attn)], keep=True)
+                for n in timings if n != "attention"}
+        for a, b in ratio_pairs:
+            if a in rest and b in rest:
+                row.ratios[f"non-attention {a}/{b}"] = paired_ratio(rest[a], rest[b], ci=True)
+    for name in breakdown_of:
+        entry = next((e for e in ok if e.record.name == name), None)
+        if entry is not None:
+            row.breakdown[name] = profile_breakdown(lambda: entry.call(0))
+    return row
+
+
+def _layer_inputs(cfg: LlamaLayerConfig, batch: int, seq: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator(device="cpu").manual_seed(0)
+    return [(torch.randn(batch, seq, cfg.d, generator=g).to(device, torch.bfloat16).requires_grad_(),
+             torch.randn(batch, seq, cfg.d, generator=g).to(device, torch.bfloat16)) for _ in range(2)]
+
+
+def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: str) -> Row:
+    """One decoder layer's forward + backward, every contender on the same weights and inputs."""
+    cuda = device == "cuda"
+    torch.manual_seed(0)
+    fused = FusedLlamaLayer(cfg, device=device)
+    eager = ReferenceLlamaLayer(cfg, torch.bfloat16, device=device)
+    eager.load_state_dict(fused.state_dict())
+    inputs = _layer_inputs(cfg, batch, seq, device)
+
+    def fwd_bwd(layer):
+        def call(i):
+            x, dy = inputs[i]
+            for p in layer.parameters():
+                p.grad = None
+            x.grad = None
+            y = layer(x)
+            y.backward(dy)
+            return y
+        return call
+
+    entries = [
+        _Entry(Contender(name="fused", what="training/ FusedLlamaLayer: k4hf, SDPA, k0, k2 forward; k7 -> k6, k6 "
+                                           "backward (input norm and down-proj residual in torch)"),
+               fwd_bwd(fused), lambda: _state_bytes(fused, None)),
+        _Entry(Contender(name="eager", what="the same layer, unfused bf16 PyTorch (cuBLAS GEMMs), eager"),
+               fwd_bwd(eager), lambda: _state_bytes(eager, None)),
+    ]
+    if cuda:
+        compiled = torch.compile(eager, fullgraph=True)
+        entries.append(_Entry(Contender(name="compile", what="the same unfused bf16 layer under "
+                                                            "torch.compile(fullgraph=True): cuBLAS + Inductor"),
+                              fwd_bwd(compiled), lambda: _state_bytes(eager, None)))
+        if _liger() is not None:
+            liger = LigerLlamaLayer(cfg, fused.to_hf_state_dict())
+            entries.append(_Entry(Contender(name="liger", what="the same layer from Liger's RMSNorm, RoPE, fused "
+                                                              "add + RMSNorm and SwiGLU, cuBLAS GEMMs (HF layout)"),
+                                  fwd_bwd(liger), lambda: _state_bytes(liger, None)))
+        else:
+            entries.append(_Entry(Contender(name="liger", what="Liger-Kernel", error="liger_kernel is not installed"),
+                                  None, lambda: 0))
+        entries.append(_Entry(Contender(name="attention", what="the layer's attention alone (torch SDPA, causal "
+                                                              "GQA, forward + backward, the same views)"),
+                              _attention_call(cfg, batch, seq, device), lambda: 0))
+    config = {"d": cfg.d, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+              "ffn": cfg.ffn, "batch": batch, "seq": seq, "tokens": batch * seq}
+    pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused")]
+    return _run_row("layer", config, entries, reps, cuda, pairs)
+
+
+def _attention_call(cfg: LlamaLayerConfig, batch: int, seq: int, device):
+    g = torch.Generator(device="cpu").manual_seed(1)
+    width = cfg.q_cols + 2 * cfg.kv_cols
+    qkvs = [torch.randn(batch * seq, width, generator=g).to(device, torch.bfloat16).requires_grad_() for _ in range(2)]
+    douts = [torch.randn(batch * seq, cfg.q_cols, generator=g).to(device, torch.bfloat16) for _ in range(2)]
+    layer = ReferenceLlamaLayer(cfg, torch.bfloat16, device=device)
+
+    def call(i):
+        qkvs[i].grad = None
+        out = layer._attention(qkvs[i], batch, seq)
+        out.backward(douts[i])
+        return out
+    return call
+
+
+def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: str) -> Row:
+    """A whole training step (forward, backward, fused AdamW) of every contender."""
+    cuda = device == "cuda"
+    torch.manual_seed(0)
+    fused = FusedLlamaModel(cfg, device=device)
+    eager = ReferenceLlamaModel(cfg, torch.bfloat16, device=device)
+    eager.load_state_dict(fused.state_dict())
+    g = torch.Generator(device="cpu").manual_seed(0)
+    batches = [(torch.randint(0, cfg.vocab, (batch, seq), generator=g).to(device),
+                torch.randint(0, cfg.vocab, (batch, seq), generator=g).to(device)) for _ in range(2)]
+    entries: list[_Entry] = []
+
+    def add(name, what, model, params_of):
+        # lr 0: the optimizer does all its work and every contender's weights stay the same,
+        # so every first-call loss is of the same weights
+        opt = torch.optim.AdamW(params_of.parameters(), lr=0.0, fused=cuda)
+
+        def call(i):
+            tokens, targets = batches[i]
+            loss = model(tokens, targets)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+        entries.append(_Entry(Contender(name=name, what=what), call, lambda: _state_bytes(params_of, opt)))
+
+    liger = LigerLlamaModel(cfg, fused.to_hf_state_dict()) if cuda and _liger() is not None else None
+    add("fused", "training/ FusedLlamaModel (k4hf, k0, k2, k0 + next norm; k7 -> k6, k6; k5 loss, CE backward "
+                 "in torch through k1's logits), eager", fused, fused)
+    add("eager", "the same model, unfused bf16 PyTorch, eager (float32 logits for the loss)", eager, eager)
+    if cuda:
+        add("fused+compile", "FusedLlamaModel under torch.compile(fullgraph=True): the torch glue between "
+                             "the fused ops compiled", torch.compile(fused, fullgraph=True), fused)
+        add("compile", "the unfused bf16 model under torch.compile(fullgraph=True): cuBLAS + Inductor",
+            torch.compile(eager, fullgraph=True), eager)
+        if liger is not None:
+            add("liger", "Liger layers and Liger's fused linear cross-entropy (chunked, no logits kept)", liger, liger)
+        else:
+            entries.append(_Entry(Contender(name="liger", what="Liger-Kernel", error="liger_kernel is not installed"),
+                                  None, lambda: 0))
+    config = {"vocab": cfg.vocab, "n_layers": cfg.n_layers, "d": cfg.layer.d, "n_heads": cfg.layer.n_heads,
+              "n_kv_heads": cfg.layer.n_kv_heads, "head_dim": cfg.layer.head_dim, "ffn": cfg.layer.ffn,
+              "batch": batch, "seq": seq, "tokens": batch * seq,
+              "parameters": sum(p.numel() for p in fused.parameters())}
+    pairs = [("compile", "fused"), ("compile", "fused+compile"), ("eager", "fused"), ("liger", "fused"),
+             ("liger", "fused+compile")]
+    return _run_row("step", config, entries, reps, cuda, pairs,
+                    breakdown_of=("fused", "fused+compile", "compile") if cuda else ())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.training", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", nargs="+", choices=("layer", "step"), default=["layer", "step"])
+    ap.add_argument("--d", nargs="+", type=int, default=sorted(LAYERS), choices=sorted(LAYERS),
+                    help="layer widths (default: all)")
+    ap.add_argument("--reps", type=int, default=20, help="timed repetitions of the layer rows (default 20)")
+    ap.add_argument("--step-reps", type=int, default=10, help="timed repetitions of the step row (default 10)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="toy sizes (a check that every contender runs and agrees)")
+    ap.add_argument("--out", required=True, help="the result file (JSON) to write")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench.training: --device cuda, but no CUDA device is visible", file=sys.stderr)
+        return 2
+    if args.device == "cpu" and not args.tiny:
+        print("bench.training: on a CPU only --tiny runs (the emulator is not timed)", file=sys.stderr)
+        return 2
+    from bench.gpu_env import command_line, report_json
+    from eval import machine
+
+    rows = []
+    if "layer" in args.parts:
+        for d in ([None] if args.tiny else args.d):
+            cfg = TINY_LAYER if args.tiny else LAYERS[d]
+            print(f"layer d={cfg.d}", file=sys.stderr, flush=True)
+            rows.append(bench_layer(cfg, *((TINY_BATCH, TINY_SEQ) if args.tiny else (BATCH, SEQ)), args.reps, args.device))
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    if "step" in args.parts:
+        print("training step", file=sys.stderr, flush=True)
+        rows.append(bench_step(TINY_MODEL if args.tiny else MODEL_1B,
+                               *((TINY_BATCH, TINY_SEQ) if args.tiny else (BATCH, SEQ)), args.step_reps, args.device))
+    report = Report(environment=machine.fingerprint(args.device, command_line("bench.training", argv)),
+                    device=args.device, rows=rows)
+    with open(args.out, "w") as f:
+        f.write(report_json(report.model_dump(mode="json")) + "\n")
+    for row in rows:
+        print(f"{row.part} {row.config.get('d')}: " + ", ".join(f"{k} {v.median:.3f}" for k, v in row.ratios.items()),
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
