@@ -420,23 +420,27 @@ def main(argv=None) -> int:
     from bench.gpu_env import command_line, report_json
     from eval import machine
 
-    rows = []
+    environment = machine.fingerprint(args.device, command_line("bench.training", argv))
+    rows: list[Row] = []
+
+    def write(row: Row) -> None:  # after every row: a run cut short keeps what it finished
+        rows.append(row)
+        with open(args.out, "w") as f:
+            f.write(report_json(Report(environment=environment, device=args.device, rows=rows).model_dump(mode="json")))
+            f.write("\n")
+
+    small = (TINY_BATCH, TINY_SEQ) if args.tiny else (BATCH, SEQ)
     if "layer" in args.parts:
         for d in ([None] if args.tiny else args.d):
             cfg = TINY_LAYER if args.tiny else LAYERS[d]
             print(f"layer d={cfg.d}", file=sys.stderr, flush=True)
-            rows.append(bench_layer(cfg, *((TINY_BATCH, TINY_SEQ) if args.tiny else (BATCH, SEQ)), args.reps, args.device))
+            write(bench_layer(cfg, *small, args.reps, args.device))
             gc.collect()
             if args.device == "cuda":
                 torch.cuda.empty_cache()
     if "step" in args.parts:
         print("training step", file=sys.stderr, flush=True)
-        rows.append(bench_step(TINY_MODEL if args.tiny else MODEL_1B,
-                               *((TINY_BATCH, TINY_SEQ) if args.tiny else (BATCH, SEQ)), args.step_reps, args.device))
-    report = Report(environment=machine.fingerprint(args.device, command_line("bench.training", argv)),
-                    device=args.device, rows=rows)
-    with open(args.out, "w") as f:
-        f.write(report_json(report.model_dump(mode="json")) + "\n")
+        write(bench_step(TINY_MODEL if args.tiny else MODEL_1B, *small, args.step_reps, args.device))
     for row in rows:
         print(f"{row.part} {row.config.get('d')}: " + ", ".join(f"{k} {v.median:.3f}" for k, v in row.ratios.items()),
               file=sys.stderr)
