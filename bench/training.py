@@ -280,13 +280,21 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
     return row
 
 
+def _skipped(entries: list[_Entry], skip: tuple[str, ...]) -> list[_Entry]:
+    """Contenders named in --skip stay in the row, marked as skipped (nothing run)."""
+    for e in entries:
+        if e.record.name in skip:
+            e.record.error, e.call = "skipped (--skip)", None
+    return entries
+
+
 def _layer_inputs(cfg: LlamaLayerConfig, batch: int, seq: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator(device="cpu").manual_seed(0)
     return [(torch.randn(batch, seq, cfg.d, generator=g).to(device, torch.bfloat16).requires_grad_(),
              torch.randn(batch, seq, cfg.d, generator=g).to(device, torch.bfloat16)) for _ in range(2)]
 
 
-def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: str) -> Row:
+def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: str, skip: tuple[str, ...] = ()) -> Row:
     """One decoder layer's forward + backward, every contender on the same weights and inputs."""
     cuda = device == "cuda"
     torch.manual_seed(0)
@@ -332,7 +340,8 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
     config = {"d": cfg.d, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
               "ffn": cfg.ffn, "batch": batch, "seq": seq, "tokens": batch * seq}
     pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused")]
-    return _run_row("layer", config, entries, reps, cuda, pairs)
+    return _run_row("layer", config, _skipped(entries, skip), reps, cuda, pairs,
+                    breakdown_of=("fused", "compile", "liger") if cuda else ())
 
 
 def _attention_call(cfg: LlamaLayerConfig, batch: int, seq: int, device):
@@ -350,7 +359,7 @@ def _attention_call(cfg: LlamaLayerConfig, batch: int, seq: int, device):
     return call
 
 
-def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: str) -> Row:
+def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: str, skip: tuple[str, ...] = ()) -> Row:
     """A whole training step (forward, backward, fused AdamW) of every contender."""
     cuda = device == "cuda"
     torch.manual_seed(0)
@@ -396,8 +405,8 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
               "parameters": sum(p.numel() for p in fused.parameters())}
     pairs = [("compile", "fused"), ("compile", "fused+compile"), ("eager", "fused"), ("liger", "fused"),
              ("liger", "fused+compile")]
-    return _run_row("step", config, entries, reps, cuda, pairs,
-                    breakdown_of=("fused", "fused+compile", "compile") if cuda else ())
+    return _run_row("step", config, _skipped(entries, skip), reps, cuda, pairs,
+                    breakdown_of=("fused", "fused+compile", "compile", "liger") if cuda else ())
 
 
 def main(argv=None) -> int:
@@ -408,6 +417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions of the layer rows (default 20)")
     ap.add_argument("--step-reps", type=int, default=10, help="timed repetitions of the step row (default 10)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--skip", nargs="+", default=[], metavar="NAME",
+                    help="contenders not to run (e.g. fused+compile, whose first call did not end in 5 min on the H200)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes (a check that every contender runs and agrees)")
     ap.add_argument("--out", required=True, help="the result file (JSON) to write")
     args = ap.parse_args(argv)
@@ -434,13 +445,13 @@ def main(argv=None) -> int:
         for d in ([None] if args.tiny else args.d):
             cfg = TINY_LAYER if args.tiny else LAYERS[d]
             print(f"layer d={cfg.d}", file=sys.stderr, flush=True)
-            write(bench_layer(cfg, *small, args.reps, args.device))
+            write(bench_layer(cfg, *small, args.reps, args.device, tuple(args.skip)))
             gc.collect()
             if args.device == "cuda":
                 torch.cuda.empty_cache()
     if "step" in args.parts:
         print("training step", file=sys.stderr, flush=True)
-        write(bench_step(TINY_MODEL if args.tiny else MODEL_1B, *small, args.step_reps, args.device))
+        write(bench_step(TINY_MODEL if args.tiny else MODEL_1B, *small, args.step_reps, args.device, tuple(args.skip)))
     for row in rows:
         print(f"{row.part} {row.config.get('d')}: " + ", ".join(f"{k} {v.median:.3f}" for k, v in row.ratios.items()),
               file=sys.stderr)
