@@ -43,6 +43,8 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
         result["D"] = torch.empty((m, 2 * n if packed else n), dtype=call.dtypes["D"])
     for o in epi.outputs:
         result[o] = torch.empty((m, out_width), dtype=call.dtypes[o])
+    for o in epi.pair_outputs:
+        result[o] = torch.empty((m, n), dtype=call.dtypes[o])
     for r_name, red in epi.reductions.items():
         shape = partials_shape(red, m, n, config.tile_m, config.tile_n)
         # NaN marks anything the kernel would leave unwritten (a select's out-of-range rows)
@@ -67,10 +69,11 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
         res = epi.torch_fn(_pair(body_acc) if paired else body_acc, **args)
         if not isinstance(res, dict):
             raise EpilogueError(f"{epi.name}: the function must return a dict, got {type(res).__name__}")
-        missing = (set(epi.outputs) | set(epi.reductions)) - set(res)
+        declared = set(epi.outputs) | set(epi.pair_outputs) | set(epi.reductions)
+        missing = declared - set(res)
         if missing:
             raise EpilogueError(f"{epi.name}: the function did not return {sorted(missing)}")
-        extra = set(res) - set(epi.outputs) - set(epi.reductions) - {"D"}
+        extra = set(res) - declared - {"D"}
         if extra:
             raise EpilogueError(f"{epi.name}: the function returned undeclared names {sorted(extra)}")
         shape = (m1 - m0, np_)
@@ -81,6 +84,10 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
             val = _full(res[o], (m1 - m0, np_ // 2 if paired else np_), f"{epi.name}: output {o!r}")
             if real > 0:
                 result[o][m0 : m0 + real] = val[:real, :out_width].to(call.dtypes[o])
+        for o in epi.pair_outputs:
+            if real > 0:
+                val = _pair_tile(res[o], shape, f"{epi.name}: pair output {o!r}")
+                result[o][m0 : m0 + real] = val[:real, :n].to(call.dtypes[o])
         for r_name, red in epi.reductions.items():
             val = _reduction_value(epi, r_name, red, res[r_name], shape, paired)
             _fold(red, val, result[r_name], m0, real, n, config, call.values)
@@ -155,7 +162,6 @@ def _full(val, shape, what) -> torch.Tensor:
 
 
 def _d_value(epi, res, acc, shape, packed) -> torch.Tensor:
-    m_rows, n = shape
     if packed:
         if "D" not in res:
             raise EpilogueError(f"{epi.name}: packed_pair mode must return 'D' as pack(x, y)")
@@ -164,10 +170,16 @@ def _d_value(epi, res, acc, shape, packed) -> torch.Tensor:
     if "D" not in res:
         return acc
     if epi.mode == "acc_pair":
-        x, y = _lanes(res["D"], f"{epi.name}: D")
-        half = (m_rows, n // 2)
-        return _interleave(_full(x, half, "D"), _full(y, half, "D"))
+        return _pair_tile(res["D"], shape, f"{epi.name}: D")
     return _full(res["D"], shape, f"{epi.name}: D")
+
+
+def _pair_tile(val, shape, what) -> torch.Tensor:
+    """An acc_pair value returned as pack(x, y), as the dense (rows, N) tile it stores:
+    lane x in the even columns, lane y in the odd ones."""
+    x, y = _lanes(val, what)
+    half = (shape[0], shape[1] // 2)
+    return _interleave(_full(x, half, what), _full(y, half, what))
 
 
 def _lanes(val, what):
@@ -180,10 +192,7 @@ def _reduction_value(epi, r_name, red, val, shape, paired) -> torch.Tensor:
     """The per-element value a reduction folds, as a dense (rows, N) float32 tile."""
     what = f"{epi.name}: reduction {r_name!r}"
     if paired:
-        # acc_pair: the value covers both lanes of the pair (full GEMM-N width)
-        x, y = _lanes(val, what)
-        half = (shape[0], shape[1] // 2)
-        return _interleave(_full(x, half, what), _full(y, half, what))
+        return _pair_tile(val, shape, what)  # acc_pair: the value covers both lanes of the pair
     if getattr(red, "product", False):
         a, b = _lanes(val, what + " (product=True returns two factors)")
         # the GPU folds each product with one fused multiply-add: no rounding of a*b alone

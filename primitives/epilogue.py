@@ -9,7 +9,8 @@
 
 The function is called per output element (per pair in the paired modes) and returns a
 dict: "D" (the main output; omit it to store the raw accumulator), each declared output,
-and each declared reduction's value. The call runs the quack SM90 GEMM when the tensors
+and each declared reduction's value (in acc_pair mode each pair output as pack(x, y)).
+The call runs the quack SM90 GEMM when the tensors
 are on a GPU and the tile emulator when they are on the CPU: one source, both places.
 """
 
@@ -58,6 +59,8 @@ class Epilogue:
     # an existing quack EpiMod to launch on the GPU instead of minting one from `fn`
     quack_mod: object | None = None
     author: str | None = None
+    # acc_pair only: extra outputs stored per pair at full width (M, N), returned as pack(x, y)
+    pair_outputs: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.name = getattr(self.fn, "__name__", "epilogue")
@@ -80,9 +83,12 @@ class Epilogue:
         reserved = {"config", "dtypes", "store_d"} & set(self.params)
         if reserved:
             raise EpilogueError(f"{self.name}: parameter names {sorted(reserved)} are reserved by the call")
-        names = set(self.outputs) | set(self.reductions)
+        if self.pair_outputs and self.mode != "acc_pair":
+            raise EpilogueError(f"{self.name}: pair_outputs= needs mode='acc_pair' (in element mode every output "
+                                "is already full width: declare it in outputs=)")
+        names = set(self.outputs) | set(self.pair_outputs) | set(self.reductions)
         clash = names & (set(self.params) | {"acc", "c", "D"})
-        if clash or len(names) != len(self.outputs) + len(self.reductions):
+        if clash or len(names) != len(self.outputs) + len(self.pair_outputs) + len(self.reductions):
             raise EpilogueError(f"{self.name}: output/reduction names clash: {sorted(clash)}")
         if self.mode == "packed_pair" and "c" not in self.params:
             raise EpilogueError(f"{self.name}: mode='packed_pair' needs the 'c' parameter")
@@ -98,7 +104,7 @@ class Epilogue:
         self.index_names = tuple(
             r.index for r in self.reductions.values() if isinstance(r, RowSelect)
         )
-        taken = set(self.params) | set(self.outputs) | set(self.reductions) | {"acc", "c", "D", "config", "dtypes", "store_d"}
+        taken = set(self.params) | set(self.outputs) | set(self.pair_outputs) | set(self.reductions) | {"acc", "c", "D", "config", "dtypes", "store_d"}
         for idx in self.index_names:
             if idx in taken or not idx.isidentifier():
                 raise EpilogueError(
@@ -197,7 +203,7 @@ class Epilogue:
             if p not in computed:
                 _check_operand(where, p, kind, values[p], m, n, a.device)
         dtypes = dict(dtypes or {})
-        unknown = set(dtypes) - {"D", *self.outputs}
+        unknown = set(dtypes) - {"D", *self.outputs, *self.pair_outputs}
         if unknown:
             raise EpilogueError(f"{where}: dtypes= names unknown outputs {sorted(unknown)}")
         d_default = c.dtype if self.mode == "packed_pair" else a.dtype
@@ -210,6 +216,10 @@ class Epilogue:
                 raise EpilogueError(f"{where}: acc_pair outputs are stored per pair in 16 bits; {o!r} cannot be {dtypes[o]}")
             if self.mode == "acc_pair" and (n // 2) % 8:
                 raise EpilogueError(f"{where}: acc_pair output {o!r} is N/2 = {n // 2} wide; it must be a multiple of 8 (16-byte rows)")
+        for o in self.pair_outputs:
+            dtypes.setdefault(o, a.dtype)
+            if dtypes[o] not in (*_HALF, torch.float32):
+                raise EpilogueError(f"{where}: pair output {o!r} must be bf16, fp16 or float32, not {dtypes[o]}")
         return Call(a=a, w=w, c=c, values=values, dtypes=dtypes, store_d=store_d, m=m, n=n, k=k)
 
 
@@ -252,13 +262,16 @@ def epilogue(
     operands: Mapping[str, Operand] | None = None,
     reductions: Mapping[str, Reduction] | None = None,
     mode: str = "element",
+    pair_outputs: tuple[str, ...] | list[str] = (),
 ):
     """Declare an epilogue. `outputs`: names of extra full tiles the function returns
     (stored like D; half width in acc_pair mode). `operands`: the kind of each parameter
     after `acc` (except `c`, the GEMM's C operand). `reductions`: per-row / per-column
     statistics the function returns. `mode`: "element" (one accumulator element per call),
     "acc_pair" (adjacent output columns 2j, 2j+1 arrive as one pair), "packed_pair" (C and
-    D are 16-bit (M, 2N) tensors holding (x, y) pairs; the accumulator is one value per pair)."""
+    D are 16-bit (M, 2N) tensors holding (x, y) pairs; the accumulator is one value per pair).
+    `pair_outputs` (acc_pair only): extra outputs stored per pair at full width (M, N), like D;
+    the function returns each as pack(x, y)."""
 
     def wrap(fn):
         return Epilogue(
@@ -267,6 +280,7 @@ def epilogue(
             operands=dict(operands or {}),
             reductions=dict(reductions or {}),
             mode=mode,
+            pair_outputs=tuple(pair_outputs),
         )
 
     return wrap

@@ -122,9 +122,14 @@ def quack_mod(epi: Epilogue):
             idx = ops.ColVecLoad(red.index)
             extra.append(idx)
             sinks[name] = ops.ColVecSelect(name, idx_op=idx)
-    epi.quack_mod = frontend.gemm_epilogue(
-        outputs=epi.outputs, ops=pins, outs=sinks, mode=_QUACK_MODE[epi.mode], extra_ops=tuple(extra), **prepass
-    )(epi.fn)
+    declared = dict(outputs=epi.outputs, ops=pins, outs=sinks, mode=_QUACK_MODE[epi.mode], extra_ops=tuple(extra), **prepass)
+    if epi.pair_outputs:  # full-width acc_pair outputs: quack's frontend has none (primitives/pair_store.py)
+        from primitives.pair_store import PairStore, PairStoreEpiMod
+
+        sinks.update((name, PairStore(name)) for name in epi.pair_outputs)
+        epi.quack_mod = PairStoreEpiMod(epi.fn, **declared)
+    else:
+        epi.quack_mod = frontend.gemm_epilogue(**declared)(epi.fn)
     return epi.quack_mod
 
 
@@ -150,6 +155,8 @@ def _buffers(epi: Epilogue, call: Call, config: GemmConfig, device):
     epi_args = {}
     for o in epi.outputs:
         result[o] = epi_args[o] = torch.empty((m, out_w), dtype=call.dtypes[o], device=device)
+    for o in epi.pair_outputs:
+        result[o] = epi_args[o] = torch.empty((m, n), dtype=call.dtypes[o], device=device)
     for name, red in epi.reductions.items():
         # no fill: a select's out-of-range rows stay unwritten (garbage, where the emulator
         # shows NaN) because a fill would be one more launch than the task allows

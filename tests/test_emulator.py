@@ -116,6 +116,74 @@ def test_acc_pair_mode():
     assert torch.allclose(out["s"].sum(1), z.sum(1), rtol=1e-4, atol=1e-3)
 
 
+PAIR_OUTPUTS = """
+@P.epilogue(outputs=("act",), pair_outputs=("pre", "swapped"), operands={"r": P.PerRow()},
+            reductions={"s": P.RowReduce()}, mode="acc_pair")
+def pair_outs(acc, r):
+    g, u = P.unpack(acc * r)
+    return {"D": P.pack(g * u, g - u), "act": P.swiglu(g, u), "pre": P.pack(g, u), "swapped": P.pack(u, g),
+            "s": P.pack(g, u)}
+"""
+
+
+def _pair_outs():
+    scope = {"P": P}
+    exec(compile(PAIR_OUTPUTS, "pair_outs.py", "exec"), scope)
+    return scope["pair_outs"]
+
+
+def test_acc_pair_pair_outputs_store_both_lanes_at_full_width():
+    n = 208
+    w, r = rnd(n, K, std=0.125), rnd(M, dtype=torch.float32)
+    out = _pair_outs()(A, w, r=r, config=GemmConfig(tile_n=64), dtypes={"swapped": torch.float32})
+    z = (A.float() @ w.float().T) * r[:, None]
+    g, u = z[:, 0::2], z[:, 1::2]
+    assert out["pre"].shape == (M, n) and out["pre"].dtype == torch.bfloat16
+    assert torch.equal(out["pre"], z.bfloat16())                      # both lanes, in place, rounded once
+    assert out["swapped"].dtype == torch.float32
+    assert torch.equal(out["swapped"][:, 0::2], u) and torch.equal(out["swapped"][:, 1::2], g)
+    assert out["act"].shape == (M, n // 2)                             # a plain output stays one per pair
+    assert torch.equal(out["D"][:, 0::2], (g * u).bfloat16()) and torch.equal(out["D"][:, 1::2], (g - u).bfloat16())
+    assert torch.allclose(out["s"].sum(1), z.sum(1), rtol=1e-4, atol=1e-3)
+
+
+def test_pair_outputs_errors_are_one_line():
+    with pytest.raises(P.EpilogueError, match="pair_outputs= needs mode='acc_pair'"):
+        P.epilogue(pair_outputs=("o",))(lambda acc: {"o": acc})
+    with pytest.raises(P.EpilogueError, match="clash"):
+        P.epilogue(outputs=("o",), pair_outputs=("o",), mode="acc_pair")(lambda acc: {})
+
+    @P.epilogue(pair_outputs=("o",), mode="acc_pair")
+    def one_lane(acc):
+        x, _ = P.unpack(acc)
+        return {"o": x}
+
+    with pytest.raises(P.EpilogueError, match=r"pair output 'o': expected a pair \(use pack\(x, y\)\)"):
+        one_lane(A, W)
+    with pytest.raises(P.EpilogueError, match="must be bf16, fp16 or float32"):
+        one_lane(A, W, dtypes={"o": torch.int32})
+    with pytest.raises(P.EpilogueError, match=r"did not return \['o'\]"):
+        P.epilogue(pair_outputs=("o",), mode="acc_pair")(lambda acc: {})(A, W)
+
+
+def test_pair_outputs_cross_compile_for_sm90a(sm90a_compile_log):
+    log = sm90a_compile_log(PAIR_OUTPUTS, "a, w = torch.randn(256, 64).bfloat16(), torch.randn(192, 64).bfloat16()\n"
+                                          "pair_outs(a, w, r=torch.rand(256), config=P.GemmConfig(tile_n=64))\n")
+    assert [(e["epilogue"], e["ok"]) for e in log] == [("pair_outs", True)], log
+
+
+@pytest.mark.gpu
+def test_pair_outputs_on_the_gpu_match_the_emulator():
+    n = 208
+    w, r = rnd(n, K, std=0.125), rnd(M, dtype=torch.float32)
+    epi, cfg, dt = _pair_outs(), GemmConfig(tile_n=64), {"swapped": torch.float32}
+    cpu = epi(A, w, r=r, config=cfg, dtypes=dt)
+    gpu = epi(A.cuda(), w.cuda(), r=r.cuda(), config=cfg, dtypes=dt)
+    for name in ("D", "act", "pre", "swapped"):
+        # tensor-core accumulation order differs from the CPU's: a bf16 ulp at most
+        assert torch.allclose(gpu[name].float().cpu(), cpu[name].float(), rtol=1e-2, atol=1e-2), name
+
+
 def test_packed_pair_mode():
     z = rnd(M, 2 * N)
 

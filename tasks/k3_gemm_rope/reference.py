@@ -13,7 +13,11 @@ def make_inputs(dims, gen, device):
     }
 
 
+def rotate(z, inputs, dims):
+    """z's q and k columns rotated in the task's direction (its scalar rope_direction), v as it is."""
+    return common.rope_interleaved(z, inputs["positions"], inputs["inv_freq"], 2 * dims["d"],
+                                   direction=inputs["rope_direction"])
+
+
 def reference(inputs, dims, mm=torch.matmul):
-    z = mm(inputs["a"], inputs["w_qkv"].T)
-    return {"qkv": common.rope_interleaved(z, inputs["positions"], inputs["inv_freq"], 2 * dims["d"],
-                                          direction=inputs["rope_direction"])}
+    return {"qkv": rotate(mm(inputs["a"], inputs["w_qkv"].T), inputs, dims)}

@@ -1,6 +1,7 @@
 import torch
 
 from tasks import common
+from tasks.k3_gemm_rope.reference import rotate
 
 
 def make_inputs(dims, gen, device):
@@ -16,6 +17,4 @@ def make_inputs(dims, gen, device):
 
 
 def reference(inputs, dims, mm=torch.matmul):
-    z = inputs["rstd"][:, None] * mm(inputs["h"], inputs["w_qkv"].T)
-    return {"qkv": common.rope_interleaved(z, inputs["positions"], inputs["inv_freq"], 2 * dims["d"],
-                                          direction=inputs["rope_direction"])}
+    return {"qkv": rotate(inputs["rstd"][:, None] * mm(inputs["h"], inputs["w_qkv"].T), inputs, dims)}

@@ -1,0 +1,37 @@
+"""k4d: k4's row scale and rotation with the normalized pre-RoPE projection stored too, as
+CODA v0.1's kernel_4 does: D = rstd * acc (qkv_pre), and the rotated pairs of that same
+float32 value (P.rope_rotate, -inv_freq for CODA's -angle) go to a pair output stored at
+full width beside it."""
+
+import primitives as P
+
+TASK = "k4d_gemm_rmsnorm_rope_store_d"
+AUTHOR = "epiforge maintainers"
+ROPE_DIRECTION = -1  # the task's scalar rope_direction (CODA v0.1)
+
+# not tuned for this task yet: k4's measured best configs (the same GEMM, row scale and
+# rotation, plus a second full-tile store), bench/results/h200 via human_kernels/k4_gemm_rmsnorm_rope.py
+TUNED = {
+    "16384x6144x2048": "128x192_c1x2_pp",
+    "16384x12288x4096": "128x192_c2x1_pp",
+    "16384x24576x8192": "128x128_c1x2_pp",
+}
+
+
+@P.epilogue(pair_outputs=("rotated",), operands={"rstd": P.PerRow(), "pos": P.PerRow(), "freq": P.PerCol()},
+            mode="acc_pair")
+def qkv_rmsnorm_rope_store_d(acc, rstd, pos, freq):
+    z = acc * rstd
+    x, y = P.unpack(z)
+    return {"D": z, "rotated": P.pack(*P.rope_rotate(x, y, pos, freq))}
+
+
+def prepare(consts):
+    # w_qkv is (3d, d): q and k rotate (by -pos * inv_freq: the task's rope_direction), v passes through
+    return {"freq": P.prepare.qkv_rope_freq_table(consts["inv_freq"], d=consts["w_qkv"].shape[1], direction=ROPE_DIRECTION)}
+
+
+def run(inputs, prepared, config=None):
+    out = qkv_rmsnorm_rope_store_d(inputs["h"], inputs["w_qkv"], rstd=inputs["rstd"], pos=inputs["positions"],
+                                   freq=prepared["freq"], config=config or P.pick_config(TUNED, inputs["h"], inputs["w_qkv"]))
+    return {"qkv": out["rotated"], "qkv_pre": out["D"]}
