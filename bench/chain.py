@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -72,24 +71,6 @@ def unfused_chain(s):
     return dz, out, dx, h, (g * xhat).sum(0)
 
 
-def chain_ratios(timed: dict) -> dict:
-    """The chain's ratios from one interleaved run ({name: eval.timing.Timing}): GEMM-only is
-    the faster of each dgrad GEMM's candidates ("k7_gemm@..." and "k6_gemm@..."), ranked
-    against cuBLAS's k7 GEMM repetition by repetition, their two times added repetition by
-    repetition; every ratio is taken repetition by repetition too."""
-    from eval.timing import paired_ratio, summarize
-
-    ref = timed["k7_gemm@cublas"]
-    fastest = [min((t for k, t in timed.items() if k.startswith(f"{which}_gemm@")),
-                   key=lambda t: paired_ratio(t, ref).median) for which in ("k7", "k6")]
-    g = summarize([a + b for a, b in zip(fastest[0].samples_us, fastest[1].samples_us)], keep=True)
-    f, tc = timed["fused"], timed["torch_compile"]
-    over = paired_ratio(f, g)
-    return {"gemm_only_us": g.median_us, "speedup_vs_compile": paired_ratio(tc, f).median,
-            "bound": paired_ratio(tc, g).median, "fused_over_gemm_only": over.median,
-            "fused_over_gemm_only_iqr": [over.q1, over.q3], "fraction_of_bound": paired_ratio(g, f).median}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -103,15 +84,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 5:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
-    from bench.gpu_env import read_report
+    from eval.bench_rows import BenchReport, ChainReport, ChainRow, load_report
 
     try:
-        picked_from = [(read_report(f), bool(args.configs_from)) for f in (args.configs_from or []) + (args.sol_from or [])]
+        picked_from = [(load_report(f, BenchReport), bool(args.configs_from))
+                       for f in (args.configs_from or []) + (args.sol_from or [])]
     except ValueError as e:
         ap.error(str(e))
 
     import tasks
-    from bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
+    from bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
     from eval.kernel import HUMAN_DIR, load_kernel_module
     from eval.timing import time_cuda_interleaved
 
@@ -125,13 +107,13 @@ def main(argv=None) -> int:
 
     swept, sol = {}, {}
     for report_in, their_configs in picked_from:
-        for r in report_in["rows"]:
-            if "best_config" in r:
+        for r in report_in.rows:
+            if r.best_config is not None:
                 if their_configs:
-                    swept[r["task"][:2], r["shape"]] = GemmConfig.parse(r["best_config"])
-                sol[r["task"][:2], r["shape"]] = [GemmConfig.parse(k) for k in fastest_gemms(r)]
+                    swept[r.task[:2], r.shape] = GemmConfig.parse(r.best_config)
+                sol[r.task[:2], r.shape] = [GemmConfig.parse(k) for k in fastest_gemms(r)]
     compiled = torch.compile(unfused_chain, dynamic=True)
-    report = {"environment": fingerprint(command_line("bench.chain", argv)), "rows": []}
+    report = ChainReport(environment=fingerprint(command_line("bench.chain", argv)), rows=[])
     for shape in tasks.shape_sets()["paper"]:
         if args.scales and shape.name not in args.scales:
             continue
@@ -157,16 +139,13 @@ def main(argv=None) -> int:
         s0 = sets[0][0]  # the configs the two kernels ran at: the sweep's, or their own picks
         own = {"k7": swept.get(("k7", shape.name)) or P.pick_config(k7.TUNED, s0["dout"], s0["w_down"].T),
                "k6": swept.get(("k6", shape.name)) or P.pick_config(k6.TUNED, s0["z"], s0["w_gu"].T)}
-        row = {"shape": shape.name, "dims": shape.dims(), "configs": {k: c.key() for k, c in own.items()},
-               **{k: v.model_dump() for k, v in timed.items()},
-               "max_rel_diff_fused_vs_compiled": agree}
-        row.update(chain_ratios(timed))
-        over = row["fused_over_gemm_only"]
-        report["rows"].append(row)
-        print(f"chain {shape.name}: {row['speedup_vs_compile']:.2f}x vs torch.compile (bound {row['bound']:.2f}x), "
-              f"fused {over:.3f} of GEMM-only; "
-              f"max rel diff {max(agree.values()):.2e} ({time.monotonic() - t0:.0f} s)", flush=True)
-        Path(args.out).write_text(report_json(report))
+        row = ChainRow.measured(shape=shape.name, dims=shape.dims(), configs={k: c.key() for k, c in own.items()},
+                                timings=timed, max_rel_diff_fused_vs_compiled=agree)
+        report.rows.append(row)
+        print(f"chain {shape.name}: {row.speedup_vs_compile:.2f}x vs torch.compile (bound {row.bound:.2f}x), "
+              f"fused {row.fused_over_gemm_only:.3f} of GEMM-only; max rel diff {max(agree.values()):.2e}; "
+              f"{timed['fused'].clocks.line()} ({time.monotonic() - t0:.0f} s)", flush=True)
+        write_report(args.out, report)
     return 0
 
 

@@ -11,16 +11,19 @@ Kernel paths become repo-relative (no machine path leaves the machine), and each
 environment gets the commit and command that made it (the judge records neither). With
 --bench, each expert row's fused / GEMM-only is set beside the bench file's for the same
 task and shape: two separate runs of the same kernel, each against its own speed of light,
-so they agree only up to run-to-run drift (the file says how far apart they are).
+so they agree only up to run-to-run drift (the file says how far apart they are). With
+--same-session (the bench file made in the same GPU session) the table also shows the SM clock
+and power-capped share each harness's timed phase saw (eval/clocks.py), where recorded.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
+from eval.clocks import ClockSummary
 from eval.machine import REPO
 
 
@@ -70,11 +73,23 @@ def comparisons(results: list) -> list:
     return cmps
 
 
-def agreement(results: list, bench: dict) -> list[tuple[str, str, float, float, float, float]]:
-    """(task, shape, compare's fused / GEMM-only, bench's, compare's cuBLAS time / bench's,
-    compare's fused time / bench's) for each expert row both have: the last two say how
-    differently the machine ran in the two."""
-    theirs = {(row["task"], row["shape"]): row for row in bench["rows"]}
+class Agreement(NamedTuple):
+    """One expert row that compare and a bench file both timed."""
+
+    task: str
+    shape: str
+    compare: float  # compare's fused / GEMM-only
+    bench: float  # bench's
+    cublas: float  # compare's cuBLAS time / bench's: how differently the machine ran in the two
+    fused: float  # compare's fused time / bench's
+    compare_clocks: ClockSummary | None  # the GPU's clocks in compare's timed phase (None: not recorded)
+    bench_clocks: ClockSummary | None  # in bench's run
+
+
+def agreement(results: list, bench) -> list[Agreement]:
+    """An Agreement for each expert row of the Results that the bench file (an
+    eval.bench_rows.BenchReport) has too."""
+    theirs = {(row.task, row.shape): row for row in bench.rows if row.fused is not None}
     rows = []
     for r in results:
         if r.track != "expert":
@@ -82,10 +97,41 @@ def agreement(results: list, bench: dict) -> list[tuple[str, str, float, float, 
         for s in r.per_shape:
             row = theirs.get((r.task, s.shape))
             if s.timing and row and "cublas" in s.timing.baselines:
-                rows.append((r.task, s.shape, s.timing.fused_over_gemm_only.median, row["fused_over_gemm_only"],
-                             s.timing.baselines["cublas"].median_us / row["gemm_cublas"]["median_us"],
-                             s.timing.kernel.median_us / row["fused"]["median_us"]))
+                rows.append(Agreement(r.task, s.shape, s.timing.fused_over_gemm_only.median, row.fused_over_gemm_only,
+                                      s.timing.baselines["cublas"].median_us / row.gemm_cublas.median_us,
+                                      s.timing.kernel.median_us / row.fused.median_us,
+                                      s.timing.kernel.clocks, row.fused.clocks))
     return rows
+
+
+def _clock_cells(c: ClockSummary | None) -> tuple[str, str]:
+    """(SM MHz median (min-max), power-capped share) of one harness's clocks, or why absent."""
+    if c is None:
+        return "not recorded", ""
+    if c.absent:
+        return f"absent: {c.absent}", ""
+    cap = f"{c.power_capped_share:.0%}" if c.power_capped_share is not None else "not reported"
+    return f"{c.sm_mhz_median:.0f} ({c.sm_mhz_min:.0f}-{c.sm_mhz_max:.0f})", cap
+
+
+def agreement_table(rows: list[Agreement], clocks: bool) -> list[str]:
+    """The agreement rows as Markdown; clocks: with each harness's SM clock and power-capped
+    share (where either recorded them)."""
+    head = ("| task | shape | compare | bench | compare / bench | cuBLAS time, compare / bench | "
+            "fused time, compare / bench |")
+    rule = "|---|---|---|---|---|---|---|"
+    if clocks:
+        head += " SM MHz, compare | SM MHz, bench | power-capped, compare | power-capped, bench |"
+        rule += "---|---|---|---|"
+    lines = [head, rule]
+    for a in rows:
+        line = (f"| {a.task} | {a.shape} | {a.compare:.3f} | {a.bench:.3f} | {a.compare / a.bench:.3f} | "
+                f"{a.cublas:.3f} | {a.fused:.3f} |")
+        if clocks:
+            (c_mhz, c_cap), (b_mhz, b_cap) = _clock_cells(a.compare_clocks), _clock_cells(a.bench_clocks)
+            line += f" {c_mhz} | {b_mhz} | {c_cap} | {b_cap} |"
+        lines.append(line)
+    return lines
 
 
 def main(argv=None) -> int:
@@ -120,10 +166,17 @@ def main(argv=None) -> int:
     body = [render_comparison(c) for c in comparisons(results)]
     tail = []
     if args.bench:
-        rows = agreement(results, json.loads(args.bench.read_text()))
+        from eval.bench_rows import BenchReport, load_report
+
+        try:
+            bench = load_report(args.bench, BenchReport)
+        except ValueError as e:
+            ap.error(str(e))
+        rows = agreement(results, bench)
         if rows:
-            worst = max(abs(a / b - 1) for _, _, a, b, _, _ in rows)
-            drift = [c for *_, c, _ in rows]
+            worst = max(abs(a.compare / a.bench - 1) for a in rows)
+            drift = [a.cublas for a in rows]
+            clocks = args.same_session and any(a.compare_clocks or a.bench_clocks for a in rows)
             when = ("bench/run.py in the same GPU session, just before the compare runs" if args.same_session
                     else "bench/run.py, an earlier run")
             tail = ["## Agreement with bench/", "",
@@ -133,12 +186,11 @@ def main(argv=None) -> int:
                     "same machine state (clocks, power)"
                     + (", although they ran minutes apart on one machine: the harnesses themselves differ in how "
                        "they load the GPU between repetitions." if args.same_session
-                       else "; a like-for-like check runs both in one GPU session."), "",
-                    "| task | shape | compare | bench | compare / bench | cuBLAS time, compare / bench | "
-                    "fused time, compare / bench |",
-                    "|---|---|---|---|---|---|---|",
-                    *(f"| {t} | {s} | {a:.3f} | {b:.3f} | {a / b:.3f} | {c:.3f} | {f:.3f} |"
-                      for t, s, a, b, c, f in rows), ""]
+                       else "; a like-for-like check runs both in one GPU session.")
+                    + (" The clock columns: the SM clock each harness's timed phase ran at (median, min-max "
+                       "of NVML readings every 10 ms) and the share of readings throttled by the power cap."
+                       if clocks else ""), "",
+                    *agreement_table(rows, clocks), ""]
     args.markdown.write_text("\n".join(head) + "\n" + "\n".join(body) + "\n" + "\n".join(tail))
     print(f"{len(results)} Results -> {args.jsonl}, tables -> {args.markdown}")
     return 0

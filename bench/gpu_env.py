@@ -1,5 +1,5 @@
 """GPU-side setup shared by the bench scripts: the environment fingerprint every result
-file carries, how a result file is written and read, and installing the objects
+file carries, how a result file is written (eval/bench_rows.py reads them), and installing the objects
 bench/precompile.py built on a CPU into this machine's quack cache (quack names its cache
 folder after a fingerprint that hashes the Python version, which differs between the two
 machines; the objects' own names do not)."""
@@ -59,14 +59,7 @@ def report_json(report: dict) -> str:
     return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text)
 
 
-def read_report(path) -> dict:
-    """A result file (bench.run, bench.chain); ValueError, one line, if it is not one."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
-    if not isinstance(report, dict) or not isinstance(report.get("rows"), list):
-        raise ValueError(f"{path}: not a result file (no list of rows)")
-    return report
+def write_report(path, report) -> None:
+    """Write a result file of rows (eval.bench_rows.BenchReport, ChainReport), its fields left
+    at their defaults left out."""
+    Path(path).write_text(report_json(report.model_dump(mode="json", exclude_defaults=True)))

@@ -26,11 +26,11 @@ BASELINES = {"gemm_cublas": "cublas", "gemm_quack": "quack_gemm_at_config", "gem
              "torch_compile": "torch_compile", "liger": "liger", "quack_library": "quack_library"}
 
 
-def results_from(report: dict, check: dict | None, source: str) -> list:
+def results_from(report, check: dict | None, source: str) -> list:
+    """report: an eval.bench_rows.BenchReport."""
     from eval.result import Outcome, Result, ShapeResult, ShapeTiming
-    from eval.stats import Timing
 
-    env = {**report["environment"], "imported_from": source, "rederived": report.get("rederived")}
+    env = {**report.environment, "imported_from": source, "rederived": report.rederived}
     passed = {}
     if check is not None:
         for row in check["rows"]:
@@ -38,22 +38,23 @@ def results_from(report: dict, check: dict | None, source: str) -> list:
                 passed.setdefault(row["task"], True)
                 passed[row["task"]] &= row["outcome"] == "PASSED"
     by_task: dict[str, list] = {}
-    for row in report["rows"]:
-        timings = {"kernel": Timing.of(row["fused"]), "gemm_only": Timing.of(row[row["gemm_only_is"]])}
-        notes = {"gemm_only": f"the speed of light: {row['gemm_only_is']} (the fastest plain GEMM timed)"}
+    for row in report.rows:
+        timings = {"kernel": row.fused, "gemm_only": getattr(row, row.gemm_only_is)}
+        notes = {"gemm_only": f"the speed of light: {row.gemm_only_is} (the fastest plain GEMM timed)"}
         for bench_name, name in BASELINES.items():
-            if isinstance(row.get(bench_name), dict) and row[bench_name].get("samples_us"):
-                timings[name] = Timing.of(row[bench_name])
-        for key, name in (("liger_note", "liger"), ("quack_library_note", "quack_library")):
-            if row.get(key):
-                notes[name] = row[key]
+            timing = getattr(row, bench_name)
+            if timing is not None and timing.samples_us:
+                timings[name] = timing
+        for note, name in ((row.liger_note, "liger"), (row.quack_library_note, "quack_library")):
+            if note:
+                notes[name] = note
         t = ShapeTiming.measured(timings, notes=notes, source="bench")
-        if abs(t.fused_over_gemm_only.median - row["fused_over_gemm_only"]) > 1e-6:
-            raise SystemExit(f"{row['task']} {row['shape']}: the factory's fused / GEMM-only "
-                             f"{t.fused_over_gemm_only.median:.6f} differs from the file's {row['fused_over_gemm_only']:.6f}")
-        by_task.setdefault(row["task"], []).append(
-            ShapeResult(shape=row["shape"], dims=row["dims"], outcome=Outcome.PASSED, timing=t,
-                        message=f"config {row.get('best_config')}"))
+        if abs(t.fused_over_gemm_only.median - row.fused_over_gemm_only) > 1e-6:
+            raise SystemExit(f"{row.task} {row.shape}: the factory's fused / GEMM-only "
+                             f"{t.fused_over_gemm_only.median:.6f} differs from the file's {row.fused_over_gemm_only:.6f}")
+        by_task.setdefault(row.task, []).append(
+            ShapeResult(shape=row.shape, dims=row.dims, outcome=Outcome.PASSED, timing=t,
+                        message=f"config {row.best_config}"))
     out = []
     for task, shapes in by_task.items():
         kernel = REPO / "human_kernels" / f"{task}.py"
@@ -64,7 +65,7 @@ def results_from(report: dict, check: dict | None, source: str) -> list:
             outcome=Outcome.PASSED if ok else Outcome.INCORRECT_NUMERICS,
             message=("timed by bench/run.py; correct at every paper shape through the evaluator (check file)" if ok
                      else "timed by bench/run.py; the check file does not pass it at every paper shape"),
-            stage="done", per_shape=shapes, environment=env, started_at=report["environment"]["date"]))
+            stage="done", per_shape=shapes, environment=env, started_at=report.environment["date"]))
     return out
 
 
@@ -76,9 +77,12 @@ def main(argv=None) -> int:
     ap.add_argument("--check", default=None, help="the check file of the same kernels (python -m bench.check_gpu)")
     ap.add_argument("--out", required=True, help="JSON lines, one Result each")
     args = ap.parse_args(argv)
-    from bench.gpu_env import read_report
+    from eval.bench_rows import BenchReport, load_report
 
-    report = read_report(Path(args.report))
+    try:
+        report = load_report(Path(args.report), BenchReport)
+    except ValueError as e:
+        ap.error(str(e))
     check = json.loads(Path(args.check).read_text()) if args.check else None
     results = results_from(report, check, str(Path(args.report).resolve().relative_to(REPO)))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Render bench/run.py result files as one markdown table (bench/results/h200/README.md).
 
-The table shows the ratios the files hold. --rederive first recomputes every bench.run row's
-ratios from the samples the file holds, with the code bench.run computes them with
-(bench.run._ratios), and writes them back (the file records when and at which commit): for a
+The table shows the ratios the files hold (eval.bench_rows: BenchRow, ChainRow). --rederive
+first recomputes every bench.run row's ratios from the samples the file holds, with the code
+bench.run computes them with (eval.bench_rows.BenchRow.rederived), and writes them back (the file records when and at which commit): for a
 definition added after the run, e.g. a like-for-like library comparison.
 
     python -m bench.report bench/results/h200/run-*.json --out bench/results/h200/README.md
@@ -30,7 +30,7 @@ def _verdict(r, again=None) -> str:
     runs = [r] + ([again] if again else [])
 
     def worst(key, pick):
-        vals = [x[key] for x in runs if key in x]
+        vals = [getattr(x, key, None) for x in runs if getattr(x, key, None) is not None]
         return pick(vals) if vals else None
 
     misses = []
@@ -47,13 +47,13 @@ def _verdict(r, again=None) -> str:
     return "met" if not misses else "MISSED: " + ", ".join(misses)
 
 
-def _with_iqr(r: dict) -> str:
+def _with_iqr(r) -> str:
     """fused / GEMM-only with the quartiles of its per-repetition ratios."""
-    iqr = r.get("fused_over_gemm_only_iqr")
-    return f"{r['fused_over_gemm_only']:.3f}" + (f" ({iqr[0]:.3f}-{iqr[1]:.3f})" if iqr else "")
+    iqr = r.fused_over_gemm_only_iqr
+    return f"{r.fused_over_gemm_only:.3f}" + (f" ({iqr[0]:.3f}-{iqr[1]:.3f})" if iqr else "")
 
 
-def chain_markdown(report: dict) -> str:
+def chain_markdown(report) -> str:
     lines = [
         "## The backward chain of one layer boundary",
         "",
@@ -66,55 +66,35 @@ def chain_markdown(report: dict) -> str:
         "| scale | configs (k7, k6) | speedup vs torch.compile | bound (compile / GEMM-only) | fraction of bound | fused / GEMM-only (IQR) | targets |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in report["rows"]:
-        cfgs = ", ".join(r.get("configs", {}).values())
-        lines.append(f"| {r['shape']} | {cfgs} | {r['speedup_vs_compile']:.2f}x | {r['bound']:.2f}x | {r['fraction_of_bound']:.2f} | "
+    for r in report.rows:
+        cfgs = ", ".join(r.configs.values())
+        lines.append(f"| {r.shape} | {cfgs} | {r.speedup_vs_compile:.2f}x | {r.bound:.2f}x | {r.fraction_of_bound:.2f} | "
                      f"{_with_iqr(r)} | {_verdict(r)} |")
-    e = report["environment"]
+    e = report.environment
     lines += ["", f"- `{e['command']}` on {e['date']}, same environment as above."]
     return "\n".join(lines) + "\n"
 
 
-def _timings(row: dict):
-    """(where, timing dict) for every timing a bench.run row holds."""
-    for key, v in row.items():
-        if isinstance(v, dict) and "median_us" in v:
-            yield key, v
-    for name, d in row.get("diagnostics", {}).items():
-        yield f"diagnostics.{name}", d
-    for group in ("configs", "gemm_quack_candidates"):
-        for cfg, v in row.get(group, {}).items():
-            if "median_us" in v:
-                yield f"{group}.{cfg}", v
-            else:
-                yield from ((f"{group}.{cfg}.{k}", t) for k, t in v.items() if isinstance(t, dict) and "median_us" in t)
-
-
-def rederive(report: dict) -> int:
-    """Recompute every bench.run row's ratios from its samples (bench.run._ratios); returns
+def rederive(report) -> int:
+    """Recompute every bench.run row's ratios from its samples (BenchRow.rederived); returns
     how many rows. Every timing of a row must hold its samples, else ValueError: ratios from
     medians and from samples are not mixed in one file."""
-    from bench.run import _ratios
+    from bench.quack_library import LIKE_FOR_LIKE
 
-    n = 0
-    for r in report["rows"]:
-        if "task" not in r or "fused" not in r:
-            continue
-        bare = [where for where, t in _timings(r) if not t.get("samples_us")]
-        if bare:
-            raise ValueError(f"{r['task']} {r['shape']}: {bare[0]} holds no samples (a file from before they were "
-                             "kept), so its ratios cannot be recomputed")
-        _ratios(r)
-        n += 1
-    return n
+    again = [r.rederived(LIKE_FOR_LIKE.get(r.task)) if r.fused is not None else r for r in report.rows]
+    report.rows = again
+    return sum(r.fused is not None for r in again)
 
 
-def markdown(reports: list[dict], rerun: dict | None = None) -> str:
-    """rerun: a second run of the same rows (bench.run again), shown beside the first."""
-    chains = [r for r in reports if r["rows"] and "task" not in r["rows"][0]]
-    reports = [r for r in reports if r not in chains]
-    again = {(r["task"], r["shape"]): r for r in (rerun or {"rows": []})["rows"] if "fused" in r}
-    envs = [r["environment"] for r in reports]
+def markdown(reports: list, rerun=None) -> str:
+    """reports: BenchReports and ChainReports (eval.bench_rows); rerun: a second run of the same
+    rows (bench.run again), shown beside the first."""
+    from eval.bench_rows import ChainReport
+
+    chains = [r for r in reports if isinstance(r, ChainReport)]
+    reports = [r for r in reports if not isinstance(r, ChainReport)]
+    again = {(r.task, r.shape): r for r in (rerun.rows if rerun else []) if r.fused is not None}
+    envs = [r.environment for r in reports]
     env = envs[0]
     lines = [
         f"# Expert kernels on the {env['gpu']}",
@@ -138,34 +118,33 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for report in reports:
-        for r in report["rows"]:
-            if "fused" not in r:
-                lines.append(f"| {r['task']} | {r['shape']} | no config ran | | | | | | | | | |")
+        for r in report.rows:
+            if r.fused is None:
+                lines.append(f"| {r.task} | {r.shape} | no config ran | | | | | | | | | |")
                 continue
-            q_over_c = r.get("quack_over_cublas", r["gemm_quack"]["median_us"] / r["gemm_cublas"]["median_us"])
-            tc = f"{r['speedup_vs_compile']:.2f}x" if "speedup_vs_compile" in r else "not run"
-            bound = f"{r['compile_over_gemm_only']:.2f}x" if "compile_over_gemm_only" in r else ""
-            frac = f"{r['fraction_of_bound']:.2f}" if "fraction_of_bound" in r else ""
-            liger = f"{r['speedup_vs_liger']:.2f}x" if "speedup_vs_liger" in r else ""
-            lib = (f"{r['speedup_vs_quack_library']:.2f}x ({r['quack_library_config']})" if "speedup_vs_quack_library" in r
-                   else "is the library" if r["task"][:2] in LIBRARY_KERNELS else "")
-            if "speedup_vs_quack_library_like_for_like" in r:
-                lib += f"; {r['quack_library_like_for_like']}: {r['speedup_vs_quack_library_like_for_like']:.2f}x"
-            a = again.get((r["task"], r["shape"]))
-            rerun_ratio = f"{a['fused_over_gemm_only']:.3f}" if a else ""
-            lines.append(f"| {r['task']} | {r['shape']} | {r['best_config']} | {_with_iqr(r)} | {rerun_ratio} | "
+            q_over_c = r.quack_over_cublas or r.gemm_quack.median_us / r.gemm_cublas.median_us
+            tc = f"{r.speedup_vs_compile:.2f}x" if r.speedup_vs_compile is not None else "not run"
+            bound = f"{r.compile_over_gemm_only:.2f}x" if r.compile_over_gemm_only is not None else ""
+            frac = f"{r.fraction_of_bound:.2f}" if r.fraction_of_bound is not None else ""
+            liger = f"{r.speedup_vs_liger:.2f}x" if r.speedup_vs_liger is not None else ""
+            lib = (f"{r.speedup_vs_quack_library:.2f}x ({r.quack_library_config})" if r.speedup_vs_quack_library is not None
+                   else "is the library" if r.task[:2] in LIBRARY_KERNELS else "")
+            if r.speedup_vs_quack_library_like_for_like is not None:
+                lib += f"; {r.quack_library_like_for_like}: {r.speedup_vs_quack_library_like_for_like:.2f}x"
+            a = again.get((r.task, r.shape))
+            rerun_ratio = f"{a.fused_over_gemm_only:.3f}" if a else ""
+            lines.append(f"| {r.task} | {r.shape} | {r.best_config} | {_with_iqr(r)} | {rerun_ratio} | "
                          f"{q_over_c:.3f} | {tc} | {bound} | {frac} | {liger} | {lib} | {_verdict(r, a)} |")
-    spread = [(r[k]["q3_us"] - r[k]["q1_us"]) / r[k]["median_us"] for rep in reports for r in rep["rows"]
-              for k in ("fused", "gemm_cublas") if k in r]
-    paired = [r["fused_over_gemm_only_iqr"][1] - r["fused_over_gemm_only_iqr"][0] for rep in reports for r in rep["rows"]
-              if "fused_over_gemm_only_iqr" in r]
-    diffs = [abs(r["fused_over_gemm_only"] - again[r["task"], r["shape"]]["fused_over_gemm_only"])
-             for rep in reports for r in rep["rows"] if (r["task"], r["shape"]) in again and "fused" in r]
-    key = "fused_over_gemm_only_of_medians"
-    of_medians = [abs(r[key] - again[r["task"], r["shape"]][key]) for rep in reports for r in rep["rows"]
-                  if key in r and key in again.get((r["task"], r["shape"]), {})]
+    rows = [r for rep in reports for r in rep.rows]
+    spread = [t.iqr_us / t.median_us for r in rows for t in (r.fused, r.gemm_cublas) if t is not None]
+    paired = [r.fused_over_gemm_only_iqr[1] - r.fused_over_gemm_only_iqr[0] for r in rows if r.fused_over_gemm_only_iqr]
+    diffs = [abs(r.fused_over_gemm_only - again[r.task, r.shape].fused_over_gemm_only)
+             for r in rows if (r.task, r.shape) in again and r.fused is not None]
+    of_medians = [abs(r.fused_over_gemm_only_of_medians - again[r.task, r.shape].fused_over_gemm_only_of_medians)
+                  for r in rows if r.fused_over_gemm_only_of_medians is not None and (r.task, r.shape) in again
+                  and again[r.task, r.shape].fused_over_gemm_only_of_medians is not None]
     if diffs:
-        lines += ["", f"Rerun: the same command again on the same machine right after (`{rerun['environment']['command']}`); "
+        lines += ["", f"Rerun: the same command again on the same machine right after (`{rerun.environment['command']}`); "
                   f"fused / GEMM-only moved by at most {max(diffs):.3f} (median {statistics.median(diffs):.3f}) "
                   "between the two runs" + (f" (taken as a ratio of medians instead: at most {max(of_medians):.3f}, median "
                                             f"{statistics.median(of_medians):.3f})" if of_medians else "")
@@ -178,24 +157,23 @@ def markdown(reports: list[dict], rerun: dict | None = None) -> str:
                   + (f"; the per-repetition ratio fused / GEMM-only by up to {max(paired):.3f} (median "
                      f"{statistics.median(paired):.3f}) between its quartiles" if paired else "")
                   + ". Differences smaller than that are noise."]
-    notes = {r["task"]: r["liger_note"] for rep in reports for r in rep["rows"] if "liger_note" in r}
-    errors = {r["task"]: r["liger_error"] for rep in reports for r in rep["rows"] if "liger_error" in r}
+    notes = {r.task: r.liger_note for r in rows if r.liger_note}
+    errors = {r.task: r.errors["liger"] for r in rows if "liger" in r.errors}
     lines.append("")
     for task, note in sorted(notes.items()):
         lines.append(f"- Liger for {task}: {note}.")
     for task, err in sorted(errors.items()):
         lines.append(f"- Liger for {task} did not run: {err}")
-    for rep in reports:
-        for r in rep["rows"]:
-            for name, d in r.get("diagnostics", {}).items():
-                lines.append(f"- Diagnostic, {r['task']} {r['shape']}: {name} ({d['note']}) at {d['config']}: "
-                             f"{d['over_gemm_only']:.3f} of GEMM-only, the kernel {r['fused_over_gemm_only']:.3f}.")
-    lib_notes = {r["task"]: r["quack_library_note"] for rep in reports for r in rep["rows"] if "quack_library_note" in r}
+    for r in rows:
+        for name, d in r.diagnostics.items():
+            lines.append(f"- Diagnostic, {r.task} {r.shape}: {name} ({d.note}) at {d.config}: "
+                         f"{d.over_gemm_only:.3f} of GEMM-only, the kernel {r.fused_over_gemm_only:.3f}.")
+    lib_notes = {r.task: r.quack_library_note for r in rows if r.quack_library_note}
     for task, note in sorted(lib_notes.items()):
         lines.append(f"- quack library for {task}: {note}.")
     lines.append("")
     if rerun:
-        envs = envs + [rerun["environment"]]
+        envs = envs + [rerun.environment]
     for e in envs:
         lines.append(f"- `{e['command']}` on {e['date']}: torch {e['torch']} (CUDA {e['cuda']}), "
                      f"nvidia-cutlass-dsl {e['nvidia-cutlass-dsl']}, quack-kernels {e['quack-kernels']}, "
@@ -216,21 +194,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     files = args.files + ([args.rerun] if args.rerun else [])
     loaded = {}
-    from bench.gpu_env import read_report
+    from eval.bench_rows import BenchReport, load_report
 
     for f in files:
         try:
-            loaded[f] = read_report(f)
+            loaded[f] = load_report(f)
         except ValueError as e:
             ap.error(str(e))
     if args.rederive:
-        from bench.gpu_env import report_json, source_commit
+        from bench.gpu_env import source_commit, write_report
 
         for f, report in loaded.items():
             try:
-                if rederive(report):
-                    report["rederived"] = {"commit": source_commit(), "by": "python -m bench.report --rederive"}
-                    Path(f).write_text(report_json(report))
+                if isinstance(report, BenchReport) and rederive(report):
+                    report.rederived = {"commit": source_commit(), "by": "python -m bench.report --rederive"}
+                    write_report(f, report)
             except ValueError as e:
                 ap.error(f"{f}: {e}")
     text = markdown([loaded[f] for f in args.files], loaded[args.rerun] if args.rerun else None)

@@ -18,8 +18,10 @@ overhead stays out, warm-up, rotating inputs, median of many); everything of one
 config included, in ONE interleaved run, so that clock, temperature or power-cap drift cannot
 bias the ratios or the choice of config. Every ratio, and every ranking of configs (speed:
 against the row's cuBLAS GEMM), is taken repetition by repetition (eval.timing.paired_ratio).
-Writes JSON (with the environment); bench/report.py renders the tables, bench/tuning.py turns
-a sweep into TUNED tables.
+Every row is an eval.bench_rows.BenchRow (its one factory, BenchRow.measured, takes the
+ratios), with the GPU's clocks over its run (eval/clocks.py) on every timing. Writes JSON
+(with the environment); bench/report.py renders the tables, bench/tuning.py turns a sweep into
+TUNED tables.
 
     python -m bench.run --library --out sweep.json                       # sweep every config
     python -m bench.run --configs-from sweep.json --top 3 --compile --liger --out confirm.json  # re-rank
@@ -39,14 +41,14 @@ REPS = 30
 N_INPUT_SETS = 2
 
 
-def _runs(name, fn, arg_sets, row) -> bool:
-    """Call fn once; a baseline that fails is recorded in the row and left out."""
+def _runs(name, fn, arg_sets, errors: dict[str, str]) -> bool:
+    """Call fn once; a function that fails is recorded in errors and left out."""
     try:
         fn(*arg_sets[0])
         torch.cuda.synchronize()
         return True
     except Exception as e:
-        row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         return False
 
 
@@ -54,7 +56,8 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
                sol_configs=(), diagnostics=None, reps=REPS):
     """Every config of the fused kernel, the identity-epilogue quack GEMM at each config,
     and every baseline, timed in ONE interleaved run (eval.timing), so that the configs are
-    compared with each other as fairly as with the baselines.
+    compared with each other as fairly as with the baselines; the row is made by
+    eval.bench_rows.BenchRow.measured.
 
     library: quack's own library epilogue for a task whose expert kernel is ours
     ((fn(inputs, config), note, tuned table)), timed at every swept config too, or at
@@ -64,7 +67,9 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     note)}, the kernel minus one piece of its work (bench/quack_library.py DIAGNOSTICS),
     timed at every config the fused kernel runs at."""
     import primitives as P
+    from bench.quack_library import LIKE_FOR_LIKE
     from eval.baselines import identity_gemm as gemm_only
+    from eval.bench_rows import BenchRow, ConfigTimings
     from eval.timing import time_cuda_interleaved
 
     dims = shape.dims()
@@ -73,19 +78,18 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
     operands = [task.gemm_operands(s) for s in sets]
     whole = [(s,) for s in sets]
-    row = {"task": task.name, "shape": shape.name, "dims": dims, "gemm_mnk": task.gemm_shape(dims),
-           "flops": task.flops(dims), "min_bytes": task.min_bytes(dims), "configs": {}}
+    errors: dict[str, str] = {}
     fns = {"gemm_cublas": (lambda a, b: torch.matmul(a, b.T), operands)}
     liger_fn = liger and (lambda s, _f=liger[0]: _f(s, dims))  # noqa: E731
-    if liger is not None and _runs("liger", liger_fn, whole, row):
+    if liger is not None and _runs("liger", liger_fn, whole, errors):
         fns["liger"] = (liger_fn, whole)
-        row["liger_note"] = liger[1]
     if with_compile and compiled_ref is not None:
         fn = lambda s: compiled_ref(s, dims)  # noqa: E731
-        if _runs("torch_compile", fn, whole, row):
+        if _runs("torch_compile", fn, whole, errors):
             fns["torch_compile"] = (fn, whole)
     for sol in sol_configs:
         fns[f"gemm_quack_best@{sol.key()}"] = (lambda a, b, _c=sol: gemm_only(a, b, config=_c), operands)
+    at_config: dict[str, dict] = {}  # config key -> ConfigTimings' fields
     sweep = {}  # timed name -> (config key, what)
     library_timed = set()
     for cfg in configs:
@@ -93,7 +97,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         if own:
             cfg = P.pick_config(getattr(module, "TUNED", {}), *operands[0])
         key = cfg.key()
-        entry = row["configs"].setdefault(key, {})
+        entry = at_config.setdefault(key, {"errors": {}, "diagnostics": {}})
         candidates = {
             "fused": (lambda s, _c=None if own else cfg: module.run(s, prepared, config=_c), whole),
             "gemm_quack": (lambda a, b, _c=cfg.for_plain_gemm(): gemm_only(a, b, config=_c), operands),
@@ -107,124 +111,41 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
         for dname, (dfn, _) in (diagnostics or {}).items():
             candidates[f"diag_{dname}"] = (lambda s, _f=dfn, _c=cfg: _f(s, _c), whole)
         for what, (fn, args) in candidates.items():
-            if _runs(what, fn, args, entry):
+            if _runs(what, fn, args, entry["errors"]):
                 fns[f"{what}@{key}"] = (fn, args)
                 sweep[f"{what}@{key}"] = (key, what)
     timed = time_cuda_interleaved(fns, reps=reps)
+    candidates_timed = {}
     for name, t in timed.items():
         if name in sweep:
             key, what = sweep[name]
-            row["configs"][key][what] = t.model_dump()
+            if what.startswith("diag_"):
+                at_config[key]["diagnostics"][what[len("diag_"):]] = t
+            else:
+                at_config[key][what] = t
         elif name.startswith("gemm_quack_best@"):
-            row.setdefault("gemm_quack_candidates", {})[name.split("@", 1)[1]] = t.model_dump()
-        else:
-            row[name] = t.model_dump()
-    if "gemm_quack_candidates" in row:
-        cands = row["gemm_quack_candidates"]
-        row["gemm_quack_best_config"] = min(cands, key=lambda k: speed(cands[k], row.get("gemm_cublas")))
-        row["gemm_quack_best"] = cands[row["gemm_quack_best_config"]]
-    ref = row.get("gemm_cublas")
-    row.update(_best(row["configs"], "fused", ref))
-    if not sol_configs and len(row["configs"]) > 1:  # a sweep: the fastest GEMM over all its configs
-        best_gemm = _best(row["configs"], "gemm_quack", ref)
-        if best_gemm:
-            row["gemm_quack_best"], row["gemm_quack_best_config"] = best_gemm["gemm_quack"], best_gemm["best_config"]
-    for dname, (_, note) in (diagnostics or {}).items():
-        at = row["configs"].get(row.get("best_config"), {}).get(f"diag_{dname}")
-        if at:
-            row.setdefault("diagnostics", {})[dname] = {"note": note, "config": row["best_config"], **at}
-    if library is not None:
-        row["quack_library_note"] = library[1]
-        best_lib = _best(row["configs"], "quack_library", ref)
-        if best_lib:
-            row["quack_library"] = best_lib["quack_library"]
-            row["quack_library_config"] = row["configs"][best_lib["best_config"]]["quack_library_config"]
+            candidates_timed[name.split("@", 1)[1]] = t
     torch.cuda.empty_cache()
-    _ratios(row)
-    return row
+    return BenchRow.measured(
+        task=task.name, shape=shape.name, dims=dims, gemm_mnk=task.gemm_shape(dims), flops=task.flops(dims),
+        min_bytes=task.min_bytes(dims), configs={k: ConfigTimings(**v) for k, v in at_config.items()},
+        gemm_cublas=timed["gemm_cublas"], liger=timed.get("liger"), liger_note=liger[1] if "liger" in timed else None,
+        torch_compile=timed.get("torch_compile"), gemm_quack_candidates=candidates_timed,
+        quack_library_note=library[1] if library is not None else None, errors=errors,
+        diagnostic_notes={name: note for name, (_, note) in (diagnostics or {}).items()},
+        like_for_like=LIKE_FOR_LIKE.get(task.name))
 
 
-def speed(t: dict, ref: dict | None) -> float:
-    """A result file's timing's speed within its run (eval.stats.speed: its median
-    per-repetition ratio to ref, the row's cuBLAS GEMM)."""
-    from eval.stats import Timing, speed as run_speed
-
-    return run_speed(Timing.of(t), Timing.of(ref) if ref else None)
-
-
-def _best(configs: dict, what: str, ref: dict | None) -> dict:
-    """The config where `what` ran fastest (speed against ref): its key, its timing and its
-    quack GEMM's."""
-    timed = {k: v for k, v in configs.items() if what in v}
-    if not timed:
-        return {}
-    best = min(timed, key=lambda k: speed(timed[k][what], ref))
-    out = {"best_config": best, what: timed[best][what]}
-    if what == "fused" and "gemm_quack" in timed[best]:
-        out["gemm_quack"] = timed[best]["gemm_quack"]
-    return out
-
-
-def fastest_fused(row: dict, n: int = 3) -> list[str]:
-    """The sweep row's n fastest configs of the fused kernel, fastest first."""
-    timed = {k: speed(v["fused"], row.get("gemm_cublas")) for k, v in row["configs"].items() if "fused" in v}
-    return sorted(timed, key=timed.get)[:n]
-
-
-def fastest_gemms(row: dict, n: int = 3) -> list[str]:
-    """The sweep row's n fastest configs of the identity-epilogue GEMM (distinct kernels:
-    epi_c_stages does not change a GEMM that loads no C), as that GEMM runs them (without
-    early_c_loads, which it refuses)."""
+def fastest_gemms(row, n: int = 3) -> list[str]:
+    """The sweep row's (eval.bench_rows.BenchRow) n fastest configs of the identity-epilogue
+    GEMM (distinct kernels: epi_c_stages does not change a GEMM that loads no C), as that GEMM
+    runs them (without early_c_loads, which it refuses)."""
     from primitives.config import GemmConfig
 
-    timed = {k: speed(v["gemm_quack"], row.get("gemm_cublas")) for k, v in row["configs"].items() if "gemm_quack" in v}
     distinct = {}
-    for k in sorted(timed, key=timed.get):
+    for k in row.fastest_configs("gemm_quack", len(row.configs)):
         distinct.setdefault(k.split("_cs")[0], GemmConfig.parse(k).for_plain_gemm().key())
     return list(distinct.values())[:n]
-
-
-def _ratios(row):
-    """Speedups and fractions, always from times measured in this run, each a ratio taken
-    repetition by repetition (eval.timing.paired_ratio: the power cap's clock drift cancels)."""
-    from eval.stats import fastest
-    from eval.timing import Timing, paired_ratio
-
-    if "fused" not in row:
-        return
-    for stale in ("quack_library_like_for_like", "speedup_vs_quack_library_like_for_like"):
-        row.pop(stale, None)
-    t = {k: Timing.of(row[k]) for k in ("fused", "gemm_cublas", "gemm_quack", "gemm_quack_best", "quack_library",
-                                       "liger", "torch_compile") if k in row}
-    # the speed of light: the fastest GEMM without an epilogue, over cuBLAS and quack at the
-    # fused kernel's config and (from a sweep) at quack's own best config
-    sol = fastest({k: t[k] for k in ("gemm_cublas", "gemm_quack", "gemm_quack_best") if k in t}, t.get("gemm_cublas"))
-    fused, gemm_only = t["fused"], t[sol]
-    row["gemm_only_us"], row["gemm_only_is"] = gemm_only.median_us, sol
-    over = paired_ratio(fused, gemm_only)
-    row["fused_over_gemm_only"], row["fused_over_gemm_only_iqr"] = over.median, [over.q1, over.q3]
-    row["fused_over_gemm_only_of_medians"] = fused.median_us / gemm_only.median_us
-    if "gemm_quack" in t and "gemm_cublas" in t:
-        row["quack_over_cublas"] = paired_ratio(t["gemm_quack"], t["gemm_cublas"]).median
-    for d in row.get("diagnostics", {}).values():
-        d["over_gemm_only"] = paired_ratio(Timing.of(d), gemm_only).median
-    if "quack_library" in t:
-        row["speedup_vs_quack_library"] = paired_ratio(t["quack_library"], fused).median
-        from bench.quack_library import LIKE_FOR_LIKE
-
-        like = row.get("diagnostics", {}).get(LIKE_FOR_LIKE.get(row.get("task")))
-        if like:  # the library does less than the task: also against the kernel minus that work
-            row["quack_library_like_for_like"] = LIKE_FOR_LIKE[row["task"]]
-            row["speedup_vs_quack_library_like_for_like"] = paired_ratio(
-                t["quack_library"], Timing.of(like)).median
-    if "liger" in t:
-        row["speedup_vs_liger"] = paired_ratio(t["liger"], fused).median
-        row["liger_over_gemm_only"] = paired_ratio(t["liger"], gemm_only).median
-    if "torch_compile" in t:
-        row["speedup_vs_compile"] = paired_ratio(t["torch_compile"], fused).median
-        row["compile_over_gemm_only"] = paired_ratio(t["torch_compile"], gemm_only).median  # the bound a perfect fusion reaches
-        # (tc / fused) / (tc / gemm_only) = gemm_only / fused: the share of the bound reached
-        row["fraction_of_bound"] = paired_ratio(gemm_only, fused).median
 
 
 def main(argv=None) -> int:
@@ -256,16 +177,16 @@ def main(argv=None) -> int:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
     if args.configs_from and args.sol_from:
         ap.error("--configs-from already gives the speed-of-light configs; pass one of the two")
-    from bench.gpu_env import read_report
+    from eval.bench_rows import BenchReport, load_report
 
     try:  # before any GPU work: a bad file is one line, not a traceback minutes in
-        picked_from = [read_report(f) for f in (args.configs_from or args.sol_from or [])]
+        picked_from = [load_report(f, BenchReport) for f in (args.configs_from or args.sol_from or [])]
     except ValueError as e:
         ap.error(str(e))
 
     import tasks
     from bench.configs import CANDIDATES, config_args
-    from bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
+    from bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
     from eval.baselines import unfused_fn
     from eval.kernel import expert_kernel, load_kernel_module
 
@@ -276,7 +197,7 @@ def main(argv=None) -> int:
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"environment": fingerprint(command_line("bench.run", argv)), "reps": args.reps, "rows": []}
+    report = BenchReport(environment=fingerprint(command_line("bench.run", argv)), reps=args.reps, rows=[])
     from bench.liger import composites
     from bench.quack_library import DIAGNOSTICS, alternatives
 
@@ -287,13 +208,13 @@ def main(argv=None) -> int:
         from primitives.config import GemmConfig
 
         for report_in in picked_from:
-            for r in report_in["rows"]:
-                if "best_config" not in r:  # no config of this row ran in that sweep
+            for r in report_in.rows:
+                if r.best_config is None:  # no config of this row ran in that sweep
                     continue
-                lib = r.get("quack_library_config")
-                swept[r["task"], r["shape"]] = ([GemmConfig.parse(k) for k in fastest_fused(r, args.top)],
-                                                lib and GemmConfig.parse(lib),
-                                                [GemmConfig.parse(k) for k in fastest_gemms(r)])
+                lib = r.quack_library_config
+                swept[r.task, r.shape] = ([GemmConfig.parse(k) for k in r.fastest_configs("fused", args.top)],
+                                          lib and GemmConfig.parse(lib),
+                                          [GemmConfig.parse(k) for k in fastest_gemms(r)])
     for task in tasks.load_catalogue()[0]:
         if args.tasks and task.id not in args.tasks:
             continue
@@ -314,13 +235,14 @@ def main(argv=None) -> int:
             row = bench_task(task, module, shape, cfgs, args.compile, compiled_ref, liger.get(task.name),
                              library.get(task.name), lib_cfg, sol_cfgs,
                              DIAGNOSTICS.get(task.name) if args.diagnostics else None, args.reps)
-            report["rows"].append(row)
-            msg = f"{row.get('fused_over_gemm_only', float('nan')):.3f} of GEMM-only"
-            if "speedup_vs_compile" in row:
-                msg += f", {row['speedup_vs_compile']:.2f}x vs torch.compile (bound {row['compile_over_gemm_only']:.2f}x)"
-            print(f"{task.id} {shape.name}: best {row.get('best_config')} {msg} ({time.monotonic() - t0:.0f} s)", flush=True)
-            out.write_text(report_json(report))  # partial results survive a timeout
-    out.write_text(report_json(report))
+            report.rows.append(row)
+            msg = f"{row.fused_over_gemm_only or float('nan'):.3f} of GEMM-only"
+            if row.speedup_vs_compile is not None:
+                msg += f", {row.speedup_vs_compile:.2f}x vs torch.compile (bound {row.compile_over_gemm_only:.2f}x)"
+            print(f"{task.id} {shape.name}: best {row.best_config} {msg}; {row.gemm_cublas.clocks.line()} "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+            write_report(out, report)  # partial results survive a timeout
+    write_report(out, report)
     from bench.report import markdown
 
     print(markdown([report]))

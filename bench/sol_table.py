@@ -14,17 +14,18 @@ import sys
 from pathlib import Path
 
 
-def table(reports: list[dict], top: int = 3) -> dict[str, list[str]]:
+def table(reports: list, top: int = 3) -> dict[str, list[str]]:
+    """reports: eval.bench_rows.BenchReports."""
     import tasks
     from bench.run import fastest_gemms
 
     out: dict[str, list[str]] = {}
     for report in reports:
-        for row in report["rows"]:
-            if not any("gemm_quack" in c for c in row.get("configs", {}).values()):
+        for row in report.rows:
+            if not any(c.gemm_quack is not None for c in row.configs.values()):
                 continue
-            task = tasks.get_task(row["task"])
-            m, n, k = row["gemm_mnk"]
+            task = tasks.get_task(row.task)
+            m, n, k = row.gemm_mnk
             key = f"{m}x{n}x{k}:{task.gemm.b_layout}"
             for cfg in fastest_gemms(row, top):
                 base = cfg.split("_cs")[0]  # C stages change nothing in a GEMM that loads no C
@@ -39,10 +40,13 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from bench.gpu_env import read_report
+    from eval.bench_rows import BenchReport, load_report
 
-    reports = [read_report(p) for p in args.sweeps]
-    doc = {"from": [str(p) for p in args.sweeps], "environment": reports[0].get("environment", {}),
+    try:
+        reports = [load_report(p, BenchReport) for p in args.sweeps]
+    except ValueError as e:
+        ap.error(str(e))
+    doc = {"from": [str(p) for p in args.sweeps], "environment": reports[0].environment,
            "configs": table(reports, args.top)}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{len(doc['configs'])} GEMM shapes -> {args.out}")

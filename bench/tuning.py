@@ -23,32 +23,29 @@ from eval.machine import REPO
 
 def config_ratios(files: list[str], what: str = "fused") -> dict[str, dict[str, dict[str, float]]]:
     """{task: {"MxNxK": {config key: time / GEMM-only}}}, each ratio within one sweep (one
-    interleaved run; bench.run.speed); a later file's row for the same task and shape
+    interleaved run; eval.stats.speed); a later file's row for the same task and shape
     replaces an earlier one's (ratios from different runs are not compared)."""
-    from bench.gpu_env import read_report
+    from eval.bench_rows import BenchReport, load_report
+    from eval.stats import speed
 
     rows = {}
     for f in files:
-        for row in read_report(f)["rows"]:
-            if not {"task", "shape", "configs"} <= set(row):
-                raise ValueError(f"{f}: not a bench.run result (a row without task, shape and configs)")
-            rows[row["task"], row["shape"]] = row
-    from bench.run import speed
-
+        for row in load_report(f, BenchReport).rows:
+            rows[row.task, row.shape] = row
     out: dict[str, dict[str, dict[str, float]]] = {}
     for row in rows.values():
-        quack = [v["gemm_quack"] for v in row["configs"].values() if "gemm_quack" in v]
-        if not quack or "gemm_cublas" not in row:
+        quack = [c.gemm_quack for c in row.configs.values() if c.gemm_quack is not None]
+        if not quack:
             continue
-        ref = row["gemm_cublas"]  # every time is taken against it, repetition by repetition (bench.run.speed)
-        best_gemm = row.get("gemm_quack_best")  # a confirmation run's speed-of-light configs
+        ref = row.gemm_cublas  # every time is taken against it, repetition by repetition (eval.stats.speed)
+        best_gemm = row.gemm_quack_best  # a confirmation run's speed-of-light configs
         gemm_only = min(speed(t, ref) for t in [ref, *quack, *([best_gemm] if best_gemm else [])])
-        shape = "x".join(str(x) for x in row["gemm_mnk"])
-        for key, v in row["configs"].items():
-            if what in v:
+        shape = "x".join(str(x) for x in row.gemm_mnk)
+        for key, c in row.configs.items():
+            if c.get(what) is not None:
                 # the library may have run at its own config beside the fused kernel's (--configs-from)
-                cfg = v.get("quack_library_config", key) if what == "quack_library" else key
-                out.setdefault(row["task"], {}).setdefault(shape, {})[cfg] = speed(v[what], ref) / gemm_only
+                cfg = c.quack_library_config or key if what == "quack_library" else key
+                out.setdefault(row.task, {}).setdefault(shape, {})[cfg] = speed(c.get(what), ref) / gemm_only
     return out
 
 

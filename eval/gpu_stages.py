@@ -21,7 +21,8 @@ benchmark     repetitions in a fresh seeded random order: the kernel (timed in i
               different on any timed call risks INCORRECT_NUMERICS on each, and one that
               reuses its last outputs' storage fails in the runner. The judge also times each
               repetition of the runner on its own wall clock: the kernel's claimed time must
-              account for it (`wall_check`).
+              account for it (`wall_check`). The GPU's clocks are sampled through the
+              timed repetitions (eval/clocks.py): every Timing of the shape carries them.
 recheck       one more checked trial on new inputs (eval/numerics.py).
 plausibility  the kernel's median against the roofline floor (eval/plausibility.py), and
               the wall-clock check.
@@ -36,6 +37,7 @@ import time
 import torch
 
 from eval.baselines import extra_baselines, gemm_candidates
+from eval.clocks import ClockSampler
 from eval.launches import Launch, classify, classify_recorded
 from eval.numerics import (
     InputSet,
@@ -50,7 +52,7 @@ from eval.plausibility import Ceilings, check as plausible
 from eval.remote import Delivered, KernelFailure, KernelProcess, Profiled, Timed
 from eval.result import Outcome, ShapeTiming
 from eval.stats import fastest
-from eval.timing import summarize, timed_call
+from eval.timing import gpu_clocks, summarize, timed_call
 
 #: input sets (their own weights, each with its own prepare()) the timed calls rotate through
 ROTATE = {"smoke": 4, "paper": 2}
@@ -196,24 +198,26 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     stage("benchmark")
     samples = {n: [] for n in names}
     walls = {n: [] for n in names}
-    for i in range(reps):
-        j = i % rotate
-        refresh(i, j)
-        if i == profile_at:
-            for name, kp in kernels.items():
-                try:
-                    ok, line, _ = check_launches(task, kp, sets[name][j].name, "benchmark")
-                except KernelFailure as f:
-                    raise KernelStageFailure(name, Outcome(f.outcome), f.message) from None
-                if not ok:
-                    raise KernelStageFailure(name, Outcome.EXTRA_LAUNCHES, f"a call during the timed phase: {line}")
-        for name in order.sample(names, len(names)):
-            us, wall = kernel_rep(name[7:], i, j) if name.startswith("kernel:") else local_rep(name, j)
-            samples[name].append(us)
-            walls[name].append(wall)
+    with gpu_clocks() if device == "cuda" else ClockSampler(skip="timed on the host's clock: no GPU") as clocks:
+        for i in range(reps):
+            j = i % rotate
+            refresh(i, j)
+            if i == profile_at:
+                for name, kp in kernels.items():
+                    try:
+                        ok, line, _ = check_launches(task, kp, sets[name][j].name, "benchmark")
+                    except KernelFailure as f:
+                        raise KernelStageFailure(name, Outcome(f.outcome), f.message) from None
+                    if not ok:
+                        raise KernelStageFailure(name, Outcome.EXTRA_LAUNCHES, f"a call during the timed phase: {line}")
+            for name in order.sample(names, len(names)):
+                us, wall = kernel_rep(name[7:], i, j) if name.startswith("kernel:") else local_rep(name, j)
+                samples[name].append(us)
+                walls[name].append(wall)
     for b in bufs.values():
         b.close()
-    timings = {n: summarize(samples[n], keep=True) for n in names}
+    summary = clocks.summary()
+    timings = {n: summarize(samples[n], keep=True, clocks=summary) for n in names}
     sol = fastest({n: timings[n] for n in plain}, timings["cublas"])
     timings["gemm_only"] = timings[sol]
     notes = {"gemm_only": f"the speed of light: {sol}, the fastest of {', '.join(plain)}",

@@ -10,12 +10,14 @@ from typing import Sequence
 
 from pydantic import BaseModel, Field
 
+from eval.clocks import ClockSummary
+
 
 class Timing(BaseModel):
     """Microseconds per call over n timed repetitions. samples_us: each repetition's time in
     repetition order (time_cuda_interleaved: sample i of every function comes from the same
     repetition, a fraction of a second apart), so that two functions can be compared
-    repetition by repetition (paired_ratio)."""
+    repetition by repetition (paired_ratio). clocks: what the GPU ran at during that run."""
 
     median_us: float
     q1_us: float
@@ -23,6 +25,10 @@ class Timing(BaseModel):
     min_us: float
     n: int
     samples_us: list[float] = Field(default_factory=list)
+    clocks: ClockSummary | None = Field(None, description="the GPU's SM clock, power and power-cap share over the "
+                                        "timed phase this timing came from (eval/clocks.py; every function timed "
+                                        "in that phase carries the same summary); its absent says why none was "
+                                        "sampled; None: timed before clocks were recorded")
 
     @property
     def iqr_us(self) -> float:
@@ -99,10 +105,10 @@ def bootstrap_median_ci(values: Sequence[float], *, level: float = 0.95, resampl
     return medians[int(tail * (resamples - 1))], medians[int((1 - tail) * (resamples - 1))]
 
 
-def summarize(samples_us: Sequence[float], keep: bool = False) -> Timing:
+def summarize(samples_us: Sequence[float], keep: bool = False, clocks: ClockSummary | None = None) -> Timing:
     """Median, quartiles (statistics.quantiles, 'exclusive' method), min and n of samples;
     keep: also the samples themselves, in the order given (to 0.01 us: CUDA events resolve
-    about 0.5 us, cudaEventElapsedTime's documented resolution)."""
+    about 0.5 us, cudaEventElapsedTime's documented resolution); clocks: the phase's."""
     given = [float(x) for x in samples_us]
     samples = sorted(given)
     if not samples:
@@ -111,4 +117,4 @@ def summarize(samples_us: Sequence[float], keep: bool = False) -> Timing:
         raise ValueError("samples must be non-negative numbers")
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
     return Timing(median_us=statistics.median(samples), q1_us=q[0], q3_us=q[2], min_us=samples[0], n=len(samples),
-                  samples_us=[round(x, 2) for x in given] if keep else [])
+                  samples_us=[round(x, 2) for x in given] if keep else [], clocks=clocks)

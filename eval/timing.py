@@ -8,13 +8,15 @@ each repetition the GPU is also given a short spin (outside the timed region) so
 host has queued the timed work before the GPU reaches it: the events then time the GPU's
 work, not the host's launch overhead (Python wrappers of ~10-100 us would otherwise leave
 the GPU idle inside the timed region for short kernels, and unevenly so between a fused
-kernel and cuBLAS).
+kernel and cuBLAS). The GPU's clocks are sampled through every timed phase (gpu_clocks,
+eval/clocks.py) and every Timing of the phase carries their summary.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from eval.clocks import ClockSampler, nvml_index
 from eval.stats import BOOTSTRAP, Ratio, Timing, bootstrap_median_ci, paired_ratio, summarize  # noqa: F401 (re-exported)
 
 # the H200's L2 is 60 MB (H100: 50 MB); writing 4x that evicts it
@@ -40,6 +42,14 @@ def _bind():
 
 
 _EVENT, _ELAPSED, _SYNC = _bind()
+
+
+def gpu_clocks() -> ClockSampler:
+    """A sampler of the current CUDA device's clocks, for a timed phase (`with gpu_clocks() as
+    clocks: ...`, then clocks.summary())."""
+    import torch
+
+    return ClockSampler(nvml_index(torch.cuda.current_device()))
 
 
 def flush_l2() -> None:
@@ -110,16 +120,18 @@ def time_cuda_interleaved(
     _SYNC()
     stream = torch.cuda.current_stream()
     events = {n: [(_EVENT(enable_timing=True), _EVENT(enable_timing=True)) for _ in range(reps)] for n in names}
-    for i in range(reps):
-        for name in order.sample(names, len(names)):
-            fn, arg_sets = fns[name]
-            _prepare_rep(flush)
-            start, end = events[name][i]
-            start.record(stream)
-            fn(*arg_sets[i % len(arg_sets)])
-            end.record(stream)
-    _SYNC()
-    return {n: summarize([_ELAPSED(s, e) * 1000.0 for s, e in events[n]], keep=True) for n in names}
+    with gpu_clocks() as clocks:
+        for i in range(reps):
+            for name in order.sample(names, len(names)):
+                fn, arg_sets = fns[name]
+                _prepare_rep(flush)
+                start, end = events[name][i]
+                start.record(stream)
+                fn(*arg_sets[i % len(arg_sets)])
+                end.record(stream)
+        _SYNC()
+    summary = clocks.summary()
+    return {n: summarize([_ELAPSED(s, e) * 1000.0 for s, e in events[n]], keep=True, clocks=summary) for n in names}
 
 
 def time_cuda(
@@ -141,10 +153,11 @@ def time_cuda(
     stream = torch.cuda.current_stream()
     starts = [_EVENT(enable_timing=True) for _ in range(reps)]
     ends = [_EVENT(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        _prepare_rep(flush)
-        starts[i].record(stream)
-        fn(*arg_sets[i % len(arg_sets)])
-        ends[i].record(stream)
-    _SYNC()
-    return summarize([_ELAPSED(s, e) * 1000.0 for s, e in zip(starts, ends)])
+    with gpu_clocks() as clocks:
+        for i in range(reps):
+            _prepare_rep(flush)
+            starts[i].record(stream)
+            fn(*arg_sets[i % len(arg_sets)])
+            ends[i].record(stream)
+        _SYNC()
+    return summarize([_ELAPSED(s, e) * 1000.0 for s, e in zip(starts, ends)], clocks=clocks.summary())

@@ -13,35 +13,46 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _s(samples):
-    """A timing dict (eval.timing.Timing) with these samples, in repetition order."""
+    """A Timing with these samples, in repetition order."""
     from eval.timing import summarize
 
-    return {**summarize(samples).model_dump(), "samples_us": list(samples)}
+    return summarize(samples, keep=True)
 
 
 def _t(us, drift=(1.0,) * 5):
-    """A timing dict whose repetitions took us x each drift factor."""
+    """A Timing whose repetitions took us x each drift factor."""
     return _s([us * d for d in drift])
 
 
+def _row(task="k8_gemm_swiglu", configs=None, gemm_cublas=None, **timed):
+    """A bench row from timings, by the one factory (eval.bench_rows.BenchRow.measured);
+    configs: {key: {what: Timing}}."""
+    from eval.bench_rows import BenchRow, ConfigTimings
+
+    return BenchRow.measured(task=task, shape="1B", dims={"M": 16384, "d": 2048, "F": 5632},
+                             gemm_mnk=(16384, 11264, 2048), flops=1.0, min_bytes=1.0,
+                             configs={k: ConfigTimings(**v) for k, v in (configs or {}).items()},
+                             gemm_cublas=gemm_cublas or _t(1000.0), **timed)
+
+
+def _write(path, rows, environment=None):
+    from bench.gpu_env import write_report
+    from eval.bench_rows import BenchReport
+
+    write_report(path, BenchReport(environment=environment or {}, rows=rows))
+    return str(path)
+
+
 def _sweep(tmp_path):
-    rows = [{
-        "task": "k8_gemm_swiglu", "shape": "1B", "gemm_mnk": [16384, 11264, 2048], "gemm_cublas": _t(100.0),
-        "configs": {
-            "128x192_c2x1_pp": {"fused": _t(110.0), "gemm_quack": _t(98.0)},
-            "128x128_c1x2_pp": {"fused": _t(104.0), "gemm_quack": _t(101.0)},
-            "256x192_c1x2": {"fused_error": "RuntimeError: does not fit"},
-        },
-    }, {
-        "task": "k2_gemm_rmsnorm_swiglu", "shape": "1B", "gemm_mnk": [16384, 11264, 2048], "gemm_cublas": _t(100.0),
-        "configs": {
-            "128x192_c2x1_pp": {"fused": _t(101.0), "gemm_quack": _t(99.0), "quack_library": _t(120.0)},
-            "128x96_c2x1_pp": {"fused": _t(130.0), "gemm_quack": _t(99.0), "quack_library": _t(105.0)},
-        },
-    }]
-    f = tmp_path / "sweep.json"
-    f.write_text(json.dumps({"rows": rows}))
-    return str(f)
+    rows = [_row("k8_gemm_swiglu", gemm_cublas=_t(100.0), configs={
+        "128x192_c2x1_pp": {"fused": _t(110.0), "gemm_quack": _t(98.0)},
+        "128x128_c1x2_pp": {"fused": _t(104.0), "gemm_quack": _t(101.0)},
+        "256x192_c1x2": {"errors": {"fused": "RuntimeError: does not fit"}},
+    }), _row("k2_gemm_rmsnorm_swiglu", gemm_cublas=_t(100.0), configs={
+        "128x192_c2x1_pp": {"fused": _t(101.0), "gemm_quack": _t(99.0), "quack_library": _t(120.0)},
+        "128x96_c2x1_pp": {"fused": _t(130.0), "gemm_quack": _t(99.0), "quack_library": _t(105.0)},
+    })]
+    return _write(tmp_path / "sweep.json", rows)
 
 
 def test_best_config_is_the_lowest_ratio_to_the_fastest_gemm(tmp_path):
@@ -79,38 +90,32 @@ def test_written_tables_are_what_pick_config_reads(tmp_path):
 
 
 def test_speed_of_light_is_the_fastest_plain_gemm_measured():
-    from bench.run import _ratios
-
-    row = {"fused": _t(110.0), "gemm_cublas": _t(120.0), "gemm_quack": _t(105.0), "gemm_quack_best": _t(100.0),
-           "torch_compile": _t(150.0), "quack_library": _t(121.0)}
-    _ratios(row)
-    assert row["gemm_only_us"] == 100.0 and abs(row["fused_over_gemm_only"] - 1.1) < 1e-12
-    assert abs(row["fraction_of_bound"] - (150 / 110) / (150 / 100)) < 1e-12
-    assert abs(row["speedup_vs_quack_library"] - 1.1) < 1e-12
-    del row["gemm_quack_best"]
-    _ratios(row)
-    assert row["gemm_only_us"] == 105.0 and row["gemm_only_is"] == "gemm_quack"
+    row = _row(configs={"c": {"fused": _t(110.0), "gemm_quack": _t(105.0), "quack_library": _t(121.0)}},
+               gemm_cublas=_t(120.0), gemm_quack_candidates={"best": _t(100.0)}, torch_compile=_t(150.0))
+    assert row.gemm_only_us == 100.0 and row.gemm_only_is == "gemm_quack_best"
+    assert abs(row.fused_over_gemm_only - 1.1) < 1e-12
+    assert abs(row.fraction_of_bound - (150 / 110) / (150 / 100)) < 1e-12
+    assert abs(row.speedup_vs_quack_library - 1.1) < 1e-12
+    row = _row(configs={"c": {"fused": _t(110.0), "gemm_quack": _t(105.0)}}, gemm_cublas=_t(120.0))
+    assert row.gemm_only_us == 105.0 and row.gemm_only_is == "gemm_quack"
 
 
 def test_ratios_are_taken_repetition_by_repetition():
-    from bench.run import _ratios
-
     # the clock falls during the run; the fused kernel ran at the slow end of each repetition's
     # drift as often as the GEMM did, 10% slower than it in every repetition
     drift = (1.0, 1.1, 1.2, 1.3, 1.4)
-    row = {"fused": _t(110.0, drift), "gemm_quack": _t(100.0, drift), "torch_compile": _t(150.0, drift)}
-    _ratios(row)
-    assert abs(row["fused_over_gemm_only"] - 1.1) < 1e-12 and abs(row["fused_over_gemm_only_iqr"][1] - 1.1) < 1e-12
-    assert abs(row["speedup_vs_compile"] - 150 / 110) < 1e-12 and abs(row["fraction_of_bound"] - 1 / 1.1) < 1e-12
+    row = _row(configs={"c": {"fused": _t(110.0, drift), "gemm_quack": _t(100.0, drift)}},
+               gemm_cublas=_t(120.0, drift), torch_compile=_t(150.0, drift))
+    assert abs(row.fused_over_gemm_only - 1.1) < 1e-12 and abs(row.fused_over_gemm_only_iqr[1] - 1.1) < 1e-12
+    assert abs(row.speedup_vs_compile - 150 / 110) < 1e-12 and abs(row.fraction_of_bound - 1 / 1.1) < 1e-12
     # paired against a GEMM whose drift ran the other way, the ratios spread around the same median
-    row = {"fused": _t(110.0, drift), "gemm_quack": _t(100.0, drift[::-1])}
-    _ratios(row)
-    lo, hi = row["fused_over_gemm_only_iqr"]
-    assert lo < 1.0 and hi > 1.3 and abs(row["fused_over_gemm_only_of_medians"] - 1.1) < 1e-12
+    row = _row(configs={"c": {"fused": _t(110.0, drift), "gemm_quack": _t(100.0, drift[::-1])}},
+               gemm_cublas=_t(120.0, drift[::-1]))
+    lo, hi = row.fused_over_gemm_only_iqr
+    assert lo < 1.0 and hi > 1.3 and abs(row.fused_over_gemm_only_of_medians - 1.1) < 1e-12
     # where the two disagree, the per-repetition ratio is the one reported
-    row = {"fused": _s(PAIRED_SLOWER), "gemm_cublas": _s(CLOCK)}
-    _ratios(row)
-    assert row["fused_over_gemm_only_of_medians"] == 1.0 and abs(row["fused_over_gemm_only"] - 1.1) < 1e-12
+    row = _row(configs={"c": {"fused": _s(PAIRED_SLOWER)}}, gemm_cublas=_s(CLOCK))
+    assert row.fused_over_gemm_only_of_medians == 1.0 and abs(row.fused_over_gemm_only - 1.1) < 1e-12
 
 
 # a GEMM whose clock wanders over five repetitions, and two kernels: one 5% slower than it in
@@ -123,63 +128,66 @@ PAIRED_SLOWER = [99.0, 104.5, 110.0, 90.0, 100.0]
 
 
 def test_configs_are_ranked_repetition_by_repetition():
-    from bench.run import fastest_fused
-
-    row = {"gemm_cublas": _s(CLOCK), "configs": {"a": {"fused": _s(PAIRED_FASTER)}, "b": {"fused": _s(PAIRED_SLOWER)}}}
-    assert row["configs"]["b"]["fused"]["median_us"] < row["configs"]["a"]["fused"]["median_us"]
-    assert fastest_fused(row, 2) == ["a", "b"]
-    for t in [row["gemm_cublas"]] + [c["fused"] for c in row["configs"].values()]:
-        t["samples_us"] = []  # a file from before samples were kept: by median time
-    assert fastest_fused(row, 2) == ["b", "a"]
+    row = _row(configs={"a": {"fused": _s(PAIRED_FASTER)}, "b": {"fused": _s(PAIRED_SLOWER)}}, gemm_cublas=_s(CLOCK))
+    assert row.configs["b"].fused.median_us < row.configs["a"].fused.median_us
+    assert row.fastest_configs("fused", 2) == ["a", "b"] and row.best_config == "a"
+    bare = row.model_copy(update={  # a file from before samples were kept: by median time
+        "gemm_cublas": row.gemm_cublas.model_copy(update={"samples_us": []}),
+        "configs": {k: c.model_copy(update={"fused": c.fused.model_copy(update={"samples_us": []})})
+                    for k, c in row.configs.items()}})
+    assert bare.fastest_configs("fused", 2) == ["b", "a"]
 
 
 def test_chain_gemm_only_adds_the_two_gemms_repetition_by_repetition():
-    from bench.chain import chain_ratios
-    from eval.timing import Timing
+    from eval.bench_rows import ChainRow
 
     k7, k6 = [60.0, 50.0, 60.0, 50.0, 60.0], [40.0, 50.0, 40.0, 50.0, 40.0]  # 100 us together in every repetition
-    timed = {name: Timing(**_s(v)) for name, v in {
+    timed = {name: _s(v) for name, v in {
         "k7_gemm@cublas": [x * 1.1 for x in k7], "k7_gemm@128x128": k7,
         "k6_gemm@cublas": [x * 1.2 for x in k6], "k6_gemm@128x128": k6,
         "fused": [110.0] * 5, "torch_compile": [150.0] * 5}.items()}
-    r = chain_ratios(timed)
-    assert r["gemm_only_us"] == 100.0 and abs(r["fused_over_gemm_only"] - 1.1) < 1e-12
-    assert r["fused_over_gemm_only_iqr"] == [pytest.approx(1.1)] * 2  # per-repetition sums: no spread
-    assert abs(r["bound"] - 1.5) < 1e-12 and abs(r["speedup_vs_compile"] - 150 / 110) < 1e-12
+    r = ChainRow.measured(shape="1B", dims={"M": 5}, configs={"k7": "a", "k6": "b"}, timings=timed,
+                          max_rel_diff_fused_vs_compiled={"dz": 0.0})
+    assert r.gemm_only_us == 100.0 and abs(r.fused_over_gemm_only - 1.1) < 1e-12
+    assert r.fused_over_gemm_only_iqr == (pytest.approx(1.1),) * 2  # per-repetition sums: no spread
+    assert abs(r.bound - 1.5) < 1e-12 and abs(r.speedup_vs_compile - 150 / 110) < 1e-12
+
+
+ENV = {k: "x" for k in ("gpu", "command", "date", "torch", "cuda", "nvidia-cutlass-dsl", "quack-kernels", "triton",
+                        "driver", "python")}
 
 
 def test_rederive_recomputes_ratios_from_samples_and_refuses_files_without(tmp_path):
     from bench.report import main as report_main
 
-    row = {"task": "k8_gemm_swiglu", "shape": "1B", "best_config": "c", "fused": _s(PAIRED_SLOWER),
-           "gemm_cublas": _s(CLOCK), "gemm_quack": _s([x * 1.2 for x in CLOCK]), "fused_over_gemm_only": 1.0}
-    env = {k: "x" for k in ("gpu", "command", "date", "torch", "cuda", "nvidia-cutlass-dsl", "quack-kernels",
-                            "triton", "driver", "python")}
-    f = tmp_path / "final.json"
-    f.write_text(json.dumps({"environment": env, "rows": [row]}))
-    assert report_main([str(f), "--rederive", "--out", str(tmp_path / "README.md")]) == 0
-    again = json.loads(f.read_text())
+    row = _row(configs={"c": {"fused": _s(PAIRED_SLOWER), "gemm_quack": _s([x * 1.2 for x in CLOCK])}},
+               gemm_cublas=_s(CLOCK))
+    f = _write(tmp_path / "final.json", [row], ENV)
+    stale = json.loads(Path(f).read_text())
+    stale["rows"][0]["fused_over_gemm_only"] = 1.0  # as an older definition left it
+    Path(f).write_text(json.dumps(stale))
+    assert report_main([f, "--rederive", "--out", str(tmp_path / "README.md")]) == 0
+    again = json.loads(Path(f).read_text())
     assert abs(again["rows"][0]["fused_over_gemm_only"] - 1.1) < 1e-12 and "rederived" in again
     assert "| 1.100 (" in (tmp_path / "README.md").read_text()
-    row["gemm_quack"]["samples_us"] = []
-    f.write_text(json.dumps({"environment": env, "rows": [row]}))
+    for where in (stale["rows"][0], stale["rows"][0]["configs"]["c"]):
+        where["gemm_quack"]["samples_us"] = []  # a file from before samples were kept
+    Path(f).write_text(json.dumps(stale))
     with pytest.raises(SystemExit) as e:
-        report_main([str(f), "--rederive"])
-    assert e.value.code == 2 and json.loads(f.read_text())["rows"][0]["fused_over_gemm_only"] == 1.0  # untouched
+        report_main([f, "--rederive"])
+    assert e.value.code == 2 and json.loads(Path(f).read_text())["rows"][0]["fused_over_gemm_only"] == 1.0  # untouched
 
 
 def test_diagnostics_are_reported_against_the_same_speed_of_light():
     from bench.report import markdown
-    from bench.run import _ratios
+    from eval.bench_rows import BenchReport
 
-    row = {"task": "k7_gemm_partial_swiglu_bwd", "shape": "1B", "best_config": "128x128_c1x2_pp",
-           "fused": _t(130.0), "gemm_cublas": _t(110.0), "gemm_quack": _t(100.0),
-           "diagnostics": {"without_zdz": {"note": "no ZdZ", "config": "128x128_c1x2_pp", **_t(115.0)}}}
-    _ratios(row)
-    assert abs(row["diagnostics"]["without_zdz"]["over_gemm_only"] - 1.15) < 1e-12
-    env = {k: "x" for k in ("gpu", "command", "date", "torch", "cuda", "nvidia-cutlass-dsl", "quack-kernels",
-                            "triton", "driver", "python")}
-    text = markdown([{"environment": env, "rows": [row]}])
+    row = _row("k7_gemm_partial_swiglu_bwd", gemm_cublas=_t(110.0), diagnostic_notes={"without_zdz": "no ZdZ"},
+               configs={"128x128_c1x2_pp": {"fused": _t(130.0), "gemm_quack": _t(100.0),
+                                            "diagnostics": {"without_zdz": _t(115.0)}}})
+    d = row.diagnostics["without_zdz"]
+    assert abs(d.over_gemm_only - 1.15) < 1e-12 and d.config == "128x128_c1x2_pp" and d.median_us == 115.0
+    text = markdown([BenchReport(environment=ENV, rows=[row])])
     assert "without_zdz (no ZdZ) at 128x128_c1x2_pp: 1.150 of GEMM-only, the kernel 1.300" in text
     assert "| 128x128_c1x2_pp | 1.300 (1.300-1.300) |" in text  # the per-repetition ratios' quartiles
 
@@ -199,10 +207,12 @@ def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):
     """--configs-from --top N re-times a row at its sweep's N fastest fused configs (those
     that ran), fastest first; --top without --configs-from is refused before any GPU work."""
     from bench import run
+    from eval.bench_rows import load_report
 
-    rows = json.loads(Path(_sweep(tmp_path)).read_text())["rows"]
-    assert run.fastest_fused(rows[0], 3) == ["128x128_c1x2_pp", "128x192_c2x1_pp"]
-    assert run.fastest_fused(rows[1], 1) == ["128x192_c2x1_pp"]
+    rows = load_report(_sweep(tmp_path)).rows
+    assert rows[0].fastest_configs("fused", 3) == ["128x128_c1x2_pp", "128x192_c2x1_pp"]
+    assert rows[1].fastest_configs("fused", 1) == ["128x192_c2x1_pp"]
+    assert rows[0].configs["256x192_c1x2"].errors == {"fused": "RuntimeError: does not fit"}
     with pytest.raises(SystemExit):
         run.main(["--top", "3", "--out", str(tmp_path / "x.json")])
 
@@ -210,13 +220,12 @@ def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):
 def test_library_pick_names_the_config_the_library_ran_at(tmp_path):
     """In a confirmation run the library runs once, at its own config, recorded beside the
     fused kernel's first config: its TUNED entry must name the library's config."""
-    row = {"task": "k2_gemm_rmsnorm_swiglu", "shape": "1B", "gemm_mnk": [16384, 11264, 2048],
-           "gemm_cublas": _t(100.0), "gemm_quack_best": _t(95.0),
-           "configs": {"128x128_c1x2_pp": {"fused": _t(99.0), "gemm_quack": _t(97.0), "quack_library": _t(98.0),
-                                           "quack_library_config": "128x96_c2x1_pp"},
-                       "128x160_c1x2_pp": {"fused": _t(101.0), "gemm_quack": _t(99.0)}}}
-    f = tmp_path / "confirm.json"
-    f.write_text(json.dumps({"rows": [row]}))
+    row = _row("k2_gemm_rmsnorm_swiglu", gemm_cublas=_t(100.0), gemm_quack_candidates={"128x96_c2x1_pp": _t(95.0)},
+               configs={"128x128_c1x2_pp": {"fused": _t(99.0), "gemm_quack": _t(97.0), "quack_library": _t(98.0),
+                                            "quack_library_config": "128x96_c2x1_pp"},
+                        "128x160_c1x2_pp": {"fused": _t(101.0), "gemm_quack": _t(99.0)}})
+    assert row.quack_library_config == "128x96_c2x1_pp"
+    f = _write(tmp_path / "confirm.json", [row])
     lib = tuning.best_configs([str(f)], "quack_library")["k2_gemm_rmsnorm_swiglu"]["16384x11264x2048"]
     assert lib[0] == "128x96_c2x1_pp" and lib[1] == pytest.approx(98.0 / 95.0)  # against the fastest plain GEMM
     fused = tuning.best_configs([str(f)])["k2_gemm_rmsnorm_swiglu"]["16384x11264x2048"]
@@ -235,7 +244,8 @@ def test_h200_pipeline_script_parses_and_refuses_unknown_steps():
 def test_result_files_keep_each_list_of_samples_on_one_line():
     from bench.gpu_env import report_json
 
-    report = {"rows": [{"fused": _t(110.0, (1.0, 1.25, 0.5)), "configs": {"128x128": {}}, "names": ["a", "b"]}],
+    report = {"rows": [{"fused": _t(110.0, (1.0, 1.25, 0.5)).model_dump(), "configs": {"128x128": {}},
+                        "names": ["a", "b"]}],
               "nested": [[1, -2.5e-05], []]}
     text = report_json(report)
     assert json.loads(text) == report
@@ -245,22 +255,22 @@ def test_result_files_keep_each_list_of_samples_on_one_line():
 
 def test_a_library_that_does_less_is_compared_with_the_kernel_minus_that_work():
     from bench.report import _verdict
-    from bench.run import _ratios
 
     k6 = "k6_gemm_residual_partial_rmsnorm_bwd"  # quack's rms_bwd_apply_epi does not store h
-    row = {"task": k6, "fused": _t(104.0), "gemm_quack": _t(100.0), "quack_library": _t(101.0),
-           "diagnostics": {"without_h": {"note": "no h", "config": "c", **_t(101.5)}}}
-    _ratios(row)
-    assert abs(row["speedup_vs_quack_library"] - 101 / 104) < 1e-12
-    assert row["quack_library_like_for_like"] == "without_h"
-    assert abs(row["speedup_vs_quack_library_like_for_like"] - 101 / 101.5) < 1e-12
-    assert _verdict(row) == "met"
-    slower = {**row, "diagnostics": {"without_h": {"note": "no h", "config": "c", **_t(104.0)}}}
-    _ratios(slower)
-    assert _verdict(slower) == "MISSED: 0.97x of quack's library epilogue"
-    alone = {k: v for k, v in row.items() if not k.startswith(("diagnostics", "quack_library_like", "speedup_vs_quack_library_like"))}
-    _ratios(alone)  # no diagnostic timed: the kernel itself is compared
-    assert "quack_library_like_for_like" not in alone and _verdict(alone) == "MISSED: 0.97x of quack's library epilogue"
+
+    def row(without_h_us, like_for_like="without_h"):
+        return _row(k6, gemm_cublas=_t(120.0), diagnostic_notes={"without_h": "no h"}, like_for_like=like_for_like,
+                    configs={"c": {"fused": _t(104.0), "gemm_quack": _t(100.0), "quack_library": _t(101.0),
+                                   "diagnostics": {"without_h": _t(without_h_us)}}})
+
+    r = row(101.5)
+    assert abs(r.speedup_vs_quack_library - 101 / 104) < 1e-12
+    assert r.quack_library_like_for_like == "without_h"
+    assert abs(r.speedup_vs_quack_library_like_for_like - 101 / 101.5) < 1e-12
+    assert _verdict(r) == "met"
+    assert _verdict(row(104.0)) == "MISSED: 0.97x of quack's library epilogue"
+    alone = row(101.5, like_for_like=None)  # no like-for-like diagnostic: the kernel itself is compared
+    assert alone.quack_library_like_for_like is None and _verdict(alone) == "MISSED: 0.97x of quack's library epilogue"
 
 
 def test_check_says_where_the_tables_differ_from_the_data_and_by_how_much(tmp_path, monkeypatch):
@@ -288,14 +298,14 @@ def test_ratios_lists_every_config_fastest_first(tmp_path, capsys):
 
 def test_a_file_that_is_not_a_result_is_one_line_before_any_gpu_work(tmp_path, capsys):
     from bench import report, run
-    from bench.gpu_env import read_report
+    from eval.bench_rows import load_report
 
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"rows": 3}')
     (tmp_path / "chain.json").write_text('{"rows": [{"shape": "1B"}]}')
     for name, says in (("missing.json", "cannot read it"), ("broken.json", "not JSON"), ("other.json", "not a result file")):
         with pytest.raises(ValueError, match=says):
-            read_report(tmp_path / name)
+            load_report(tmp_path / name)
     for main, argv, says in ((tuning.main, [str(tmp_path / "chain.json")], "not a bench.run result"),
                              (tuning.main, [str(tmp_path / "missing.json"), "--check"], "cannot read it"),
                              (run.main, ["--configs-from", str(tmp_path / "broken.json"), "--out", str(tmp_path / "x")],

@@ -8,6 +8,7 @@ from bench import compare_export
 from eval import leaderboard as lb
 from eval.machine import REPO
 from eval.result import Result
+from eval.bench_rows import load_report
 from eval.store import ResultStore
 
 
@@ -36,9 +37,51 @@ def test_stores_become_one_result_per_task_and_kernel(tmp_path):
 
 
 def test_agreement_pairs_each_expert_row_with_the_bench_files():
-    final = json.loads((REPO / "bench" / "results" / "h200" / "final.json").read_text())
-    rows = compare_export.agreement(lb.load_shipped(), final)
-    bench = {(r["task"], r["shape"]): r for r in final["rows"]}
+    raw = json.loads((REPO / "bench" / "results" / "h200" / "final.json").read_text())
+    rows = compare_export.agreement(lb.load_shipped(), load_report(REPO / "bench" / "results" / "h200" / "final.json"))
+    bench = {(r["task"], r["shape"]): r for r in raw["rows"]}
     assert len(rows) == len(bench)  # every bench row has its compare row
-    for task, shape, ours, theirs, cublas, fused in rows:
-        assert theirs == bench[(task, shape)]["fused_over_gemm_only"] and ours > 0 and cublas > 0 and fused > 0
+    for a in rows:
+        assert a.bench == bench[(a.task, a.shape)]["fused_over_gemm_only"] and a.compare > 0 and a.cublas > 0
+        assert a.fused > 0 and a.bench_clocks is None  # final.json predates the clock sampler
+
+
+def test_same_session_shows_both_harnesses_clocks(tmp_path):
+    """--same-session: the SM clock and power-capped share each harness's timed phase saw,
+    from the Results' and the bench file's own timings."""
+    from bench.gpu_env import write_report
+    from eval.clocks import ClockReading, summarize_readings
+
+    shipped = [r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert"]
+    judge = summarize_readings([ClockReading(1755.0, 690_000.0, 60.0, 0x0), ClockReading(1785.0, 700_000.0, 61.0, 0x0)])
+    bench = summarize_readings([ClockReading(1590.0, 700_000.0, 66.0, 0x4)] * 3 + [ClockReading(1650.0, 600_000.0, 66.0, 0)])
+
+    def with_clocks(t, c):
+        return t.model_copy(update={"clocks": c})
+
+    store = ResultStore(tmp_path / "a.sqlite")
+    for r in shipped:
+        shapes = [s.model_copy(update={"timing": s.timing.model_copy(update={
+            "kernel": with_clocks(s.timing.kernel, judge),
+            "baselines": {n: with_clocks(b, judge) for n, b in s.timing.baselines.items()}})}) if s.timing else s
+            for s in r.per_shape]
+        store.add(r.model_copy(update={"per_shape": shapes, "kernel": str(REPO / r.kernel)}))
+    final = load_report(REPO / "bench" / "results" / "h200" / "final.json")
+    rows = []
+    for row in final.rows:
+        if row.task != "k8_gemm_swiglu":
+            continue
+        configs = {k: c.model_copy(update={"fused": with_clocks(c.fused, bench) if c.fused else None})
+                   for k, c in row.configs.items()}
+        rows.append(row.model_copy(update={"configs": configs, "fused": with_clocks(row.fused, bench)}))
+    write_report(tmp_path / "bench.json", final.model_copy(update={"rows": rows}))
+    md = tmp_path / "r.md"
+    argv = [str(tmp_path / "a.sqlite"), "--commit", "c1", "--command", "x", "--jsonl", str(tmp_path / "r.jsonl"),
+            "--markdown", str(md), "--bench", str(tmp_path / "bench.json")]
+    assert compare_export.main(argv + ["--same-session"]) == 0
+    table = [line for line in md.read_text().splitlines() if line.startswith("| k8_gemm_swiglu |")]
+    assert len(table) == 3  # 1B, 7B, 70B
+    for line in table:
+        assert line.endswith("| 1770 (1755-1785) | 1590 (1590-1650) | 0% | 75% |"), line
+    assert compare_export.main(argv) == 0  # runs apart: no clock columns
+    assert "SM MHz" not in md.read_text()

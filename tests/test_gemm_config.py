@@ -131,10 +131,12 @@ def test_bench_config_args_take_keys_and_the_early_c_set():
     # the identity GEMM timed beside a fused kernel loads no C: the same config, less the flag
     assert P.GemmConfig.parse("128x128_c1x2_pp_cs5_ec").for_plain_gemm().key() == "128x128_c1x2_pp_cs5"
     from bench.run import fastest_gemms
+    from eval.bench_rows import BenchRow, ConfigTimings
     from eval.timing import summarize
 
-    timing = {**summarize([1.0] * 5).model_dump(), "samples_us": [1.0] * 5}
-    row = {"gemm_cublas": timing, "configs": {"128x128_c1x2_pp_cs5_ec": {"gemm_quack": timing}}}
+    timing = summarize([1.0] * 5, keep=True)
+    row = BenchRow.measured(task="k0", shape="1B", dims={"M": 1}, gemm_mnk=(1, 1, 1), flops=1, min_bytes=1,
+                            gemm_cublas=timing, configs={"128x128_c1x2_pp_cs5_ec": ConfigTimings(gemm_quack=timing)})
     assert fastest_gemms(row) == ["128x128_c1x2_pp_cs5"]  # what a sweep of early configs gives as GEMM-only
 
 

@@ -80,8 +80,10 @@ def test_the_bench_files_numbers_import_as_results():
     evaluator's own factory recomputed from the samples, equal to the file's."""
     from bench.import_results import results_from
 
+    from eval.bench_rows import load_report
+
     final = json.loads((REPO / "bench" / "results" / "h200" / "final.json").read_text())
-    imported = results_from(final, None, "final.json")
+    imported = results_from(load_report(REPO / "bench" / "results" / "h200" / "final.json"), None, "final.json")
     assert sorted(tasks.id_of(r.task) for r in imported) == sorted(tasks.CODA_TASKS)
     for row in final["rows"]:
         (r,) = [x for x in imported if x.task == row["task"]]

@@ -34,6 +34,9 @@ def test_expert_kernel_passes_on_the_gpu(task):
         assert 0 < over.q1 <= over.median <= over.q3 and over.ci_low <= over.median <= over.ci_high
         assert t.kernel.samples_us == [] and t.roofline["floor_us"] < t.kernel.median_us
         assert t.wall_check["ok"] and t.checked_calls >= 1
+        # the judge sampled the GPU's clocks through the timed phase (eval/clocks.py)
+        assert t.kernel.clocks.absent is None and t.kernel.clocks.sm_mhz_median > 500
+        assert t.baselines["cublas"].clocks == t.kernel.clocks
 
 
 @pytest.mark.slow

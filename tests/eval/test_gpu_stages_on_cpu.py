@@ -61,6 +61,9 @@ def test_an_expert_kernel_goes_through_every_stage(tmp_path):
     assert over.q1 <= over.median <= over.q3 and over.ci_low <= over.median <= over.ci_high
     assert t.fraction_of_speed_of_light == pytest.approx(1 / over.median)
     assert t.kernel.samples_us == []  # results stay small: the summary only
+    # no GPU clock on the host's clock: every timing of the phase says so, none invents a number
+    assert t.kernel.clocks.absent == "timed on the host's clock: no GPU" and t.kernel.clocks.sm_mhz_median is None
+    assert all(b.clocks == t.kernel.clocks for b in t.baselines.values())
     assert t.wall_check["round_trip_us"] > 0 and t.checked_calls >= 1
     assert t.roofline["floor_us"] > 0 and res.launches[0].startswith("gemm:")
     # the speed of light: the fastest plain GEMM timed, quack's at the kernel's own config among them

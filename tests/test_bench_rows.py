@@ -1,0 +1,79 @@
+"""eval/bench_rows.py: bench/'s result rows as models. Every committed bench.run and bench.chain
+file under bench/results/h200 loads (earlier layouts migrated), keeps its numbers, and the
+factory derives the rederived files' ratios again from their samples; the schema refuses rows
+whose parts disagree."""
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from eval.bench_rows import BenchReport, BenchRow, ChainReport, load_report
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200"
+
+
+def _made_by(raw: dict) -> str:
+    """The module a result file says made it (its environment's command)."""
+    return ((raw.get("environment") or {}).get("command") or "").removeprefix("python -m ").split(" ")[0]
+
+
+COMMITTED = {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+ROWS_FILES = {name: raw for name, raw in COMMITTED.items() if _made_by(raw) in ("bench.run", "bench.chain")}
+
+
+def test_there_are_bench_files_of_both_kinds():
+    assert {_made_by(raw) for raw in ROWS_FILES.values()} == {"bench.run", "bench.chain"}
+
+
+@pytest.mark.parametrize("name", sorted(ROWS_FILES))
+def test_every_committed_file_loads_with_its_numbers(name):
+    raw = ROWS_FILES[name]
+    report = load_report(RESULTS / name)
+    assert isinstance(report, ChainReport if _made_by(raw) == "bench.chain" else BenchReport)
+    assert len(report.rows) == len(raw["rows"]) and report.environment == raw["environment"]
+    for row, old in zip(report.rows, raw["rows"]):
+        assert row.fused_over_gemm_only == old.get("fused_over_gemm_only") and row.shape == old["shape"]
+        if isinstance(row, BenchRow):
+            # the earlier layout's "diag_<name>" and "<what>_error" keys land under diagnostics and errors
+            for key, entry in old["configs"].items():
+                cfg = row.configs[key]
+                assert {f"diag_{n}" for n in cfg.diagnostics} == {k for k in entry if k.startswith("diag_")}
+                assert {f"{w}_error" for w in cfg.errors} == {k for k in entry if k.endswith("_error")}
+                assert (cfg.fused and cfg.fused.median_us) == (entry.get("fused") or {}).get("median_us")
+            assert {f"{w}_error" for w in row.errors} == {k for k in old if k.endswith("_error")}
+
+
+@pytest.mark.parametrize("name", ["final.json", "final-2.json"])
+def test_the_factory_derives_the_rederived_files_ratios_again(name):
+    """final.json and final-2.json (what the README and the leaderboard's import quote) were
+    rederived from their samples: the factory, run again on them, gives every ratio back."""
+    from bench.quack_library import LIKE_FOR_LIKE
+
+    report = load_report(RESULTS / name)
+    assert report.rederived and all(r.fused is not None for r in report.rows)
+    for row in report.rows:
+        again = row.rederived(LIKE_FOR_LIKE.get(row.task))
+        assert again == row, f"{row.task} {row.shape}"
+
+
+def test_rows_whose_parts_disagree_are_refused():
+    raw = json.loads(json.dumps(COMMITTED["confirm.json"]["rows"][0]))  # three configs, torch.compile timed
+    BenchRow.model_validate(raw)
+    other = next(k for k in raw["configs"] if k != raw["best_config"])
+    for broken in ({**raw, "best_config": other},                                  # fused is not the one at that config
+                   {**raw, "gemm_only_is": "liger"},                                # not a plain GEMM
+                   {**raw, "gemm_only_us": raw["gemm_only_us"] * 2},                # not the speed of light's median
+                   {k: v for k, v in raw.items() if k != "torch_compile"},          # a speedup without its baseline
+                   {**raw, "fused_over_gemm_only": -1.0},                           # a ratio is positive
+                   {**raw, "surprise": 1}):                                         # no field the schema does not name
+        with pytest.raises(ValidationError):
+            BenchRow.model_validate(broken)
+
+
+def test_a_file_of_other_rows_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match=r"check.json: not a bench.run result \(rows.0"):
+        load_report(RESULTS / "check.json")
+    with pytest.raises(ValueError, match="not a bench.run result .its rows are bench.chain's"):
+        load_report(RESULTS / "chain.json", BenchReport)
