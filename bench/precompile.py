@@ -5,7 +5,7 @@ smoke-shaped inputs describe them fully.
 
     .venv/bin/python -m bench.precompile [--tasks k0 k3] [--configs 0 1]
     .venv/bin/python -m bench.precompile --tasks k0 k7 --configs early-c --parts kernels gemm
-    .venv/bin/python -m bench.precompile --tuned --parts kernels library gemm
+    .venv/bin/python -m bench.precompile --tuned --parts kernels library gemm training
 
 --tuned compiles only what the paper shapes run: each expert kernel (and library
 alternative) at the configs of its own TUNED table and the default, the GEMM-only baseline
@@ -45,15 +45,41 @@ def _drop_stale(cache: Path) -> None:
             print(f"removed stale objects {folder.name[:12]}", flush=True)
 
 
+def _training_epilogues() -> int:
+    """The training ops' own epilogues (training/model_ops.py), at the configs they pick
+    (k5's TUNED table and the default); returns the failures."""
+    import torch
+
+    from eval.kernel import expert_kernel, load_kernel_module
+    from primitives.config import DEFAULT_CONFIG, GemmConfig
+    from training import model_ops
+
+    k5 = load_kernel_module(expert_kernel(model_ops.K5))
+    configs = {c: GemmConfig.parse(c) for c in k5.TUNED.values()} | {DEFAULT_CONFIG.key(): DEFAULT_CONFIG}
+    h, w, rows = torch.zeros(256, 64, dtype=torch.bfloat16), torch.zeros(512, 64, dtype=torch.bfloat16), torch.ones(256)
+    failures = 0
+    for key, cfg in configs.items():
+        t0 = time.monotonic()
+        try:
+            model_ops.lm_head_ce_backward_epilogue()(h, w, rstd=rows, lse=rows, dloss=rows,
+                                                     targets=torch.zeros(256, dtype=torch.int64), config=cfg)
+            ok = "ok"
+        except Exception as e:
+            failures += 1
+            ok = f"FAILED {type(e).__name__}: {str(e).splitlines()[-1][:300] if str(e) else ''}"
+        print(f"training lm_head_ce_backward {key}: {ok} ({time.monotonic() - t0:.1f} s)", flush=True)
+    return failures
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
     ap.add_argument("--configs", nargs="*", default=None,
                     help="indexes into bench.configs.CANDIDATES, config keys, or a bench.configs.CONFIG_SETS name "
                          "(early-c: the early C loads beside the same kernels without them)")
-    ap.add_argument("--parts", nargs="*", default=["kernels", "library", "diagnostics", "gemm"],
+    ap.add_argument("--parts", nargs="*", default=["kernels", "library", "diagnostics", "gemm", "training"],
                     help="what to compile: the expert kernels, quack's library alternatives and the diagnostics "
-                         "(bench.quack_library), the GEMM-only baseline")
+                         "(bench.quack_library), the GEMM-only baseline, the training ops' own epilogues")
     ap.add_argument("--tuned", action="store_true",
                     help="only the configs the TUNED tables and the speed-of-light table name (see the docstring)")
     args = ap.parse_args(argv)
@@ -154,6 +180,8 @@ def main(argv=None) -> int:
                 except Exception as e:
                     failures += 1
                     print(f"mainloop float32 GEMM: FAILED {type(e).__name__}: {e}", flush=True)
+    if "training" in args.parts:
+        failures += _training_epilogues()
     _drop_stale(CACHE_DIR)
     (CACHE_DIR / "compile_log.json").write_text(json.dumps(lowering.COMPILE_LOG, indent=1))
     print(f"{len(lowering.COMPILE_LOG)} compiles, {failures} failures; cache in {CACHE_DIR}")

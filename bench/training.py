@@ -184,7 +184,7 @@ def _kind(name: str) -> str:
     return next((kind for kind, pattern in KINDS if pattern.search(name)), "rest")
 
 
-def profile_breakdown(fn: Callable[[], object], top: int = 12) -> Breakdown:
+def profile_breakdown(fn: Callable[[], object], top: int = 40) -> Breakdown:
     """The GPU kernels of one call of fn, by kind (KINDS), from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 

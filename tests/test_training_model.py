@@ -82,7 +82,7 @@ def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu(n_layers
 
 #: the fused GEMMs' epilogue names (primitives' trace) -> the expert kernel they belong to
 KERNEL_OF_EPILOGUE = {"rstd_rope_posfreq_epi": "k4hf", "rms_partial_epi": "k0", "rmsnorm_swiglu": "k2",
-                      "rmsnorm_cross_entropy": "k5", "row_scale": "k1", "rmsnorm_bwd": "k6",
+                      "rmsnorm_cross_entropy": "k5", "lm_head_ce_backward": "ce-bwd", "rmsnorm_bwd": "k6",
                       "dswiglu_dpreact_mod": "k7"}
 
 
@@ -107,7 +107,7 @@ def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward():
     with trace.recording() as backward:
         loss.backward()
     assert kernels(forward) == ["k4hf"] + ["k0", "k2", "k0", "k4hf"] * 2 + ["k0", "k2", "k0", "k5"]
-    assert kernels(backward) == ["k1", "k6"] + ["k7", "k6", "k6"] * 3
+    assert kernels(backward) == ["ce-bwd", "k6"] + ["k7", "k6", "k6"] * 3
 
 
 def _hf_style_model(sd, cfg, tokens, targets, positions):
@@ -278,3 +278,39 @@ def test_operands_that_do_not_fit_are_one_line():
 @pytest.mark.gpu
 def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu():
     _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda")
+
+
+def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):
+    """The LM head's logits recomputed with the softmax gradient in the epilogue (a training
+    op's own epilogue, no task's): it must build for the H200 too."""
+    log = sm90a_compile_log("from training.model_ops import lm_head_ce_backward_epilogue\n"
+                            "epi = lm_head_ce_backward_epilogue()\n",
+                            "h, w, r = torch.randn(256, 64).bfloat16(), torch.randn(512, 64).bfloat16(), torch.rand(256)\n"
+                            "epi(h, w, rstd=r, lse=r, dloss=r, targets=torch.zeros(256, dtype=torch.int64))\n")
+    assert [(e["epilogue"], e["ok"]) for e in log] == [("lm_head_ce_backward", True)], log
+
+
+def test_the_cross_entropy_backward_matches_autograd_of_the_loss():
+    """lm_head_loss_grads against torch.autograd of the same loss in float64: dlogits (seen
+    through dw_lm and dx), with targets on every column, the first and the last included."""
+    from training.model_ops import lm_head_loss_grads
+
+    torch.manual_seed(0)
+    m, v, d = 64, 96, 32
+    x = torch.randn(m, d).bfloat16()
+    w_lm, final_norm = (torch.randn(v, d) / d**0.5).bfloat16(), (1 + 0.1 * torch.randn(d)).bfloat16()
+    targets = torch.randint(0, v, (m,))
+    targets[:2] = torch.tensor([0, v - 1])
+    dloss = torch.rand(m) / m
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5)
+    h = (x.float() * final_norm.float()).bfloat16()
+    lse = torch.logsumexp((h.float() @ w_lm.float().T) * rstd[:, None], -1)
+    dx, dnorm, dw = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets)
+
+    x64, n64, w64 = (t.double().requires_grad_() for t in (x, final_norm, w_lm))
+    hn = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * n64
+    loss = torch.nn.functional.cross_entropy(hn @ w64.T, targets, reduction="none")
+    (loss * dloss.double()).sum().backward()
+    for name, got, want in (("dx", dx, x64.grad), ("dfinal_norm", dnorm, n64.grad), ("dw_lm", dw, w64.grad)):
+        err = (got.double() - want).norm() / want.norm()
+        assert err < 0.02, (name, float(err))

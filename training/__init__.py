@@ -14,7 +14,7 @@
               boundaries: embed_rmsnorm_qkv_rope (gather, torch norm, k4hf), decoder_block
               (k0, k2, k0 with the next layer's norm, k4hf / RoPE^-1, k6, k7, k6; with
               Qwen3's QK-norm qkn instead of k4hf, its backward in torch),
-              decoder_block_loss (k0, k2, k0 with the final norm, k5 / k1, torch CE backward,
+              decoder_block_loss (k0, k2, k0 with the final norm, k5 / the logits again with the CE backward in their epilogue,
               k6, k7, k6).
     model.py  LlamaModelConfig; FusedLlamaModel (embedding, N layers, final norm, LM head and
               mean cross-entropy from those ops); ReferenceLlamaModel (unfused, float32);

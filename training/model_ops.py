@@ -10,7 +10,9 @@ attention, a model of N layers is
                              k2 (gate/up + SwiGLU), k0 (down-proj + residual + layer i+1's
                              input norm), layer i+1's k4hf (QKV + row scale + RoPE)
     attention ... decoder_block_loss: the last layer's k0, k2, k0 with the final norm's
-                             weight, k5 (LM head + row scale + cross-entropy, no logits stored)
+                             weight, k5 (LM head + row scale + cross-entropy, no logits stored;
+                             backward: the logits recomputed with the softmax gradient in the
+                             same GEMM's epilogue)
 
 Why these boundaries (autograd correctness): every RMSNorm backward is k6, which needs the
 ZdZ row sums of the GEMM after the norm (k7's for the post-attention norm, the RoPE
@@ -33,6 +35,7 @@ statistic's eps breaks the scale invariance), and the QK-norm backward is torch
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -51,7 +54,6 @@ from training.ops import (
     residual_rmsnorm_kernel,
 )
 
-K1 = "k1_gemm_rmsnorm"
 K5 = "k5_gemm_rmsnorm_partial_cross_entropy"
 
 
@@ -293,10 +295,9 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
       forward   k0, k2, k0 with the final norm's weight (as in decoder_block), k5 (LM-head
                 GEMM + row scale + online log-sum-exp and target logit; the M x V logits never
                 reach memory).
-      backward  no expert kernel computes the cross-entropy backward: k1 recomputes the
-                logits (LM-head GEMM + row scale, bf16), torch gives dlogits = dloss *
-                (exp(logits - lse) - onehot(target)) and ZdZ = sum logits * dlogits per row;
-                then k6 with the LM-head weight in the gate/up weight's place (LM-head dgrad
+      backward  one GEMM recomputes the logits with the softmax gradient in its epilogue
+                (lm_head_loss_grads): dlogits = dloss * (exp(logits - lse) - onehot(target))
+                in bf16 and ZdZ = sum logits * dlogits per row; then k6 with the LM-head weight in the gate/up weight's place (LM-head dgrad
                 + final-norm backward; its accumulate input is zero, the final residual stream
                 has no other reader), dw_lm = dlogits^T (xhat * w) from k6's recomputed h;
                 then k7 -> k6 as in decoder_block."""
@@ -324,14 +325,39 @@ def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, e
             torch.empty_like(residual), torch.empty_like(residual), rows())
 
 
+@lru_cache(maxsize=None)
+def lm_head_ce_backward_epilogue():
+    """The LM head's logits recomputed, and the cross-entropy's gradient taken from them in
+    the same GEMM's epilogue: D = dloss * exp(logits - lse) in bf16 (every column but the
+    target's, which lm_head_loss_grads sets), the row sums of logits * D (ZdZ, before the
+    target's correction) and the target logit itself. No M x V tensor but D is made."""
+    import primitives as P
+
+    @P.epilogue(operands={"rstd": P.PerRow(), "lse": P.PerRow(), "dloss": P.PerRow()},
+                reductions={"zd": P.RowReduce(product=True), "target_logit": P.RowSelect(index="targets")})
+    def lm_head_ce_backward(acc, rstd, lse, dloss):
+        logits = acc * rstd
+        grad = dloss * P.exp(logits - lse)
+        return {"D": grad, "zd": (logits, grad), "target_logit": logits}
+
+    return lm_head_ce_backward
+
+
 def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets):
-    """The cross-entropy and LM head backward through k1 and k6 (see decoder_block_loss)
-    -> (dx, dfinal_norm, dw_lm)."""
-    logits = _kernel(K1).run({"h": h, "w": w_lm.contiguous(), "rstd": rstd}, {})["out"].float()
-    dlogits = torch.exp(logits - lse[:, None])
-    dlogits[torch.arange(len(targets), device=targets.device), targets] -= 1.0
-    dlogits = (dloss.float()[:, None] * dlogits).to(x.dtype)
-    zdz = (logits * dlogits.float()).sum(-1)
+    """The cross-entropy and LM head backward (see decoder_block_loss) -> (dx, dfinal_norm,
+    dw_lm): one GEMM recomputes the logits with the softmax gradient in its epilogue
+    (lm_head_ce_backward_epilogue); the target column, one value per row, is then set
+    from the exact float32 target logit, dloss * (exp(z_t - lse) - 1), and ZdZ gets its
+    -dloss * z_t; k6 takes the LM head's dgrad and the final norm's backward."""
+    import primitives as P
+
+    dloss = dloss.float().contiguous()
+    out = lm_head_ce_backward_epilogue()(h, w_lm.contiguous(), rstd=rstd, lse=lse.contiguous(), dloss=dloss,
+                                  targets=targets.contiguous(), config=P.pick_config(_kernel(K5).TUNED, h, w_lm))
+    dlogits, target_logit = out["D"], out["target_logit"]
+    rows = torch.arange(len(targets), device=targets.device)
+    dlogits[rows, targets] = (dloss * (torch.exp(target_logit - lse) - 1.0)).to(dlogits.dtype)
+    zdz = P.finish.row_sum(out["zd"]) - dloss * target_logit
     out = _kernel(K6).run({"dz": dlogits, "w_gu": w_lm.contiguous(), "x": x, "rstd": rstd,
                            "norm_weight": final_norm.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
     return out["dx"], out["dw"].to(final_norm.dtype), dlogits.T @ out["h"]
