@@ -8,6 +8,7 @@ fresh random order).
     python -m bench.training --parts layer --d 2048 --reps 20 --out F
     python -m bench.training --tiny --device cpu --out F              (toy sizes: every contender
                                                                        runnable here once, and agreeing)
+    python -m bench.training --report F [F ...]                       (Markdown tables of result files)
 
 The contenders compute the same function from the same weights (the Liger ones hold them in
 Hugging Face's layout, converted by training/layer.py); each row records every contender's
@@ -409,6 +410,49 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
                     breakdown_of=("fused", "fused+compile", "compile", "liger") if cuda else ())
 
 
+def render(reports: list[Report]) -> str:
+    """Markdown tables of result files: per row, each contender's time, its time over the
+    fused one's (per repetition, with the 95% interval), its peak memory and first-call loss;
+    then the kernel breakdowns."""
+    lines = []
+    for report in reports:
+        env = report.environment
+        lines += [f"{env.get('gpu', report.device)}, driver {env.get('driver')}, torch {env.get('torch')}, "
+                  f"quack-kernels {env.get('quack-kernels')}, {env.get('date')}, commit {str(env.get('commit'))[:10]}",
+                  f"`{env.get('command')}`", ""]
+        for row in report.rows:
+            c = row.config
+            head = (f"layer d = {c['d']}, {c['n_heads']}/{c['n_kv_heads']} heads of {c['head_dim']}, F = {c['ffn']}"
+                    if row.part == "layer" else
+                    f"training step, {c['n_layers']} layers, d = {c['d']}, V = {c['vocab']}, "
+                    f"{c['parameters'] / 1e9:.2f} B parameters")
+            lines += [f"**{head}, {c['tokens']} tokens** ({row.reps} repetitions)", "",
+                      "| contender | median ms | time / fused | non-attention / fused | peak GiB | loss |",
+                      "|---|---|---|---|---|---|"]
+            for k in row.contenders:
+                if k.timing is None:
+                    lines.append(f"| {k.name} | {k.error or 'not timed'} | | | | |")
+                    continue
+
+                def ratio(key: str) -> str:
+                    r = row.ratios.get(key)
+                    return f"{r.median:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" if r else ""
+
+                lines.append(f"| {k.name} | {k.timing.median_us / 1000:.2f} | {ratio(f'{k.name}/fused')} | "
+                             f"{ratio(f'non-attention {k.name}/fused')} | {k.peak_gib if k.peak_gib is not None else ''} "
+                             f"| {k.loss if k.loss is not None else ''} |")
+            lines.append("")
+            if row.breakdown:
+                kinds = sorted({kind for b in row.breakdown.values() for kind in b.by_kind_ms})
+                lines += ["GPU kernel time of one profiled call, ms:", "",
+                          "| contender | " + " | ".join(kinds) + " | total |", "|---" * (len(kinds) + 2) + "|"]
+                for name, b in row.breakdown.items():
+                    lines.append(f"| {name} | " + " | ".join(f"{b.by_kind_ms.get(kind, 0.0):.1f}" for kind in kinds)
+                                 + f" | {sum(b.by_kind_ms.values()):.1f} |")
+                lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.training", description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", choices=("layer", "step"), default=["layer", "step"])
@@ -420,8 +464,19 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", nargs="+", default=[], metavar="NAME",
                     help="contenders not to run (e.g. fused+compile, whose first call did not end in 5 min on the H200)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes (a check that every contender runs and agrees)")
-    ap.add_argument("--out", required=True, help="the result file (JSON) to write")
+    ap.add_argument("--out", help="the result file (JSON) to write")
+    ap.add_argument("--report", nargs="+", metavar="FILE", help="print result files as Markdown tables (runs nothing)")
     args = ap.parse_args(argv)
+    if args.report:
+        try:
+            reports = [Report.model_validate_json(open(f).read()) for f in args.report]
+        except (OSError, ValueError) as e:
+            print(f"bench.training: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
+        print(render(reports))
+        return 0
+    if not args.out:
+        ap.error("--out is required (or --report)")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench.training: --device cuda, but no CUDA device is visible", file=sys.stderr)
         return 2

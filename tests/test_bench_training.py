@@ -45,3 +45,26 @@ def test_the_liger_layer_computes_the_reference_layer():
     got = liger(x.bfloat16()).float()
     rel = (got - want).norm() / want.norm()
     assert rel < 0.02, rel
+
+
+def test_the_report_renders_the_committed_h200_step_with_its_ratios(capsys):
+    """--report on the committed H200 step file: every contender, its time over the fused
+    one's as the file's paired ratio (not a ratio of medians), the kernel breakdown."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench/results/h200/training/step.json"
+    report = bt.Report.model_validate_json(path.read_text())
+    assert bt.main(["--report", str(path)]) == 0
+    text = capsys.readouterr().out
+    row = report.rows[0]
+    for k in row.contenders:
+        assert f"| {k.name} |" in text
+    r = row.ratios["compile/fused"]
+    assert f"{r.median:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" in text
+    assert "| attention | gemm |" in text.replace("contender | ", "")
+
+
+def test_report_of_a_missing_file_is_one_line(tmp_path, capsys):
+    assert bt.main(["--report", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.training:") and err.count("\n") == 1
