@@ -31,6 +31,7 @@ import gc
 import re
 import sys
 import time
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -39,6 +40,7 @@ from pydantic import BaseModel, Field
 from eval.stats import Ratio, Timing, paired_ratio, summarize
 from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
+from training.ops import eager_glue
 
 #: the layers benchmarked: LLaMA-3.2-1B, LLaMA-3-8B and LLaMA-3-70B's decoder layers
 LAYERS = {
@@ -304,14 +306,15 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
     eager.load_state_dict(fused.state_dict())
     inputs = _layer_inputs(cfg, batch, seq, device)
 
-    def fwd_bwd(layer):
+    def fwd_bwd(layer, context=nullcontext):
         def call(i):
             x, dy = inputs[i]
             for p in layer.parameters():
                 p.grad = None
             x.grad = None
-            y = layer(x)
-            y.backward(dy)
+            with context():
+                y = layer(x)
+                y.backward(dy)
             return y
         return call
 
@@ -319,6 +322,9 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
         _Entry(Contender(name="fused", what="training/ FusedLlamaLayer: k4hf, SDPA, k0, k2 forward; k7 -> k6, k6 "
                                            "backward (input norm and down-proj residual in torch)"),
                fwd_bwd(fused), lambda: _state_bytes(fused, None)),
+        _Entry(Contender(name="fused-eager-glue", what="the same fused layer with the torch glue between its GEMMs "
+                                                      "run eagerly (training.ops.eager_glue: an ablation)"),
+               fwd_bwd(fused, eager_glue), lambda: _state_bytes(fused, None)),
         _Entry(Contender(name="eager", what="the same layer, unfused bf16 PyTorch (cuBLAS GEMMs), eager"),
                fwd_bwd(eager), lambda: _state_bytes(eager, None)),
     ]
@@ -340,7 +346,7 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
                               _attention_call(cfg, batch, seq, device), lambda: 0))
     config = {"d": cfg.d, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
               "ffn": cfg.ffn, "batch": batch, "seq": seq, "tokens": batch * seq}
-    pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused")]
+    pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused"), ("fused-eager-glue", "fused")]
     return _run_row("layer", config, _skipped(entries, skip), reps, cuda, pairs,
                     breakdown_of=("fused", "compile", "liger") if cuda else ())
 
@@ -372,15 +378,16 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
                 torch.randint(0, cfg.vocab, (batch, seq), generator=g).to(device)) for _ in range(2)]
     entries: list[_Entry] = []
 
-    def add(name, what, model, params_of):
+    def add(name, what, model, params_of, context=nullcontext):
         # lr 0: the optimizer does all its work and every contender's weights stay the same,
         # so every first-call loss is of the same weights
         opt = torch.optim.AdamW(params_of.parameters(), lr=0.0, fused=cuda)
 
         def call(i):
             tokens, targets = batches[i]
-            loss = model(tokens, targets)
-            loss.backward()
+            with context():
+                loss = model(tokens, targets)
+                loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss
@@ -389,6 +396,8 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
     liger = LigerLlamaModel(cfg, fused.to_hf_state_dict()) if cuda and _liger() is not None else None
     add("fused", "training/ FusedLlamaModel (k4hf, k0, k2, k0 + next norm; k7 -> k6, k6; k5 loss, CE backward "
                  "in torch through k1's logits), eager", fused, fused)
+    add("fused-eager-glue", "the same fused model with the torch glue between its GEMMs run eagerly "
+                            "(training.ops.eager_glue: an ablation)", fused, fused, eager_glue)
     add("eager", "the same model, unfused bf16 PyTorch, eager (float32 logits for the loss)", eager, eager)
     if cuda:
         add("fused+compile", "FusedLlamaModel under torch.compile(fullgraph=True): the torch glue between "
@@ -405,7 +414,7 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
               "batch": batch, "seq": seq, "tokens": batch * seq,
               "parameters": sum(p.numel() for p in fused.parameters())}
     pairs = [("compile", "fused"), ("compile", "fused+compile"), ("eager", "fused"), ("liger", "fused"),
-             ("liger", "fused+compile")]
+             ("liger", "fused+compile"), ("fused-eager-glue", "fused")]
     return _run_row("step", config, _skipped(entries, skip), reps, cuda, pairs,
                     breakdown_of=("fused", "fused+compile", "compile", "liger") if cuda else ())
 

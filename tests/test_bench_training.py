@@ -18,7 +18,7 @@ def test_tiny_run_writes_a_report_whose_contenders_agree(tmp_path):
     assert report.environment["commit"] and "bench.training" in report.environment["command"]
     for row in report.rows:
         by_name = {c.name: c for c in row.contenders}
-        assert set(by_name) == {"fused", "eager"}, by_name
+        assert set(by_name) == {"fused", "fused-eager-glue", "eager"}, by_name
         assert all(c.error is None and c.loss is not None for c in row.contenders), row.contenders
         fused, eager = by_name["fused"].loss, by_name["eager"].loss
         # the same weights and inputs: bf16 pipelines that differ in rounding, not in math

@@ -29,6 +29,7 @@ they run through the emulator.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -185,12 +186,44 @@ def rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torch.Te
                           torch.zeros_like(x))
 
 
+def _rope_backward_and_zdz(dqkv, qkv, positions, inv_freq, rotary_cols: int):
+    """RoPE's backward at the pre-RoPE projection (the inverse rotation of dqkv, in dqkv's
+    dtype) and ZdZ = sum_k qkv_k dqkv_k per row (the rotation is orthogonal)."""
+    dz = rotate_adjacent_pairs(dqkv.float(), positions, inv_freq, rotary_cols, direction=-1).to(dqkv.dtype)
+    return dz.contiguous(), (qkv.float() * dqkv.float()).sum(-1)
+
+
+#: the glue functions compiled so far (CUDA only), by function
+_COMPILED: dict = {}
+_EAGER_GLUE = []
+
+
+@contextmanager
+def eager_glue():
+    """Inside: the torch glue between the fused GEMMs runs eagerly on CUDA too (an ablation;
+    by default torch.compile fuses each glue function into one kernel on CUDA tensors)."""
+    _EAGER_GLUE.append(True)
+    try:
+        yield
+    finally:
+        _EAGER_GLUE.pop()
+
+
+def _glue(fn, *args):
+    """fn(*args): the torch work between two fused GEMMs (elementwise passes and row sums over
+    an M x N tensor). On CUDA it runs compiled (one fused kernel instead of a dozen passes over
+    memory, shapes specialised); on a CPU eagerly (the emulator's tests need no compiler)."""
+    if _EAGER_GLUE or not args[0].is_cuda:
+        return fn(*args)
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
+    return _COMPILED[fn](*args)
+
+
 def qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols: int, dx_in):
     """The backward of RMSNorm -> QKV -> RoPE with dx_in, the residual stream's other
     gradient, as k6's accumulate input -> (dx_in + dx through the norm, dnorm_weight, dw_qkv)."""
-    dz = rotate_adjacent_pairs(dqkv.float(), positions, inv_freq, rotary_cols, direction=-1)
-    zdz = (qkv.float() * dqkv.float()).sum(-1)
-    dz = dz.to(x.dtype).contiguous()
+    dz, zdz = _glue(_rope_backward_and_zdz, dqkv, qkv, positions, inv_freq, rotary_cols)
     out = _kernel(K6).run({"dz": dz, "w_gu": w_qkv.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
                            "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": zdz}, {})
     return out["dx"], out["dw"].to(norm_weight.dtype), dz.T @ out["h"]
