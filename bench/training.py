@@ -436,18 +436,19 @@ def render(reports: list[Report]) -> str:
                     f"training step, {c['n_layers']} layers, d = {c['d']}, V = {c['vocab']}, "
                     f"{c['parameters'] / 1e9:.2f} B parameters")
             lines += [f"**{head}, {c['tokens']} tokens** ({row.reps} repetitions)", "",
-                      "| contender | median ms | time / fused | non-attention / fused | peak GiB | loss |",
-                      "|---|---|---|---|---|---|"]
+                      "| contender | median ms | k tokens/s | time / fused | non-attention / fused | peak GiB | loss |",
+                      "|---|---|---|---|---|---|---|"]
             for k in row.contenders:
                 if k.timing is None:
-                    lines.append(f"| {k.name} | {k.error or 'not timed'} | | | | |")
+                    lines.append(f"| {k.name} | {k.error or 'not timed'} | | | | | |")
                     continue
 
                 def ratio(key: str) -> str:
                     r = row.ratios.get(key)
                     return f"{r.median:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" if r else ""
 
-                lines.append(f"| {k.name} | {k.timing.median_us / 1000:.2f} | {ratio(f'{k.name}/fused')} | "
+                lines.append(f"| {k.name} | {k.timing.median_us / 1000:.2f} | {c['tokens'] / k.timing.median_us * 1e3:.1f} | "
+                             f"{ratio(f'{k.name}/fused')} | "
                              f"{ratio(f'non-attention {k.name}/fused')} | {k.peak_gib if k.peak_gib is not None else ''} "
                              f"| {k.loss if k.loss is not None else ''} |")
             lines.append("")
