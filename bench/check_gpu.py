@@ -10,7 +10,6 @@ this check is exactly the one every candidate gets.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ def main(argv=None) -> int:
     import tasks
     from bench.gpu_env import command_line, fingerprint, install_precompiled
     from eval import evaluate
+    from eval.bench_rows import CheckReport, CheckRow
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     from eval.machine import expert_kernel
@@ -50,10 +50,7 @@ def main(argv=None) -> int:
     for task, set_name, r, seconds in done:
         ok_all &= r.passed
         for res in r.per_shape:
-            rows.append({"task": task.name, "shapes": set_name, "shape": res.shape, "hidden": res.hidden,
-                         "outcome": res.outcome.value, "message": res.message,
-                         "outputs": [c.model_dump() for c in res.outputs], "launch_names": res.launches,
-                         "launches_ok": res.outcome.value == "PASSED" and (res.hidden or bool(res.launches))})
+            rows.append(CheckRow.of(task.name, set_name, res))
             worst = max((c.max_error / c.allowed for c in res.outputs if c.allowed and c.max_error is not None),
                         default=float("nan"))
             print(f"{task.id} {set_name}/{res.shape}: {res.outcome.value} worst/allowed={worst:.3f} "
@@ -61,10 +58,10 @@ def main(argv=None) -> int:
         if not r.passed:
             print(f"{task.id} {set_name}: {r.outcome.value} ({r.stage}): {r.message}\n{r.stderr_tail[-1500:]}", flush=True)
         print(f"{task.id} {set_name}: {seconds} s; runner sandbox: {r.environment.get('runner_sandbox')}", flush=True)
-    report = {"environment": fingerprint(command_line("bench.check_gpu", argv)), "all_passed": ok_all, "rows": rows}
+    report = CheckReport(environment=fingerprint(command_line("bench.check_gpu", argv)), all_passed=ok_all, rows=rows)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+            f.write(report.model_dump_json(indent=1))
     print("ALL PASSED" if ok_all else "FAILURES", flush=True)
     return 0 if ok_all else 1
 

@@ -1,5 +1,6 @@
 """bench/'s result files as models: a BenchRow per task and paper scale (bench/run.py), a
-ChainRow per scale (bench/chain.py), and the report holding either with its environment.
+ChainRow per scale (bench/chain.py), a CheckRow per task and shape (bench/check_gpu.py), and
+the report holding them with its environment.
 Each row is made by one factory, `measured`, from the Timings of one interleaved run, every
 ratio taken repetition by repetition (eval.stats.paired_ratio) and the speed of light picked
 by the evaluator's own rule (eval.stats.fastest). load_report reads a file, the committed ones
@@ -14,6 +15,7 @@ from typing import Iterator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eval.stats import Timing, fastest, paired_ratio, speed, summarize
+from tasks.tolerance import OutputCheck
 
 #: the plain GEMMs of a bench row that may be its speed of light (GEMM-only)
 PLAIN_GEMMS = ("gemm_cublas", "gemm_quack", "gemm_quack_best")
@@ -340,6 +342,53 @@ class ChainReport(BaseModel):
 
     environment: dict
     rows: list[ChainRow]
+
+
+class CheckRow(BaseModel):
+    """One shape of one expert kernel's GPU check (bench/check_gpu.py): the evaluator's
+    verdict with timing off, its output checks and the kernels one run() launched."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    task: str
+    shapes: str = Field(description="the shape set the evaluation ran (smoke | paper | ...)")
+    shape: str = Field(description="the shape's name in that set (a hidden one's is withheld)")
+    hidden: bool = Field(description="a shape drawn from the secret seed")
+    outcome: str = Field(description="the shape's Outcome (PASSED, INCORRECT_NUMERICS, EXTRA_LAUNCHES, ...)")
+    message: str
+    outputs: list[OutputCheck]
+    launch_names: list[str] = Field(description="the kernels one run() launched (torch profiler); none for a hidden shape")
+    launches_ok: bool = Field(description="passed, and its launches were seen (or the shape is hidden)")
+
+    @classmethod
+    def of(cls, task: str, shapes: str, res) -> "CheckRow":
+        """The row of one eval.result.ShapeResult."""
+        passed = res.outcome.value == "PASSED"
+        return cls(task=task, shapes=shapes, shape=res.shape, hidden=res.hidden, outcome=res.outcome.value,
+                   message=res.message, outputs=res.outputs, launch_names=res.launches,
+                   launches_ok=passed and (res.hidden or bool(res.launches)))
+
+
+class CheckReport(BaseModel):
+    """A bench/check_gpu.py result file."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+    environment: dict
+    all_passed: bool = Field(description="every evaluation passed")
+    rows: list[CheckRow]
+
+    @classmethod
+    def load(cls, path) -> "CheckReport":
+        """A check file; ValueError, one line, if it is not one."""
+        try:
+            return cls.model_validate_json(Path(path).read_text())
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise ValueError(f"{path}: not a bench.check_gpu result ({'.'.join(map(str, first['loc']))}: "
+                             f"{first['msg']})") from None
 
 
 def load_report(path, kind: type[BenchReport] | type[ChainReport] | None = None) -> BenchReport | ChainReport:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from eval.bench_rows import BenchReport, BenchRow, ChainReport, load_report
+from eval.bench_rows import BenchReport, BenchRow, ChainReport, CheckReport, load_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200"
 
@@ -77,3 +77,19 @@ def test_a_file_of_other_rows_is_one_line(tmp_path):
         load_report(RESULTS / "check.json")
     with pytest.raises(ValueError, match="not a bench.run result .its rows are bench.chain's"):
         load_report(RESULTS / "chain.json", BenchReport)
+
+
+@pytest.mark.parametrize("name", ["check.json", "check-logits.json", "check-qkn.json", "check-rope.json"])
+def test_every_committed_gpu_check_file_loads_as_a_check_report(name):
+    report = CheckReport.load(RESULTS / name)
+    raw = json.loads((RESULTS / name).read_text())
+    assert len(report.rows) == len(raw["rows"]) > 0
+    assert report.all_passed == all(r.outcome == "PASSED" for r in report.rows)
+    for row, r in zip(report.rows, raw["rows"]):
+        assert row.launches_ok == (row.outcome == "PASSED" and (row.hidden or bool(row.launch_names))), r["task"]
+        assert [c.name for c in row.outputs] == [c["name"] for c in r["outputs"]]
+
+
+def test_a_bench_file_is_not_a_check_report():
+    with pytest.raises(ValueError, match=r"final.json: not a bench.check_gpu result"):
+        CheckReport.load(RESULTS / "final.json")
