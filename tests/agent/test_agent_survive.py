@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from loopback import Fail, Loopback, Reply
+from loopback import Fail, Loopback, Reply, last_tool_results
 from scenarios import K1_GOOD
 
 import epiforge
@@ -172,6 +172,46 @@ def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path
     assert epiforge.main(["sessions", "show", events[0].session, "--log-dir", str(logs)]) == 0
     shown = capsys.readouterr().out
     assert "outcome: passed" in shown and "step 0: write_kernel, run_check -> check cpu/smoke: PASSED" in shown
+
+
+def test_an_outage_after_a_finished_step_resumes_at_the_next_step(tmp_path, sdk, capsys):
+    """A session that finished a tool step, then met an outage longer than its retries,
+    resumes at the step the outage cut off: the finished step is not done again."""
+    logs = tmp_path / "runs"
+    script = [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})]),
+              Fail(529, "overloaded_error", retry_after="0"), Fail(529, "overloaded_error", retry_after="0")]
+    with Loopback(sdk.name, script, model=sdk.model) as down:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", sdk.name, "--model", sdk.model, "--base-url",
+                                 down.url, "--max-retries", "1", "--log-dir", str(logs), *FAST)
+        assert len(down.requests) == 3  # step 0, then step 1 and its one retry
+    assert rc == 2 and "Traceback" not in err and f"{sdk.name}: HTTP 529" in err
+    (log,) = logs.glob("*.jsonl")
+    failed = log.read_text()
+    assert read_events(log)[0][-1].outcome == "backend_error"
+
+    def submit_after_the_check(body):
+        assert "check: PASSED" in last_tool_results(body)  # step 0's results reach the resumed model
+        return Reply("submitting", [("submit", {})])
+
+    with Loopback(sdk.name, [submit_after_the_check], model=sdk.model) as up:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", up.url)
+        assert len(up.requests) == 1
+    assert rc == 0, err
+    # the resumed request is the one the outage cut off: the same conversation, step 0 in it once
+    assert up.requests[0]["messages"] == down.requests[1]["messages"]
+    assert log.read_text().startswith(failed)  # nothing the failed run wrote is lost or rewritten
+    events, _ = read_events(log)
+    resumed = next(e for e in events if e.event == "session_resumed")
+    assert (resumed.from_step, resumed.after_outcome) == (1, "backend_error")
+    assert "resumed at step 1 after backend_error" in out
+    assert [(e.step, e.name) for e in events if e.event == "tool_called"] == [
+        (0, "write_kernel"), (0, "run_check"), (1, "submit")]
+    assert [(e.step, e.purpose, e.outcome) for e in events if e.event == "evaluation"] == [
+        (0, "check", "PASSED"), (1, "submit", "PASSED")]
+    assert [e.step for e in events if e.event == "model_response"] == [0, 1]
+    end = events[-1]
+    assert end.outcome == "passed" and end.totals.turns == 2
+    assert (logs / "workspaces" / events[0].session / "kernel.py").read_text() == K1_GOOD
 
 
 def test_a_resume_applies_and_reports_the_pack_and_backend_flags(tmp_path, anthropic_key, said, capsys):
