@@ -424,6 +424,76 @@ def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, anth
     assert any(line.startswith("step 0: check (CPU, smoke): numerics") for line in said)
 
 
+def _row_scale_docs(tmp_path, n):
+    """A docs folder whose one page holds n row-scale epilogues, k1's answer under new names:
+    none has a verdict cached (each test's screen cache starts empty), so the pack's screening
+    spends an evaluation on each."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Index\n")
+    (docs / "scaling.md").write_text("# Scaling\n" + "".join(
+        f'```python\nimport primitives as P\n\n@P.epilogue(operands={{"r": P.PerRow()}})\n'
+        f'def rows_{i}(acc, r):\n    return {{"D": acc * r}}\n```\n' for i in range(1, n + 1)))
+    return docs
+
+
+@pytest.fixture
+def quick_screen_progress(monkeypatch):
+    from agent.loop import ScreenWatch
+
+    monkeypatch.setattr(ScreenWatch, "FIRST_S", 0.1)  # a line as soon as screening takes a moment
+    monkeypatch.setattr(ScreenWatch, "EVERY_S", 1.0)
+
+
+def test_a_wall_time_budget_spent_screening_the_pack_ends_the_session(tmp_path, anthropic_key, capsys,
+                                                                       quick_screen_progress):
+    logs = tmp_path / "runs"
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--docs-dir", str(_row_scale_docs(tmp_path, 3)), "--max-wall-s", "1",
+                                 "--log-dir", str(logs), "--json", *FAST)
+        assert server.requests == []  # no request: the budget went to screening
+    assert rc == 1 and "Traceback" not in err
+    end = json.loads(out)  # stdout is the one JSON object; the progress went to stderr
+    assert end["outcome"] == "budget_exhausted" and end["totals"]["turns"] == 0
+    assert end["reason"].startswith("wall-time budget: ") and "s of it screening the knowledge pack for k1; 1 of its " in end["reason"]
+    assert end["totals"]["wall_s"] >= 1  # the screening's time is the session's
+    assert "screening the knowledge pack for k1: 0 of " in err and f"budget_exhausted ({end['reason']})" in err
+    assert "screening the knowledge pack for k1: stopped at the wall-time budget, 1 of " in err
+    # one verdict was computed before the budget ran out, and it is kept for the next session
+    computed = [v for v in json.loads((tmp_path / "screen_cache.json").read_text()).values() if "passed" in v]
+    assert [v["passed"] for v in computed] == [True]
+    (log,) = logs.glob("*.jsonl")
+    start = read_events(log)[0][0]
+    assert start.screen_s >= 1 and start.pack.unscreened == end["reason"]
+    why = [w["why"] for w in start.pack.withheld_code]  # what was not screened was not offered
+    assert why[0] == "epilogue rows_1 with r=rstd passes k1's check" and len(why) > 3
+    assert all(w == f"not screened: {end['reason']}" for w in why[1:])
+
+
+def test_screening_the_pack_shows_progress_on_stderr_and_counts_as_wall_time(tmp_path, anthropic_key, capsys,
+                                                                            quick_screen_progress):
+    from agent.transcript import rebuild
+
+    logs = tmp_path / "runs"
+    with Loopback("anthropic", [Reply("hi"), Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--docs-dir", str(_row_scale_docs(tmp_path, 1)), "--max-wall-s", "300",
+                                 "--log-dir", str(logs), *FAST)
+        assert len(server.requests) == 2
+        assert "rows_1" not in json.dumps(server.requests[0]["system"])  # screened and withheld: k1's answer
+    assert rc == 1, err
+    lines = err.splitlines()
+    assert lines[0].startswith("screening the knowledge pack for k1: 0 of ") and "s left" in lines[0]
+    assert lines[-1].startswith("screening the knowledge pack for k1: done, ") and lines[-1].endswith(" s")
+    assert "knowledge pack" not in out  # stdout has the session's lines only
+    (log,) = logs.glob("*.jsonl")
+    events, _ = read_events(log)
+    assert events[0].screen_s > 0.1 and events[0].pack.unscreened is None
+    assert events[-1].outcome == "gave_up" and events[-1].totals.wall_s >= events[0].screen_s
+    assert rebuild(events).totals.wall_s >= events[0].screen_s  # and a resume counts it from the log
+
+
 # ---- output --------------------------------------------------------------------------------
 
 
