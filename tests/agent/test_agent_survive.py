@@ -494,6 +494,25 @@ def test_screening_the_pack_shows_progress_on_stderr_and_counts_as_wall_time(tmp
     assert rebuild(events).totals.wall_s >= events[0].screen_s  # and a resume counts it from the log
 
 
+def test_a_resume_counts_its_screening_against_the_wall_time_budget(tmp_path, anthropic_key, said, capsys,
+                                                                    quick_screen_progress):
+    from agent.transcript import rebuild
+
+    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
+    assert end.outcome == "backend_error"
+    budget = rebuild(read_events(log)[0]).totals.wall_s + 1  # a second left: less than one verdict takes
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url, "--max-wall-s", f"{budget:.3f}",
+                                 "--docs-dir", str(_row_scale_docs(tmp_path, 3)))
+        assert server.requests == []
+    assert rc == 1 and "Traceback" not in err
+    events, _ = read_events(log)
+    resumed, end = next(e for e in events if e.event == "session_resumed"), events[-1]
+    assert end.outcome == "budget_exhausted" and "s of it screening the knowledge pack for k1; " in end.reason
+    assert resumed.screen_s >= 1 and end.totals.wall_s >= budget
+    assert "screening the knowledge pack for k1: 0 of " in err
+
+
 # ---- output --------------------------------------------------------------------------------
 
 
