@@ -60,10 +60,11 @@ class Run:
 def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], None]], object], *, runs: int,
                  concurrency: int = 1, log_dir: Path, out_dir: Path | None, docs_dir: Path | None = None,
                  say: Callable[[str], None] = print, note: Callable[[str], None] | None = None) -> dict:
-    """Run `runs` sessions of `config`, at most `concurrency` at a time; `make_backend(note)`
-    gives each run a fresh backend (`note`: where it reports retries). Returns the report
-    (`report()`), with "interrupted" true when Ctrl-C cut the runs short. `note`: where the
-    pack's screening says how it goes (default: `say`), before the runs and in each."""
+    """Run `runs` sessions of `config`, at most `concurrency` at a time; `make_backend(tell)`
+    gives each run a fresh backend (`tell`: where it reports retries, the run's tagged `say`).
+    Returns the report (`report()`), with "interrupted" true when Ctrl-C cut the runs short.
+    `note`: where the pack's screening says how it goes (default: `say`), before the runs and
+    in each."""
     import tasks
     from agent.loop import ScreenWatch
     from agent.pack import build_pack
@@ -86,11 +87,11 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
              say: Callable[[str], None] = print, tags: list[str] | None = None,
              note: Callable[[str], None] | None = None) -> tuple[list[Run], bool]:
     """One session per configuration, in order, at most `concurrency` at a time, each in a
-    thread of its own with a fresh backend (`make_backend(note)`) and a session id of its own;
-    `tags[i]`: what run i's progress lines start with (default "[run i/N] "); `note`: where
-    each run's screening of the pack says how it goes, tagged too (default: `say`). A run's
-    failure (an exception) is its own: the others go on. Returns the runs and whether Ctrl-C
-    cut them short."""
+    thread of its own with a fresh backend (`make_backend(tell)`, as run_sessions') and a
+    session id of its own; `tags[i]`: what run i's progress lines start with (default
+    "[run i/N] "); `note`: where each run's screening of the pack says how it goes, tagged too
+    (default: `say`). A run's failure (an exception) is its own: the others go on. Returns the
+    runs and whether Ctrl-C cut them short."""
     import tasks
     from agent.loop import beside, run_session
 
