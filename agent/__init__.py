@@ -1,7 +1,8 @@
 """The kernel-authoring agent: loop, LLM backends, prompt building, session logs.
 
     loop.py        the session: where it writes (data_path, beside), model turn, tools, feedback, budgets (estimated before each
-                   request), resume of a killed session or one that ended on a backend error
+                   request), resume of a killed session or one that ended on a backend error; ScreenWatch: the pack's
+                   screening before it, with progress, counted against the wall-time budget
     tools.py       the model's tools; every kernel through eval.evaluate, with a per-task timeout
     feedback.py    what the model hears about an evaluation (plain text, paths scrubbed)
     session.py     the log's events (JSONL, append-only) and the session's configuration

@@ -37,7 +37,7 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
     """`runs` sessions with the full pack, then `runs` without each page, at most `concurrency`
     at a time (agent/runs.py run_pool, as `generate --runs`: a run that fails is its own and
     the others go on; Ctrl-C stops them all); returns the logs there are, in that order."""
-    from agent.loop import config_problem
+    from agent.loop import ScreenWatch, config_problem
     from agent.pack import build_pack
     from agent.runs import run_pool
     from agent.session import ConfigError
@@ -48,9 +48,10 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
     problem = config_problem(config)  # one line now, not the same failure in every run
     if problem:
         raise ConfigError(problem)
-    for page in pages:  # an unknown page fails now, before any session is spent
-        build_pack(task, docs_dir, [page])
-    build_pack(task, docs_dir, [])
+    with ScreenWatch(say, task.id, None) as watch:  # the verdicts cached once, before the sessions share them
+        for page in pages:  # an unknown page fails now, before any session is spent
+            build_pack(task, docs_dir, [page], watch=watch)
+        build_pack(task, docs_dir, [], watch=watch)
     conditions = [[], *[[p] for p in pages]]
     configs = [config.model_copy(update={"pack_without": without}) for without in conditions for _ in range(runs)]
     tags = [f"[{'without ' + without[0] if without else FULL}, run {i + 1} of {runs}] "

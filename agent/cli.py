@@ -205,8 +205,8 @@ def _session_options(p, pack_without: str = "leave this primitive_docs page out 
                         "an unpriced model needs --price-in and --price-out)")
     p.add_argument("--max-tokens", type=int, default=None, help="input + output tokens over the session (default: no limit)")
     p.add_argument("--max-wall-s", type=float, default=None,
-                   help="wall-clock seconds; it also cuts a running check or API request short, and no retry waits past it "
-                        "(default: no limit)")
+                   help="wall-clock seconds, the knowledge pack's screening before the first request included; it "
+                        "also cuts a running check or API request short, and no retry waits past it (default: no limit)")
     p.add_argument("--price-in", type=float, default=None, metavar="USD",
                    help="USD per million input tokens, instead of agent/pricing.py's table (default: the table)")
     p.add_argument("--price-out", type=float, default=None, metavar="USD",
@@ -238,9 +238,14 @@ def _die(msg: str, code: int = 2) -> int:
     return code
 
 
+def _note(line: str) -> None:
+    """A status line that is not the command's output (retries, the pack's screening): stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _say(args):
     """Progress lines: stdout, or stderr when stdout carries JSON."""
-    return (lambda line: print(line, file=sys.stderr, flush=True)) if getattr(args, "json", False) else print
+    return _note if getattr(args, "json", False) else print
 
 
 def _number_problem(args) -> str | None:
@@ -276,7 +281,7 @@ def _live_backend(args, name: str | None = None, *, model=None, base_url=None, c
                         command=args.command or command,
                         max_output_tokens=args.max_output_tokens or max_output_tokens or DEFAULTS["max_output_tokens"],
                         timeout_s=args.timeout, stream=_pick(args.stream, stream), retry=retry,
-                        note=note or (lambda line: print(line, file=sys.stderr)))
+                        note=note or _note)
 
 
 def _pick(value, default):
@@ -391,7 +396,7 @@ def cmd_generate(args) -> int:
             try:
                 end, _ = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
                                      out_dir=_out_dir(args, log_dir), docs_dir=args.docs_dir, say=say,
-                                     workspaces=beside(log_dir, "workspaces"))
+                                     workspaces=beside(log_dir, "workspaces"), note=_note)
             finally:
                 backend.close()
     except (BackendError, ConfigError, LogError) as e:
@@ -433,7 +438,7 @@ def _generate_runs(args, say) -> int:
         log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions")
         rep = run_sessions(config, lambda note: _live_backend(args, note=note), runs=args.runs,
                            concurrency=args.concurrency or 1, log_dir=log_dir, out_dir=_out_dir(args, log_dir),
-                           docs_dir=args.docs_dir, say=say)
+                           docs_dir=args.docs_dir, say=say, note=_note)
     except (BackendError, ConfigError) as e:
         return _die(str(e))
     if args.json:
@@ -471,7 +476,8 @@ def _resume(args, say):
                             max_output_tokens=config.max_output_tokens, stream=stream)
     try:
         end, _ = resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
-                                out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say)
+                                out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say,
+                                note=_note)
     finally:
         backend.close()
     return end

@@ -29,7 +29,7 @@ from agent.session import (
     SessionLog, SessionResumed, SessionStarted, TextBlock, ToolCalled, ToolResult, Totals, Usage, new_session_id,
     read_events, truncated_last_line,
 )
-from agent.tools import TOOLS, ToolBox
+from agent.tools import TOOLS, Heartbeat, ToolBox
 from eval.kernel import REPO
 from eval.machine import data_dir
 
@@ -92,14 +92,16 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path | None
                 workspace: Path | None = None, out_dir: Path | None | str = "beside", docs_dir: Path | None = None,
                 say: Callable[[str], None] = print, forked_from: dict | None = None,
                 replay_of: dict | None = None, seeds: dict | None = None,
-                workspaces: Path | None = None, session_id: str | None = None) -> tuple[SessionEnded, Path]:
+                workspaces: Path | None = None, session_id: str | None = None,
+                note: Callable[[str], None] | None = None) -> tuple[SessionEnded, Path]:
     """Run one new session; returns its end event and the log's path. The log goes to
     `log_path`, else `log_dir`/ID.jsonl (default: the data directory's sessions/); a passing
     kernel to `out_dir`/<task>/ID.py (default "beside": beside(log folder, "kernels");
     None writes none: replays); `seeds` fixes the evaluation seeds by (step, call_id,
     device, shapes) (a replay reuses the recorded ones); the workspace is `workspace`, else
     `workspaces`/ID (default: beside(log folder, "workspaces")/ID); `session_id`: the new
-    session's id, chosen by the caller (default: a fresh one)."""
+    session's id, chosen by the caller (default: a fresh one); `note`: where the pack's
+    screening says how it goes (default: `say`; ScreenWatch)."""
     import tasks
 
     task = tasks.get_task(config.task)
@@ -107,7 +109,8 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path | None
     problem = None if isinstance(backend, ReplayBackend) else config_problem(config)  # a replay spends nothing
     if problem:
         raise ConfigError(problem)
-    pack = build_pack(task, docs_dir, config.pack_without)
+    with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
+        pack = build_pack(task, docs_dir, config.pack_without, watch=watch)
     session_id = session_id or new_session_id(task.id)
     system = pack.system_prompt(speed_target=config.speed_target)
     prompt = pack.task_prompt(speed_target=config.speed_target)
@@ -120,23 +123,24 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path | None
     log = SessionLog.create(log_path)
     log.write(SessionStarted(session=session_id, config=config, pack=pack.info(), system_sha256=_sha(system),
                              prompt=prompt, environment=environment(), backend_info=backend.info(),
-                             forked_from=forked_from, replay_of=replay_of))
+                             forked_from=forked_from, replay_of=replay_of, screen_s=watch.seconds))
     say(f"session {session_id}: {task.name} with {backend.name} / {backend.model}; log {log.path}")
     toolbox = ToolBox(task=task, pack=pack, workspace=workspace, config=config, session_id=session_id, record=log.write,
                       seeds=dict(seeds or {}), say=say)
     driver = _Driver(config, backend, log, toolbox, system, [Message(role="user", content=[TextBlock(text=prompt)])],
-                     say, out_dir)
-    return driver.run(), log.path
+                     say, out_dir, screen_s=watch.seconds)
+    return driver.run(stop=pack.unscreened), log.path
 
 
 def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | None = None,
                    workspace: Path | None = None, out_dir: Path | None = None, docs_dir: Path | None = None,
-                   say: Callable[[str], None] = print) -> tuple[SessionEnded, Path]:
+                   say: Callable[[str], None] = print, note: Callable[[str], None] | None = None,
+                   ) -> tuple[SessionEnded, Path]:
     """Continue a killed session, or one that ended on a backend error, from its last finished
     step, appending to the same log. `config` replaces the recorded configuration from here on
     (the CLI's flags and environment over the log's; None: the latest one the log recorded).
     The workspace and a passing kernel go where beside(the log's folder) says, unless
-    `workspace` and `out_dir` say otherwise."""
+    `workspace` and `out_dir` say otherwise; `note`: as run_session's."""
     import tasks
     from agent.transcript import rebuild
 
@@ -154,9 +158,10 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     if problem:
         raise ConfigError(problem)
     task = tasks.get_task(config.task)
-    pack = build_pack(task, docs_dir, config.pack_without)
+    with ScreenWatch(note or say, task.id, config.budget.max_wall_s, used_s=state.totals.wall_s) as watch:
+        pack = build_pack(task, docs_dir, config.pack_without, watch=watch)
     system = pack.system_prompt(speed_target=config.speed_target)
-    if pack.sha256 != start.pack.sha256:
+    if pack.sha256 != start.pack.sha256 and not pack.unscreened:
         say("warning: the knowledge pack changed since this session started; resuming with the current one")
     workspace = Path(workspace or beside(log_path.parent, "workspaces") / start.session)
     workspace.mkdir(parents=True, exist_ok=True)
@@ -165,7 +170,7 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     log = SessionLog.append_to(log_path)
     log.write(SessionResumed(session=start.session, from_step=state.next_step, pack_sha256=pack.sha256,
                              skipped_line=skipped, after_outcome=state.ended.outcome if state.ended else None,
-                             config=config))
+                             config=config, screen_s=watch.seconds))
     toolbox = ToolBox(task=task, pack=pack, workspace=workspace, config=config, session_id=start.session,
                       record=log.write, sources=dict(state.sources), current=state.current, best=state.best,
                       evaluations=state.totals.evaluations, say=say)
@@ -175,19 +180,68 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     say(f"session {start.session}: resumed at step {state.next_step}{after} with {backend.name} / {backend.model}")
     out_dir = out_dir or beside(log_path.parent, "kernels")
     driver = _Driver(config, backend, log, toolbox, system, state.messages, say, out_dir,
-                     step=state.next_step, totals=state.totals, idle=state.idle)
-    if state.pending:  # the kill came between a response and (some of) its tool results
+                     step=state.next_step, totals=state.totals, idle=state.idle, screen_s=watch.seconds)
+    if state.pending and not pack.unscreened:  # the kill came between a response and (some of) its tool results
         driver.finish_step(state.next_step - 1, state.pending, had_calls=True, done=state.partial)
-    return driver.run(), log.path
+    return driver.run(stop=pack.unscreened), log.path
+
+
+class ScreenWatch(Heartbeat):
+    """The knowledge pack's screening (agent/screen.py) as a session lives it, build_pack's
+    `watch`: a verdict not cached yet is an evaluation on the CPU, so a stale cache can take
+    minutes. Screening that takes FIRST_S says so on `note`, then again every EVERY_S; once
+    `used_s` (the session's wall time before it) and the screening's own time spend the
+    wall-time budget `budget_s`, it stops before the next verdict. The verdicts in by then
+    stay cached: the next session starts from them. `seconds`: how long it took."""
+
+    FIRST_S, EVERY_S = 2.0, 10.0
+
+    def __init__(self, note: Callable[[str], None], task_id: str, budget_s: float | None, used_s: float = 0.0):
+        super().__init__(self.FIRST_S, self.EVERY_S)
+        self.note, self.task_id, self.budget_s, self.used_s = note, task_id, budget_s, used_s
+        self.done = self.total = 0
+        self.seconds, self.spoke, self.stopped = 0.0, False, False
+
+    def __exit__(self, *exc):
+        self.seconds = round(self.elapsed(), 3)
+        super().__exit__(*exc)
+        if not self.stopped:
+            self.done = self.total  # asked before each verdict: the last one is in too
+        if self.spoke and exc[0] is None:
+            done = "stopped at the wall-time budget" if self.stopped else "done"
+            self.note(f"screening the knowledge pack for {self.task_id}: {done}, {self.done} of {self.total} "
+                      f"verdicts in, {self.seconds:.0f} s")
+
+    def __call__(self, done: int, total: int) -> str | None:
+        self.done, self.total = done, total
+        screening = self.elapsed()
+        if self.budget_s is None or self.used_s + screening < self.budget_s:
+            return None
+        self.stopped = True
+        return (f"wall-time budget: {self.used_s + screening:.0f} of {self.budget_s:.0f} s used, {screening:.0f} s "
+                f"of it screening the knowledge pack for {self.task_id}; {done} of its {total} verdicts are in, "
+                "cached for the next session")
+
+    def beat(self) -> None:
+        line = f"screening the knowledge pack for {self.task_id}: {self.done} of {self.total} verdicts in, " \
+               f"{self.elapsed():.0f} s"
+        if self.budget_s is not None:
+            line += f" (the wall-time budget has {max(0.0, self.budget_s - self.used_s - self.elapsed()):.0f} s left)"
+        if not self.spoke:
+            line += "; a verdict not cached yet is an evaluation on the CPU (agent/screen.py)"
+        self.spoke = True
+        self.note(line)
 
 
 class _Driver:
-    def __init__(self, config, backend, log, toolbox, system, messages, say, out_dir, *, step=0, totals=None, idle=0):
+    def __init__(self, config, backend, log, toolbox, system, messages, say, out_dir, *, step=0, totals=None, idle=0,
+                 screen_s=0.0):
         self.config, self.backend, self.log, self.toolbox = config, backend, log, toolbox
         self.system, self.messages, self.say, self.out_dir = system, messages, say, out_dir
         self.step, self.idle = step, idle
         self.totals = totals or Totals()
-        self.prior_wall = self.totals.wall_s
+        self.screen_s = screen_s  # the pack's screening just now: wall time spent before the first request
+        self.prior_wall = self.totals.wall_s + screen_s
         self.started = time.monotonic()
         self.session = toolbox.session_id
         self.prices = session_price(config)
@@ -200,9 +254,10 @@ class _Driver:
         self.replayed_turns, self.replayed_usd = 0, 0.0  # recorded responses: their dollars are not spent again
         toolbox.time_left = self._wall_left
 
-    def run(self) -> SessionEnded:
+    def run(self, stop: str | None = None) -> SessionEnded:
+        """The session's turns until it ends; `stop`: why it ends before any (budget_exhausted)."""
         try:
-            return self._loop()
+            return self._end("budget_exhausted", stop) if stop else self._loop()
         finally:
             self.log.close()
 
@@ -347,6 +402,7 @@ class _Driver:
                     f"and a request may cost about ${dollars:.4f}")
         if b.max_wall_s is not None and self._wall() + times * seconds >= b.max_wall_s:
             return (f"wall-time budget: {self._wall():.0f} of {b.max_wall_s:.0f} s used"
+                    + (f" ({self.screen_s:.0f} s of it screening the knowledge pack)" if self.screen_s >= 1 else "")
                     + (f", and a turn may take about {seconds:.0f} s" if seconds else ""))
         return None
 

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from eval.kernel import HUMAN_DIR, REPO
 from tasks import id_of, task_order  # noqa: F401 (task_order: re-exported for agent/tools.py)
@@ -55,6 +56,7 @@ class Pack:
     without: list[str] = field(default_factory=list)
     withheld: list[str] = field(default_factory=list)
     withheld_code: list[dict] = field(default_factory=list)  # {"where", "why"}: agent/screen.py
+    unscreened: str | None = None  # why screening stopped short (build_pack's `watch`); the rest is withheld
 
     # ---- lookups used by the tools ---------------------------------------------------
 
@@ -100,7 +102,8 @@ class Pack:
         inside, _ = self.prompt_docs()
         return PackInfo(sha256=self.sha256, docs={d.name: d.sha for d in self.docs}, in_prompt=[d.name for d in inside],
                         examples=sorted(self.examples, key=task_order), without=list(self.without),
-                        withheld=list(self.withheld), withheld_code=[dict(w) for w in self.withheld_code])
+                        withheld=list(self.withheld), withheld_code=[dict(w) for w in self.withheld_code],
+                        unscreened=self.unscreened)
 
     @property
     def sha256(self) -> str:
@@ -130,11 +133,13 @@ class Pack:
 
 
 def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[str, ...] = (), *,
-               screen_cache: Path | None = None) -> Pack:
+               screen_cache: Path | None = None, watch: Callable[[int, int], str | None] | None = None) -> Pack:
     """Discover the pages and examples for `task`; `without` names pages to leave out (by
     name, e.g. "operands" or "logs/k0", or by file name); an unknown name is an error.
     Code that would pass the task's check is withheld (agent/screen.py); `screen_cache`:
-    where new verdicts are written (default: the user cache)."""
+    where new verdicts are written (default: the user cache). `watch(done, total)` is asked
+    before each verdict (done of the total in so far): None goes on; a reason stops the
+    screening there, and every candidate not screened yet is withheld (Pack.unscreened)."""
     docs_dir = Path(docs_dir or DOCS_DIR)
     docs = [Doc(p.relative_to(docs_dir).with_suffix("").as_posix(), p.read_text(encoding="utf-8"))
             for p in sorted(docs_dir.rglob("*.md"))] if docs_dir.is_dir() else []
@@ -153,36 +158,50 @@ def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[st
     kept = [d for d in docs if d.name not in removed and d.name not in withheld]
     examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("*.py"))
                 if p.stem not in (task.name, "__init__")}
-    kept, examples, withheld_code = _screen(task, kept, examples, screen_cache)
+    kept, examples, withheld_code, unscreened = _screen(task, kept, examples, screen_cache, watch)
     return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld,
-                withheld_code=withheld_code)
+                withheld_code=withheld_code, unscreened=unscreened)
 
 
-def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None):
+def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None, watch):
     """The content rule (agent/screen.py): every code block and example that, adapted to
     the task by a trivial edit, passes the task's check is withheld: a block is replaced
-    by a note in its page, an example dropped."""
+    by a note in its page, an example dropped. Once `watch` stops the screening, every
+    candidate left is withheld unscreened."""
     from agent import screen
+
+    blocks = {d.name: screen.code_blocks(d.text) for d in docs}
+    total, done, stopped = sum(map(len, blocks.values())) + len(examples), 0, None
+
+    def verdict(judge, src: str) -> str | None:
+        nonlocal done, stopped
+        if stopped is None and watch is not None:
+            stopped = watch(done, total)
+        if stopped:
+            return f"not screened: {stopped}"
+        done += 1
+        return judge(task, src, write_to=cache)
 
     out_docs, withheld = [], []
     for d in docs:
         text, parts, at = d.text, [], 0
-        for i, m in enumerate(screen.code_blocks(d.text), 1):
-            why = screen.screen_block(task, m.group("body"), write_to=cache)
+        for i, m in enumerate(blocks[d.name], 1):
+            why = verdict(screen.screen_block, m.group("body"))
             if why:
                 where = f"page {d.name}, code block {i}"
-                parts += [text[at:m.start()], screen.note(where)]
+                parts += [text[at:m.start()], f"[code example withheld for this task: {where} was not screened]\n"
+                          if stopped else screen.note(where)]
                 at = m.end()
                 withheld.append({"where": where, "why": why})
         out_docs.append(Doc(d.name, "".join(parts) + text[at:]) if parts else d)
     kept = {}
     for name, source in examples.items():
-        why = screen.screen_example(task, source, write_to=cache)
+        why = verdict(screen.screen_example, source)
         if why:
             withheld.append({"where": f"example {name}", "why": why})
         else:
             kept[name] = source
-    return out_docs, kept, withheld
+    return out_docs, kept, withheld, stopped
 
 
 def kernel_stub(task) -> str:

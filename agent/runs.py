@@ -59,31 +59,39 @@ class Run:
 
 def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], None]], object], *, runs: int,
                  concurrency: int = 1, log_dir: Path, out_dir: Path | None, docs_dir: Path | None = None,
-                 say: Callable[[str], None] = print) -> dict:
-    """Run `runs` sessions of `config`, at most `concurrency` at a time; `make_backend(note)`
-    gives each run a fresh backend (`note`: where it reports retries). Returns the report
-    (`report()`), with "interrupted" true when Ctrl-C cut the runs short."""
+                 say: Callable[[str], None] = print, note: Callable[[str], None] | None = None) -> dict:
+    """Run `runs` sessions of `config`, at most `concurrency` at a time; `make_backend(tell)`
+    gives each run a fresh backend (`tell`: where it reports retries, the run's tagged `say`).
+    Returns the report (`report()`), with "interrupted" true when Ctrl-C cut the runs short.
+    `note`: where the pack's screening says how it goes (default: `say`), before the runs and
+    in each."""
     import tasks
+    from agent.loop import ScreenWatch
     from agent.pack import build_pack
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
-    build_pack(task, docs_dir, config.pack_without)  # the pack's verdicts cached once, before the runs share them
+    # the pack's verdicts cached once, before the runs share them; no longer than one run's wall-time budget (a run
+    # screens what is left within its own)
+    with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
+        build_pack(task, docs_dir, config.pack_without, watch=watch)
     say(f"runs: {runs} sessions of {task.name} with {config.backend} / {config.model}, at most {concurrency} at a "
         f"time; the budgets apply to each run; logs in {log_dir}")
     all_runs, interrupted = run_pool([config] * runs, make_backend, concurrency=concurrency, log_dir=log_dir,
-                                     out_dir=out_dir, docs_dir=docs_dir, say=say)
+                                     out_dir=out_dir, docs_dir=docs_dir, say=say, note=note)
     return report(config, [r.row() for r in all_runs], interrupted=interrupted)
 
 
 def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str], None]], object], *,
              concurrency: int = 1, log_dir: Path, out_dir: Path | None, docs_dir: Path | None = None,
-             say: Callable[[str], None] = print, tags: list[str] | None = None) -> tuple[list[Run], bool]:
+             say: Callable[[str], None] = print, tags: list[str] | None = None,
+             note: Callable[[str], None] | None = None) -> tuple[list[Run], bool]:
     """One session per configuration, in order, at most `concurrency` at a time, each in a
-    thread of its own with a fresh backend (`make_backend(note)`) and a session id of its own;
-    `tags[i]`: what run i's progress lines start with (default "[run i/N] "). A run's failure
-    (an exception) is its own: the others go on. Returns the runs and whether Ctrl-C cut them
-    short."""
+    thread of its own with a fresh backend (`make_backend(tell)`, as run_sessions') and a
+    session id of its own; `tags[i]`: what run i's progress lines start with (default
+    "[run i/N] "); `note`: where each run's screening of the pack says how it goes, tagged too
+    (default: `say`). A run's failure (an exception) is its own: the others go on. Returns the
+    runs and whether Ctrl-C cut them short."""
     import tasks
     from agent.loop import beside, run_session
 
@@ -101,21 +109,22 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
     # After Ctrl-C the runs' threads live on until the process exits: they print nothing more
     lock, quiet = threading.Lock(), threading.Event()
 
-    def tell(line: str) -> None:
+    def tell(line: str, to: Callable[[str], None] = say) -> None:
         with lock:
             if not quiet.is_set():
-                say(line)
+                to(line)
 
     def one(run: Run) -> None:
-        note = lambda line: tell(run.tag + line)  # noqa: E731
+        said = lambda line: tell(run.tag + line)  # noqa: E731
         backend = None
         try:
-            backend = make_backend(note)
+            backend = make_backend(said)
             run_session(run.config, backend, log_dir=log_dir, session_id=run.session, out_dir=out_dir,
-                        docs_dir=docs_dir, say=note, workspaces=beside(log_dir, "workspaces"))
+                        docs_dir=docs_dir, say=said, workspaces=beside(log_dir, "workspaces"),
+                        note=lambda line: tell(run.tag + line, note or say))
         except Exception as e:  # this run's failure is its own: the others go on
             run.error = (str(e).splitlines() or [type(e).__name__])[0]
-            note(f"failed: {run.error}")
+            said(f"failed: {run.error}")
         finally:
             if backend is not None:
                 backend.close()

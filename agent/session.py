@@ -136,6 +136,8 @@ class PackInfo(_Model):
     withheld: list[str] = Field([], description="pages left out because they name this task")
     withheld_code: list[dict] = Field([], description="code blocks and examples withheld because, adapted to "
                                       "this task, they pass its check: {where, why} (agent/screen.py)")
+    unscreened: str | None = Field(None, description="why the screening stopped short (the wall-time budget); "
+                                   "what it had not screened is withheld too")
 
 
 class Totals(_Model):
@@ -171,6 +173,8 @@ class SessionStarted(_Event):
     backend_info: dict = {}
     forked_from: dict | None = Field(None, description="{log, session, step} when this session continues another")
     replay_of: dict | None = Field(None, description="{log, session} when this session replays another")
+    screen_s: float = Field(0.0, description="seconds the pack's screening took before this event (agent/screen.py), "
+                                             "counted in the session's wall time")
 
 
 class SessionResumed(_Event):
@@ -181,6 +185,8 @@ class SessionResumed(_Event):
     after_outcome: str | None = Field(None, description="the outcome the session had ended with (backend_error), if any")
     config: SessionConfig | None = Field(None, description="the configuration from here on (flags and environment "
                                                            "of the resume over what the log recorded)")
+    screen_s: float = Field(0.0, description="seconds the pack's screening took before this event, counted in the "
+                                             "session's wall time")
 
 
 class ModelRequest(_Event):

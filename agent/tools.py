@@ -72,16 +72,14 @@ def check_timeout_s(task, device: str, shapes: str, compile_: bool) -> float:
     return round(60 + 30 * gflop + (120 * task.launches.count("gemm") if compile_ else 0))
 
 
-class _Progress:
-    """Says each stage of a running evaluation as it starts, and every `every_s` seconds that
-    it is still running, so a slow or hanging kernel is never silence."""
+class Heartbeat:
+    """A context manager whose beat() runs `first_s` seconds after it is entered, then every
+    `every_s` seconds, until it exits (a thread of its own): a long wait is never silence."""
 
-    def __init__(self, say, label: str, limit_s: float, every_s: float = 15.0):
-        self.say, self.label, self.limit_s, self.every_s = say, label, limit_s, every_s
-        self.stage_name, self.t0 = "starting", time.monotonic()
-        self._said: set[str] = set()
+    def __init__(self, first_s: float, every_s: float):
+        self.first_s, self.every_s, self.t0 = first_s, every_s, time.monotonic()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self):
         self._thread.start()
@@ -91,17 +89,38 @@ class _Progress:
         self._done.set()
         self._thread.join()
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def beat(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        wait = self.first_s
+        while not self._done.wait(wait):
+            self.beat()
+            wait = self.every_s
+
+
+class _Progress(Heartbeat):
+    """Says each stage of a running evaluation as it starts, and every `every_s` seconds that
+    it is still running, so a slow or hanging kernel is never silence."""
+
+    def __init__(self, say, label: str, limit_s: float, every_s: float = 15.0):
+        super().__init__(every_s, every_s)
+        self.say, self.label, self.limit_s = say, label, limit_s
+        self.stage_name = "starting"
+        self._said: set[str] = set()
+
     def stage(self, name: str) -> None:
         """A stage starts; said the first time (the judge repeats compile and numerics per shape)."""
         self.stage_name = name
         if name not in self._said:
             self._said.add(name)
-            self.say(f"{self.label}: {name} ({time.monotonic() - self.t0:.0f} s)")
+            self.say(f"{self.label}: {name} ({self.elapsed():.0f} s)")
 
-    def _beat(self) -> None:
-        while not self._done.wait(self.every_s):
-            self.say(f"{self.label}: still in {self.stage_name}, {time.monotonic() - self.t0:.0f} s "
-                     f"of at most {self.limit_s:.0f} s")
+    def beat(self) -> None:
+        self.say(f"{self.label}: still in {self.stage_name}, {self.elapsed():.0f} s of at most {self.limit_s:.0f} s")
 
 
 @dataclass

@@ -91,14 +91,15 @@ def rebuild(events: list) -> Rebuilt:
 
 def _span_s(events: list) -> float:
     """The time the session ran: from each start or resume to the last event before the next
-    resume (the hours a killed or failed session waited are not its wall time)."""
+    resume (the hours a killed or failed session waited are not its wall time), and the
+    pack's screening before each start or resume."""
     def t(e):
         return _dt.datetime.fromisoformat(e.t)
 
-    total, first, last = 0.0, events[0], events[0]
+    total, first, last = events[0].screen_s, events[0], events[0]
     for e in events[1:]:
         if isinstance(e, SessionResumed):
-            total += (t(last) - t(first)).total_seconds()
+            total += (t(last) - t(first)).total_seconds() + e.screen_s
             first = e
         last = e
     return round(total + (t(last) - t(first)).total_seconds(), 3)

@@ -1,6 +1,7 @@
 """Fixtures of the agent tests: loopback servers and scripted models live beside them."""
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,27 @@ def openai_key(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "test-key-loopback")
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     return "test-key-loopback"
+
+
+@dataclass(frozen=True)
+class Sdk:
+    """A live backend as the tests drive it: through its real SDK against the loopback server
+    of its wire format (`name` is both), with a model agent/pricing.py prices."""
+
+    name: str
+    model: str
+    base_url_env: str  # where the backend reads its base URL from the environment
+
+
+SDKS = {"anthropic": Sdk("anthropic", "claude-sonnet-4-5-loopback", "ANTHROPIC_BASE_URL"),  # $3 / $15 per MTok
+        "openai": Sdk("openai", "gpt-4o-loopback", "OPENAI_BASE_URL")}  # $2.5 / $10 per MTok
+
+
+@pytest.fixture(params=sorted(SDKS))
+def sdk(request):
+    """Each SDK in turn, its key set (the anthropic_key / openai_key fixture)."""
+    request.getfixturevalue(f"{request.param}_key")
+    return SDKS[request.param]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ request body that returns one, so the script can react to the feedback it receiv
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ class Loopback:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up first (a timeout test)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         base = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.url = base if protocol == "anthropic" else base + "/v1"
@@ -207,6 +208,14 @@ class Loopback:
         events.append(chunk | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         events.append(chunk | {"choices": [], "usage": usage})
         _send_sse(h, [(None, e) for e in events] + [(None, "[DONE]")])
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        """A client that hung up (a reset between keep-alive requests, as a closed SDK client may
+        leave) is no error of the server's: only other failures print their traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _pieces(text: str, size: int = 40) -> list[str]:

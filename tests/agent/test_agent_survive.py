@@ -1,5 +1,6 @@
 """Sessions that survive outages and kills, and budgets that hold (issue 14, sections 1-2),
-through the CLI and the real anthropic SDK against the loopback Messages API server."""
+through the CLI and the real SDKs against the loopback servers (the tests taking `sdk` run
+once through each SDK, the others through anthropic's)."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 import time
 
 import pytest
-from loopback import Fail, Loopback, Reply
+from loopback import Fail, Loopback, Reply, last_tool_results
 from scenarios import K1_GOOD
 
 import epiforge
@@ -26,14 +27,15 @@ K1_HANGS = K1_GOOD.replace("def run(inputs, prepared, config=None):\n",
                            "def run(inputs, prepared, config=None):\n    n = 0\n    while n >= 0:\n        n += 1\n")
 
 
-def _config(model=PRICED, **budget):
-    return SessionConfig(task="k1", backend="anthropic", model=model, compile=False, device="cpu",
+def _config(model=PRICED, backend="anthropic", **budget):
+    return SessionConfig(task="k1", backend=backend, model=model, compile=False, device="cpu",
                          budget=Budget(**({"max_turns": 8} | budget)))
 
 
 def _session(tmp_path, script, said, config, retry=None):
-    with Loopback("anthropic", script, model=config.model) as server:
-        backend = make_backend("anthropic", model=config.model, base_url=server.url, timeout_s=10,
+    """A session through the real SDK of config.backend against its loopback server."""
+    with Loopback(config.backend, script, model=config.model) as server:
+        backend = make_backend(config.backend, model=config.model, base_url=server.url, timeout_s=10,
                                retry=retry or RetryPolicy(max_retries=2, backoff_s=0.01))
         end, log = run_session(config, backend, log_dir=tmp_path / "logs", workspace=tmp_path / "ws",
                                out_dir=tmp_path / "gen", say=said.say)
@@ -111,55 +113,43 @@ def test_retries_do_not_outlast_the_wall_time_budget(tmp_path, anthropic_key, ca
     assert f"budget_exhausted ({end.reason})" in out
 
 
-def test_a_request_never_outlasts_the_wall_time_budget(tmp_path, anthropic_key, said):
+def test_a_request_never_outlasts_the_wall_time_budget(tmp_path, sdk, said):
     from loopback import Stall
 
     t0 = time.monotonic()  # the client's timeout is 10 s, the stall 30 s, the budget 2 s
-    end, log, server = _session(tmp_path, [Stall(30), Reply("late")], said, _config(max_wall_s=2))
+    end, log, server = _session(tmp_path, [Stall(30), Reply("late")], said, _config(sdk.model, sdk.name, max_wall_s=2))
     assert time.monotonic() - t0 < 8 and len(server.requests) == 1
     assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
     assert 1.5 < end.totals.wall_s < 3
     assert "timed out" in end.reason
 
 
-def test_an_openai_request_never_outlasts_the_wall_time_budget(tmp_path, openai_key, said):
-    from loopback import Stall
-
-    config = _config(model="local-model", max_wall_s=2).model_copy(update={"backend": "openai"})
-    with Loopback("openai", [Stall(30), Reply("late")], model="local-model") as server:
-        backend = make_backend("openai", model="local-model", base_url=server.url, timeout_s=10,
-                               retry=RetryPolicy(max_retries=2, backoff_s=0.01))
-        end, log = run_session(config, backend, log_dir=tmp_path / "logs", workspace=tmp_path / "ws",
-                               out_dir=tmp_path / "gen", say=said.say)
-    assert len(server.requests) == 1 and 1.5 < end.totals.wall_s < 3
-    assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget") and "timed out" in end.reason
-
-
-def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path, anthropic_key, capsys, monkeypatch):
+def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path, sdk, capsys, monkeypatch):
     logs = tmp_path / "runs"
     before = _kernels_in_repo()
-    with Loopback("anthropic", lambda body: Fail(529, "overloaded_error", retry_after="0"), model=PRICED) as down:
-        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+    with Loopback(sdk.name, lambda body: Fail(529, "overloaded_error", retry_after="0"), model=sdk.model) as down:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", sdk.name, "--model", sdk.model, "--base-url",
                                  down.url, "--max-retries", "2", "--log-dir", str(logs), *FAST)
         assert len(down.requests) == 3  # the first try and --max-retries 2
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert "HTTP 529 overloaded_error" in err and "--resume" in err
+    assert f"{sdk.name}: HTTP 529" in err and "(after 3 attempts)" in err and "--resume" in err
     (log,) = logs.glob("*.jsonl")
     assert read_events(log)[0][-1].outcome == "backend_error"
 
     # the service is back at another address; the environment names it, and it wins over the log
     script = [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})]),
               Reply("submitting", [("submit", {})])]
-    with Loopback("anthropic", script, model=PRICED) as up:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", up.url)
+    with Loopback(sdk.name, script, model=sdk.model) as up:
+        monkeypatch.setenv(sdk.base_url_env, up.url)
         rc, out, err = _generate(capsys, "--resume", str(log), "--max-turns", "6")
         assert len(up.requests) == 2
         # the resumed model sees the whole conversation: the prompt, nothing lost
-        assert up.requests[0]["messages"][0]["role"] == "user" and len(up.requests[0]["messages"]) == 1
+        sent = [m for m in up.requests[0]["messages"] if m["role"] != "system"]  # openai's system prompt is one
+        assert [m["role"] for m in sent] == ["user"]
     assert rc == 0, err
-    assert f"base url = {up.url} (from ANTHROPIC_BASE_URL; the log had {down.url})" in out
+    assert f"base url = {up.url} (from {sdk.base_url_env}; the log had {down.url})" in out
     assert "max turns = 6 (from --max-turns; the log had 30)" in out
-    assert "model = claude-sonnet-4-5-loopback (from the log)" in out
+    assert f"model = {sdk.model} (from the log)" in out
     events, _ = read_events(log)
     resumed = next(e for e in events if e.event == "session_resumed")
     assert resumed.after_outcome == "backend_error" and resumed.from_step == 0
@@ -182,6 +172,46 @@ def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path
     assert epiforge.main(["sessions", "show", events[0].session, "--log-dir", str(logs)]) == 0
     shown = capsys.readouterr().out
     assert "outcome: passed" in shown and "step 0: write_kernel, run_check -> check cpu/smoke: PASSED" in shown
+
+
+def test_an_outage_after_a_finished_step_resumes_at_the_next_step(tmp_path, sdk, capsys):
+    """A session that finished a tool step, then met an outage longer than its retries,
+    resumes at the step the outage cut off: the finished step is not done again."""
+    logs = tmp_path / "runs"
+    script = [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})]),
+              Fail(529, "overloaded_error", retry_after="0"), Fail(529, "overloaded_error", retry_after="0")]
+    with Loopback(sdk.name, script, model=sdk.model) as down:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", sdk.name, "--model", sdk.model, "--base-url",
+                                 down.url, "--max-retries", "1", "--log-dir", str(logs), *FAST)
+        assert len(down.requests) == 3  # step 0, then step 1 and its one retry
+    assert rc == 2 and "Traceback" not in err and f"{sdk.name}: HTTP 529" in err
+    (log,) = logs.glob("*.jsonl")
+    failed = log.read_text()
+    assert read_events(log)[0][-1].outcome == "backend_error"
+
+    def submit_after_the_check(body):
+        assert "check: PASSED" in last_tool_results(body)  # step 0's results reach the resumed model
+        return Reply("submitting", [("submit", {})])
+
+    with Loopback(sdk.name, [submit_after_the_check], model=sdk.model) as up:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", up.url)
+        assert len(up.requests) == 1
+    assert rc == 0, err
+    # the resumed request is the one the outage cut off: the same conversation, step 0 in it once
+    assert up.requests[0]["messages"] == down.requests[1]["messages"]
+    assert log.read_text().startswith(failed)  # nothing the failed run wrote is lost or rewritten
+    events, _ = read_events(log)
+    resumed = next(e for e in events if e.event == "session_resumed")
+    assert (resumed.from_step, resumed.after_outcome) == (1, "backend_error")
+    assert "resumed at step 1 after backend_error" in out
+    assert [(e.step, e.name) for e in events if e.event == "tool_called"] == [
+        (0, "write_kernel"), (0, "run_check"), (1, "submit")]
+    assert [(e.step, e.purpose, e.outcome) for e in events if e.event == "evaluation"] == [
+        (0, "check", "PASSED"), (1, "submit", "PASSED")]
+    assert [e.step for e in events if e.event == "model_response"] == [0, 1]
+    end = events[-1]
+    assert end.outcome == "passed" and end.totals.turns == 2
+    assert (logs / "workspaces" / events[0].session / "kernel.py").read_text() == K1_GOOD
 
 
 def test_a_resume_applies_and_reports_the_pack_and_backend_flags(tmp_path, anthropic_key, said, capsys):
@@ -311,11 +341,11 @@ def test_an_unpriced_model_with_a_dollar_budget_is_refused_before_anything(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-def test_given_prices_price_every_turn_and_hold_the_budget(tmp_path, anthropic_key, said):
+def test_given_prices_price_every_turn_and_hold_the_budget(tmp_path, sdk, said):
     # each turn: 30,000 input tokens (the pack is ~29k) and 1,000 output at $2 / $10 per MTok = $0.07
     reply = Reply("looking", [("list_examples", {})], input_tokens=30000, output_tokens=1000, cache_read=0,
                   cache_write=0)
-    config = _config(model="my-local-model", max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
+    config = _config("my-local-model", sdk.name, max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
     end, log, server = _session(tmp_path, [reply] * 8, said, config)
     responses = [e for e in read_events(log)[0] if e.event == "model_response"]
     assert all(r.cost_usd == pytest.approx(0.07) for r in responses)
@@ -323,18 +353,18 @@ def test_given_prices_price_every_turn_and_hold_the_budget(tmp_path, anthropic_k
     assert end.totals.cost_usd <= 0.25 and len(server.requests) == len(responses) == 3  # a 4th would pass $0.25
 
 
-def test_no_request_is_sent_that_the_budget_cannot_pay_for(tmp_path, anthropic_key, said):
-    end, log, server = _session(tmp_path, [Reply("hi")], said, _config(max_usd=0.0001))
+def test_no_request_is_sent_that_the_budget_cannot_pay_for(tmp_path, sdk, said):
+    end, log, server = _session(tmp_path, [Reply("hi")], said, _config(sdk.model, sdk.name, max_usd=0.0001))
     assert server.requests == [] and end.outcome == "budget_exhausted" and end.reason.startswith("dollar budget")
     assert not [e for e in read_events(log)[0] if isinstance(e, ModelRequest)]
-    end, _, server = _session(tmp_path / "t", [Reply("hi")], said, _config(max_tokens=200))
+    end, _, server = _session(tmp_path / "t", [Reply("hi")], said, _config(sdk.model, sdk.name, max_tokens=200))
     assert server.requests == [] and end.reason.startswith("token budget")
 
 
-def test_the_last_turn_warning_covers_the_token_budget(tmp_path, anthropic_key, said):
+def test_the_last_turn_warning_covers_the_token_budget(tmp_path, sdk, said):
     reply = Reply("looking", [("list_examples", {})], input_tokens=30000, output_tokens=500, cache_read=0,
                   cache_write=0)
-    end, _, server = _session(tmp_path, [reply] * 8, said, _config(max_tokens=100_000))
+    end, _, server = _session(tmp_path, [reply] * 8, said, _config(sdk.model, sdk.name, max_tokens=100_000))
     warned = ["last turn the budget allows (token budget" in json.dumps(body["messages"][-1])
               for body in server.requests]
     assert end.outcome == "budget_exhausted" and end.reason.startswith("token budget")
@@ -392,6 +422,95 @@ def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, anth
     assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
     assert len(server.requests) == 1
     assert any(line.startswith("step 0: check (CPU, smoke): numerics") for line in said)
+
+
+def _row_scale_docs(tmp_path, n):
+    """A docs folder whose one page holds n row-scale epilogues, k1's answer under new names:
+    none has a verdict cached (each test's screen cache starts empty), so the pack's screening
+    spends an evaluation on each."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Index\n")
+    (docs / "scaling.md").write_text("# Scaling\n" + "".join(
+        f'```python\nimport primitives as P\n\n@P.epilogue(operands={{"r": P.PerRow()}})\n'
+        f'def rows_{i}(acc, r):\n    return {{"D": acc * r}}\n```\n' for i in range(1, n + 1)))
+    return docs
+
+
+@pytest.fixture
+def quick_screen_progress(monkeypatch):
+    from agent.loop import ScreenWatch
+
+    monkeypatch.setattr(ScreenWatch, "FIRST_S", 0.1)  # a line as soon as screening takes a moment
+    monkeypatch.setattr(ScreenWatch, "EVERY_S", 1.0)
+
+
+def test_a_wall_time_budget_spent_screening_the_pack_ends_the_session(tmp_path, anthropic_key, capsys,
+                                                                       quick_screen_progress):
+    logs = tmp_path / "runs"
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--docs-dir", str(_row_scale_docs(tmp_path, 3)), "--max-wall-s", "1",
+                                 "--log-dir", str(logs), "--json", *FAST)
+        assert server.requests == []  # no request: the budget went to screening
+    assert rc == 1 and "Traceback" not in err
+    end = json.loads(out)  # stdout is the one JSON object; the progress went to stderr
+    assert end["outcome"] == "budget_exhausted" and end["totals"]["turns"] == 0
+    assert end["reason"].startswith("wall-time budget: ") and "s of it screening the knowledge pack for k1; 1 of its " in end["reason"]
+    assert end["totals"]["wall_s"] >= 1  # the screening's time is the session's
+    assert "screening the knowledge pack for k1: 0 of " in err and f"budget_exhausted ({end['reason']})" in err
+    assert "screening the knowledge pack for k1: stopped at the wall-time budget, 1 of " in err
+    # one verdict was computed before the budget ran out, and it is kept for the next session
+    computed = [v for v in json.loads((tmp_path / "screen_cache.json").read_text()).values() if "passed" in v]
+    assert [v["passed"] for v in computed] == [True]
+    (log,) = logs.glob("*.jsonl")
+    start = read_events(log)[0][0]
+    assert start.screen_s >= 1 and start.pack.unscreened == end["reason"]
+    why = [w["why"] for w in start.pack.withheld_code]  # what was not screened was not offered
+    assert why[0] == "epilogue rows_1 with r=rstd passes k1's check" and len(why) > 3
+    assert all(w == f"not screened: {end['reason']}" for w in why[1:])
+
+
+def test_screening_the_pack_shows_progress_on_stderr_and_counts_as_wall_time(tmp_path, anthropic_key, capsys,
+                                                                            quick_screen_progress):
+    from agent.transcript import rebuild
+
+    logs = tmp_path / "runs"
+    with Loopback("anthropic", [Reply("hi"), Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--docs-dir", str(_row_scale_docs(tmp_path, 1)), "--max-wall-s", "300",
+                                 "--log-dir", str(logs), *FAST)
+        assert len(server.requests) == 2
+        assert "rows_1" not in json.dumps(server.requests[0]["system"])  # screened and withheld: k1's answer
+    assert rc == 1, err
+    lines = err.splitlines()
+    assert lines[0].startswith("screening the knowledge pack for k1: 0 of ") and "s left" in lines[0]
+    assert lines[-1].startswith("screening the knowledge pack for k1: done, ") and lines[-1].endswith(" s")
+    assert "knowledge pack" not in out  # stdout has the session's lines only
+    (log,) = logs.glob("*.jsonl")
+    events, _ = read_events(log)
+    assert events[0].screen_s > 0.1 and events[0].pack.unscreened is None
+    assert events[-1].outcome == "gave_up" and events[-1].totals.wall_s >= events[0].screen_s
+    assert rebuild(events).totals.wall_s >= events[0].screen_s  # and a resume counts it from the log
+
+
+def test_a_resume_counts_its_screening_against_the_wall_time_budget(tmp_path, anthropic_key, said, capsys,
+                                                                    quick_screen_progress):
+    from agent.transcript import rebuild
+
+    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
+    assert end.outcome == "backend_error"
+    budget = rebuild(read_events(log)[0]).totals.wall_s + 1  # a second left: less than one verdict takes
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url, "--max-wall-s", f"{budget:.3f}",
+                                 "--docs-dir", str(_row_scale_docs(tmp_path, 3)))
+        assert server.requests == []
+    assert rc == 1 and "Traceback" not in err
+    events, _ = read_events(log)
+    resumed, end = next(e for e in events if e.event == "session_resumed"), events[-1]
+    assert end.outcome == "budget_exhausted" and "s of it screening the knowledge pack for k1; " in end.reason
+    assert resumed.screen_s >= 1 and end.totals.wall_s >= budget
+    assert "screening the knowledge pack for k1: 0 of " in err
 
 
 # ---- output --------------------------------------------------------------------------------
