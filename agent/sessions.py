@@ -30,10 +30,17 @@ def counts_as_pass(end: SessionEnded | None) -> bool | None:
     """The rule by which a session counts in pass@k, for `generate --runs` (agent/runs.py) and
     the leaderboard (eval/leaderboard.py agent_rows) alike. Not counted (None): an unfinished
     session, whose log has no session_ended event (killed, cut off by Ctrl-C, failed before
-    its log began), and one that ended on a backend error (an outage says nothing of the
-    model, and `generate --resume` continues it). Any other end is a pass (True) when it is
-    passed or passed_slow, else a failure (False); a resumed session counts by its last end."""
-    return None if end is None or end.outcome == "backend_error" else end.outcome in PASSED
+    its log began), one that ended on a backend error (an outage says nothing of the
+    model, and `generate --resume` continues it), and one whose budget ran out before the
+    model answered once (0 turns: the knowledge pack's screening or a budget too small for
+    the first request spent it; the model was never asked). Any other end is a pass (True)
+    when it is passed or passed_slow, else a failure (False); a resumed session counts by
+    its last end."""
+    if end is None or end.outcome == "backend_error":
+        return None
+    if end.outcome == "budget_exhausted" and end.totals.turns == 0:
+        return None
+    return end.outcome in PASSED
 
 
 def summarize(path: Path) -> dict | str:

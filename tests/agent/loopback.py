@@ -12,6 +12,7 @@ import json
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -105,6 +106,8 @@ class Loopback:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+        if self.server.errors and exc[0] is None:  # the script's own failure fails the test, here
+            raise AssertionError("the loopback server failed:\n" + self.server.errors[0])
 
     def _with_usage(self, action: Reply, body: dict) -> Reply:
         system = len(json.dumps(body.get("system", ""))) // 4
@@ -211,11 +214,18 @@ class Loopback:
 
 
 class _Server(ThreadingHTTPServer):
+    """Keeps its handlers' failures (Loopback's __exit__ raises the first) instead of printing
+    them into the stderr the test reads as the CLI's. A client that hung up (a reset between
+    keep-alive requests, as a closed SDK client may leave), or any socket error on a connection
+    the client dropped, is no failure of the server's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.errors: list[str] = []
+
     def handle_error(self, request, client_address):
-        """A client that hung up (a reset between keep-alive requests, as a closed SDK client may
-        leave) is no error of the server's: only other failures print their traceback."""
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
+        if not isinstance(sys.exc_info()[1], OSError):
+            self.errors.append(traceback.format_exc())
 
 
 def _pieces(text: str, size: int = 40) -> list[str]:

@@ -213,3 +213,19 @@ def test_a_run_that_raises_is_reported_and_the_others_finish(tmp_path, anthropic
     # the run with no session is not counted: pass@k over the 2 that finished (agent/sessions.py counts_as_pass)
     assert (rep["n"], rep["unfinished"], rep["runs"][1]["pass"]) == (2, 1, None)
     assert rep["pass_at_k"] == {"1": 0.0, "2": 0.0} and rep["to_resume"] == [] and not rep["interrupted"]
+
+
+def test_a_session_whose_budget_ran_out_before_the_model_answered_is_not_counted():
+    """pass@k measures the model: a session that never got an answer (0 turns) says nothing
+    of it, whatever spent its budget; one that ran out after answering is a failure."""
+    from agent.session import SessionEnded, Totals
+    from agent.sessions import counts_as_pass
+
+    def end(outcome, turns):
+        return SessionEnded(session="s", outcome=outcome, reason="r", totals=Totals(turns=turns))
+
+    assert counts_as_pass(end("budget_exhausted", 0)) is None
+    assert counts_as_pass(end("budget_exhausted", 1)) is False
+    assert counts_as_pass(end("gave_up", 0)) is False
+    assert counts_as_pass(end("passed", 3)) is True
+    assert counts_as_pass(end("backend_error", 2)) is None
