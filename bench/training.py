@@ -291,6 +291,15 @@ def _skipped(entries: list[_Entry], skip: tuple[str, ...]) -> list[_Entry]:
     return entries
 
 
+def _fused_and_unfused(fused_type, reference_type, cfg, device):
+    """The fused module and its unfused bf16 twin holding the same (seeded) weights."""
+    torch.manual_seed(0)
+    fused = fused_type(cfg, device=device)
+    eager = reference_type(cfg, torch.bfloat16, device=device)
+    eager.load_state_dict(fused.state_dict())
+    return fused, eager
+
+
 def _layer_inputs(cfg: LlamaLayerConfig, batch: int, seq: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator(device="cpu").manual_seed(0)
     return [(torch.randn(batch, seq, cfg.d, generator=g).to(device, torch.bfloat16).requires_grad_(),
@@ -300,10 +309,7 @@ def _layer_inputs(cfg: LlamaLayerConfig, batch: int, seq: int, device) -> list[t
 def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: str, skip: tuple[str, ...] = ()) -> Row:
     """One decoder layer's forward + backward, every contender on the same weights and inputs."""
     cuda = device == "cuda"
-    torch.manual_seed(0)
-    fused = FusedLlamaLayer(cfg, device=device)
-    eager = ReferenceLlamaLayer(cfg, torch.bfloat16, device=device)
-    eager.load_state_dict(fused.state_dict())
+    fused, eager = _fused_and_unfused(FusedLlamaLayer, ReferenceLlamaLayer, cfg, device)
     inputs = _layer_inputs(cfg, batch, seq, device)
 
     def fwd_bwd(layer, context=nullcontext):
@@ -369,10 +375,7 @@ def _attention_call(cfg: LlamaLayerConfig, batch: int, seq: int, device):
 def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: str, skip: tuple[str, ...] = ()) -> Row:
     """A whole training step (forward, backward, fused AdamW) of every contender."""
     cuda = device == "cuda"
-    torch.manual_seed(0)
-    fused = FusedLlamaModel(cfg, device=device)
-    eager = ReferenceLlamaModel(cfg, torch.bfloat16, device=device)
-    eager.load_state_dict(fused.state_dict())
+    fused, eager = _fused_and_unfused(FusedLlamaModel, ReferenceLlamaModel, cfg, device)
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = [(torch.randint(0, cfg.vocab, (batch, seq), generator=g).to(device),
                 torch.randint(0, cfg.vocab, (batch, seq), generator=g).to(device)) for _ in range(2)]
@@ -394,8 +397,8 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
         entries.append(_Entry(Contender(name=name, what=what), call, lambda: _state_bytes(params_of, opt)))
 
     liger = LigerLlamaModel(cfg, fused.to_hf_state_dict()) if cuda and _liger() is not None else None
-    add("fused", "training/ FusedLlamaModel (k4hf, k0, k2, k0 + next norm; k7 -> k6, k6; k5 loss, CE backward "
-                 "in torch through k1's logits), eager", fused, fused)
+    add("fused", "training/ FusedLlamaModel (k4hf, k0, k2, k0 + next norm; k7 -> k6, k6; k5 loss, its "
+                 "backward one GEMM epilogue), eager", fused, fused)
     add("fused-eager-glue", "the same fused model with the torch glue between its GEMMs run eagerly "
                             "(training.ops.eager_glue: an ablation)", fused, fused, eager_glue)
     add("eager", "the same model, unfused bf16 PyTorch, eager (float32 logits for the loss)", eager, eager)
