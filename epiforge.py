@@ -180,7 +180,7 @@ def cmd_compare(args) -> int:
         from eval.store import ResultStore
 
         store = ResultStore(args.store)
-    from eval.baselines import REGISTRY
+    from eval.baselines import REGISTRY, STANDARD
 
     unknown = [b for b in args.baselines if b not in REGISTRY]
     if unknown:
@@ -188,6 +188,18 @@ def cmd_compare(args) -> int:
     comparisons = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True,
                   disable=args.json) as progress:
+        built = [b for b in args.baselines if b not in STANDARD]
+        if device == "gpu" and len(plans) > 1 and built and args.warm:
+            from eval.warm import JOBS, warm_all
+
+            warming = progress.add_task(f"building the baselines of {len(plans)} tasks, {JOBS} at a time", total=len(plans))
+            warmed = warm_all([name for name, _ in plans], args.shapes, built,
+                              on_done=lambda name, line: progress.advance(warming))
+            progress.remove_task(warming)
+            for name, line in warmed.items():
+                if line != "ok":
+                    print(f"epiforge: {name}'s baselines were not built ahead ({line}): its judge builds them",
+                          file=sys.stderr)
         job = progress.add_task("compare", total=len(plans))
         for name, kernels in plans:
             progress.update(job, description=f"{name}: {len(kernels)} kernel(s) on {device}")
@@ -364,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "on a GPU (default: torch_compile liger flashinfer quack_library; see eval/baselines.py)")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
     p.add_argument("--store", default=None, help="also record every Result in this SQLite file")
+    p.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="with --all on a GPU: do not build every task's baselines ahead, several at a time, before "
+                        "the first timed run (eval/warm.py; each judge then builds its own)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
 
