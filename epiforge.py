@@ -376,9 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "on a GPU (default: torch_compile liger flashinfer quack_library; see eval/baselines.py)")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
     p.add_argument("--store", default=None, help="also record every Result in this SQLite file")
-    p.add_argument("--no-warm", dest="warm", action="store_false",
-                   help="with --all on a GPU: do not build every task's baselines ahead, several at a time, before "
-                        "the first timed run (eval/warm.py; each judge then builds its own)")
+    p.add_argument("--warm", action="store_true",
+                   help="with --all on a GPU: build every task's baselines ahead, several at a time, before the "
+                        "first timed run (eval/warm.py; otherwise each judge builds its own). Measured on the "
+                        "H200 (2026-12-02) it did not pay: ~200 s ahead, and the judges' warmup stage stayed "
+                        "8-18 s per task")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
 

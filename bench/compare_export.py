@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", type=Path, required=True)
     ap.add_argument("--bench", type=Path, help="a bench result file (final.json) to check agreement with")
     ap.add_argument("--same-session", action="store_true",
-                    help="the bench file was made in the same GPU session as the stores, just before them")
+                    help="the bench file was made in the same GPU session as the stores, minutes from them")
     args = ap.parse_args(argv)
     results = load(args.stores, args.commit, args.command)
     commits = ", ".join(dict.fromkeys(args.commit))
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
             worst = max(abs(a.compare / a.bench - 1) for a in rows)
             drift = [a.cublas for a in rows]
             clocks = args.same_session and any(a.compare_clocks or a.bench_clocks for a in rows)
-            when = ("bench/run.py in the same GPU session, just before the compare runs" if args.same_session
+            when = ("bench/run.py in the same GPU session as the compare runs, minutes apart" if args.same_session
                     else "bench/run.py, an earlier run")
             tail = ["## Agreement with bench/", "",
                     f"The expert kernels' fused / GEMM-only here and in {args.bench.name} ({when}): two runs, each "

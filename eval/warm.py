@@ -11,6 +11,10 @@ that follow find what they would have built. Nothing is timed here, and all of i
 before the first judge starts: no timed phase ever shares the GPU with this work. A task
 that fails to warm is only slower to judge; its judge builds, and reports, the same thing.
 
+Opt-in (`compare --all --warm`): on the H200 (2026-12-02, bench/results/h200/compare-all-3.md)
+warming 17 tasks with FlashInfer took about 200 s, and each judge's warmup stage still took
+8-18 s, so it did not shorten the run. What that stage spends its time on is still to find.
+
     python -m eval.warm --task k1 --shapes paper --baselines torch_compile liger   (one task)
     warm_all(["k1", "k8"], "paper", ["torch_compile", "liger"], jobs=8)             -> {task: line}
 """
