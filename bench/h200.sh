@@ -11,6 +11,7 @@
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
 #   bench/h200.sh judge-compare  # epiforge compare of each task at the paper shapes (compare.md, compare.sqlite)
+#   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -118,8 +119,31 @@ case "${1:-}" in
     done
     grep -E "^\| |exit" "$OUT/compare.md" | head -60
     ;;
+  judge-lead)
+    # which GPU state the judge times in (eval/timing.py Lead): the same expert kernels under
+    # compare with each lead, and under bench/run.py (back to back) before and after
+    mkdir -p "$OUT"
+    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    tasks=${LEAD_TASKS:-k0 k8}
+    # shellcheck disable=SC2086
+    $PY -m bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-1.json" | grep -E "^k[0-9] "
+    stores=()
+    for lead in ${LEADS:-spin heat:1 heat:3 heat:10}; do
+      store="$OUT/lead-${lead//:/-}.sqlite"
+      for t in $tasks; do
+        EPIFORGE_TIMED_LEAD=$lead timeout 150 $PY epiforge.py compare --task "$t" --shapes paper --device gpu \
+          --kernels expert --baselines --store "$store" > /dev/null 2>> "$OUT/lead.log" || echo "$lead $t: exit $?"
+      done
+      stores+=("$lead=$store")
+    done
+    # shellcheck disable=SC2086
+    $PY -m bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-2.json" | grep -E "^k[0-9] "
+    $PY -m bench.lead_study --lead "${stores[@]}" --bench "$OUT/lead-bench-1.json" "$OUT/lead-bench-2.json" \
+      --commit "${EPIFORGE_COMMIT:-unknown}" --command "LEADS='${LEADS:-spin heat:1 heat:3 heat:10}' bash bench/h200.sh judge-lead" \
+      --out "$OUT/lead-study.md"
+    ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits|judge-compare" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits|judge-compare|judge-lead" >&2
     exit 2
     ;;
 esac

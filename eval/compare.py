@@ -101,7 +101,7 @@ def select_kernels(task_name: str, specs: list[str]) -> list[tuple[str, Path]]:
 
 
 def compare(task_name: str, kernels: list[tuple[str, Path]], *, device: str = "cpu", shapes: str = "smoke",
-            seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 50,
+            seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 30,
             baselines: list[str] = (), on_stage=None) -> Comparison:
     """Judge the kernels together (see the module docstring); the static stage runs here,
     per kernel, on each source read once. baselines: registry names (eval/baselines.py)

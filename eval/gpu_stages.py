@@ -113,7 +113,8 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     "kernel:<name>", every other kernel, so their ratios are per repetition too. A kernel
     that fails raises KernelStageFailure naming it. stage(name): "warmup" while the inputs
     are shared and the baselines built (torch.compile's compile among them) and everything
-    is warmed up, then "benchmark" for the timed repetitions."""
+    is warmed up ("baselines" while the baselines are built: torch.compile's compile, quack's
+    GEMM configs), then "benchmark" for the timed repetitions."""
     stage("warmup")
     dims = shape.dims()
     seeds = [derive_seed(master_seed, shape_index, 100 + j) for j in range(rotate)]
@@ -173,8 +174,10 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     ab = [task.gemm_operands(x) for x in private]
     from primitives.config import GemmConfig
 
+    stage("baselines")
     plain, skipped = gemm_candidates(task, dims, ab, [GemmConfig.parse(c) for c in kernel_configs], device)
     extra, extra_notes, extra_skipped = extra_baselines(baselines, task, dims, private, device)
+    stage("warmup")
     local = {**plain, "eager": lambda j: task.unfused(private[j], dims), **extra}
 
     def local_rep(name: str, j: int) -> tuple[float, float]:

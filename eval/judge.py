@@ -132,6 +132,10 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
 
             torch.cuda.init()
         env = fingerprint(device, commit=False)
+        if device == "cuda" and request.get("timing", True):
+            from eval.timing import LEAD
+
+            env["timed_lead"] = LEAD.describe()  # the GPU's state before each timed call (eval/timing.py)
         for i, c in enumerate(cands):
             c.base["environment"] = dict(env)
             try:

@@ -30,7 +30,7 @@ NOT_THE_KERNELS_FAULT = frozenset({Outcome.TASK_ERROR})
 
 
 #: the stages in the order they run; a Result's `stage` names the one it stopped in
-STAGES = ("static", "load", "compile", "numerics", "launches", "warmup", "benchmark", "recheck", "plausibility", "done")
+STAGES = ("static", "load", "compile", "numerics", "launches", "warmup", "baselines", "benchmark", "recheck", "plausibility", "done")
 
 
 class RatioStat(BaseModel):
