@@ -53,7 +53,7 @@ def kernel_file(tmp_path, run_body: str) -> Path:
 def test_an_expert_kernel_goes_through_every_stage(tmp_path):
     res, stages = stages_of("k0_gemm_residual_partial_rmsnorm", REPO / "human_kernels/k0_gemm_residual_partial_rmsnorm.py",
                             tmp_path)
-    assert res.outcome.value == "PASSED" and stages == ["launches", "warmup", "benchmark", "recheck", "plausibility"], \
+    assert res.outcome.value == "PASSED" and stages == ["launches", "warmup", "baselines", "warmup", "benchmark", "recheck", "plausibility"], \
         res.message
     t = res.timing
     assert t.kernel.n == 6 and t.baselines["gemm_only"].n == 6 and t.baselines["eager"].n == 6
@@ -80,7 +80,7 @@ def test_extra_launches_in_the_timed_phase_are_caught(tmp_path):
             "    honest(inputs)\n    return honest(inputs)\n")
     res, stages = stages_of("k1_gemm_rmsnorm", kernel_file(tmp_path, body), tmp_path)
     assert res.outcome.value == "EXTRA_LAUNCHES" and "timed phase" in res.message and res.timing is None
-    assert stages == ["launches", "warmup", "benchmark"]
+    assert stages == ["launches", "warmup", "baselines", "warmup", "benchmark"]
 
 
 def test_extra_launches_stop_before_timing(tmp_path):
