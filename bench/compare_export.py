@@ -19,6 +19,7 @@ and power-capped share each harness's timed phase saw (eval/clocks.py), where re
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +28,8 @@ from eval.clocks import ClockSummary
 from eval.machine import REPO
 
 
+#: the judge's timed lead before eval/timing.py chose and recorded one (2026-12-03)
+LEAD_UNRECORDED = "a ~2 ms GPU sleep (eval/timing.py Lead 'spin'; the run predates its record)"
 #: what the header says where a run's fingerprint has no FlashInfer version (before eval/machine.py listed it)
 FLASHINFER_UNRECORDED = "0.7.2.post1 (what ../shared/gpu/stage-flashinfer installs; the run's fingerprint did not record it)"
 
@@ -48,8 +51,15 @@ def load(stores: list[Path], commits: list[str], command: str) -> list:
                         if kernel.is_relative_to(p) and (REPO / kernel.relative_to(p)).is_file()), kernel.name)
             latest.pop((r.task, rel), None)  # re-inserted: the order is the latest run's
             latest[(r.task, rel)] = r.model_copy(update={
-                "kernel": rel, "environment": {**r.environment, "commit": commit, "command": command}})
+                "kernel": rel, "environment": {**r.environment, "commit": commit, "command": command},
+                "stderr_tail": scrub_paths(r.stderr_tail)})
     return list(latest.values())
+
+
+def scrub_paths(text: str) -> str:
+    """A GPU machine's install paths out of a stderr tail: every ".../site-packages" becomes
+    "<site-packages>" (no machine path leaves the machine)."""
+    return re.sub(r"(?:/[^\s/:'\"]+)+/site-packages", "<site-packages>", text)
 
 
 def _repo_relative(path: Path) -> str:
@@ -147,6 +157,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", type=Path, help="a bench result file (final.json) to check agreement with")
     ap.add_argument("--same-session", action="store_true",
                     help="the bench file was made in the same GPU session as the stores, minutes from them")
+    ap.add_argument("--bench-when", default=None,
+                    help="when and where the bench file was made, in words (e.g. on a second machine of the "
+                         "same device session); shows the clock columns like --same-session")
     args = ap.parse_args(argv)
     results = load(args.stores, args.commit, args.command)
     commits = ", ".join(dict.fromkeys(args.commit))
@@ -159,7 +172,8 @@ def main(argv=None) -> int:
             f"Made by `{args.command}` at commit {commits}, {env.get('date', '')[:10]}; driver "
             f"{env.get('driver')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, quack-kernels "
             f"{env.get('quack-kernels')}, nvidia-cutlass-dsl {env.get('nvidia-cutlass-dsl')}, liger-kernel "
-            f"{env.get('liger-kernel')}, flashinfer-python {env.get('flashinfer-python', FLASHINFER_UNRECORDED)}. "
+            f"{env.get('liger-kernel')}, flashinfer-python {env.get('flashinfer-python', FLASHINFER_UNRECORDED)}; "
+            f"before each timed call the GPU ran {env.get('timed_lead', LEAD_UNRECORDED)}. "
             f"Tables by `python -m bench.compare_export` from {_repo_relative(args.jsonl)}. Each task's kernels and baselines "
             "were timed in one interleaved run per shape; every ratio is a median of per-repetition ratios "
             "with its 95% bootstrap interval.", ""]
@@ -176,8 +190,10 @@ def main(argv=None) -> int:
         if rows:
             worst = max(abs(a.compare / a.bench - 1) for a in rows)
             drift = [a.cublas for a in rows]
-            clocks = args.same_session and any(a.compare_clocks or a.bench_clocks for a in rows)
-            when = ("bench/run.py in the same GPU session as the compare runs, minutes apart" if args.same_session
+            clocks = (args.same_session or args.bench_when is not None) and any(
+                a.compare_clocks or a.bench_clocks for a in rows)
+            when = (f"bench/run.py, {args.bench_when}" if args.bench_when is not None else
+                    "bench/run.py in the same GPU session as the compare runs, minutes apart" if args.same_session
                     else "bench/run.py, an earlier run")
             tail = ["## Agreement with bench/", "",
                     f"The expert kernels' fused / GEMM-only here and in {args.bench.name} ({when}): two runs, each "
@@ -185,7 +201,8 @@ def main(argv=None) -> int:
                     f"{min(drift):.3f}-{max(drift):.3f} times its time in the bench run, so the two did not see the "
                     "same machine state (clocks, power)"
                     + (", although they ran minutes apart on one machine: the harnesses themselves differ in how "
-                       "they load the GPU between repetitions." if args.same_session
+                       "they load the GPU between repetitions." if args.same_session and args.bench_when is None
+                       else "." if args.bench_when is not None
                        else "; a like-for-like check runs both in one GPU session.")
                     + (" The clock columns: the SM clock each harness's timed phase ran at (median, min-max "
                        "of NVML readings every 10 ms) and the share of readings throttled by the power cap."

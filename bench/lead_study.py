@@ -2,7 +2,7 @@
 timed lead (eval/timing.py Lead: what the GPU does before each synchronized timed call) set
 beside bench/run.py's back-to-back runs of them in the same GPU session, before and after.
 
-    python -m bench.lead_study --lead spin=S1.sqlite heat:3=S2.sqlite ... \
+    python -m bench.lead_study --lead spin=S1.sqlite heat:3=S2.jsonl ... \
         --bench B1.json B2.json --commit HASH --command "..." --out lead-study.md
 
 Per lead and row: compare's fused / GEMM-only over bench's (1.000: the two harnesses agree),
@@ -28,10 +28,20 @@ def _rows(bench_path: Path) -> dict[tuple[str, str], float]:
     return {(r.task, r.shape): r.fused_over_gemm_only for r in _report(bench_path).rows if r.fused is not None}
 
 
+def _results(path: Path, commit: str, command: str) -> list:
+    """The Results of a compare store (.sqlite) or of a file that bench.compare_export wrote (.jsonl)."""
+    from bench.compare_export import load
+    from eval.result import Result
+
+    if path.suffix == ".jsonl":
+        return [Result.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+    return load([path], [commit], command)
+
+
 def study(leads: dict[str, Path], benches: list[Path], commit: str, command: str) -> tuple[list[str], dict]:
     """(Markdown lines, {lead: largest |compare / bench - 1|}), against the first bench file;
     with two bench files, "noise" is the largest |second / first - 1| over their rows."""
-    from bench.compare_export import agreement, agreement_table, load
+    from bench.compare_export import agreement, agreement_table
 
     first = _report(benches[0])
     lines = [f"# The judge's timed lead against bench/, one GPU session (commit {commit})", "",
@@ -49,7 +59,7 @@ def study(leads: dict[str, Path], benches: list[Path], commit: str, command: str
                   for t, s in common]
         lines.append("")
     for lead, store in leads.items():
-        rows = agreement(load([store], [commit], command), first)
+        rows = agreement(_results(store, commit, command), first)
         worst[lead] = max((abs(r.compare / r.bench - 1) for r in rows), default=float("nan"))
         med = statistics.median(r.compare / r.bench for r in rows) if rows else float("nan")
         lines += [f"## lead {lead}: largest disagreement {worst[lead]:.1%}, median compare / bench {med:.3f}", ""]
@@ -60,7 +70,7 @@ def study(leads: dict[str, Path], benches: list[Path], commit: str, command: str
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lead", nargs="+", required=True, help="LEAD=STORE, one per lead, in the order they ran")
+    ap.add_argument("--lead", nargs="+", required=True, help="LEAD=STORE, one per lead, in the order they ran (a compare store, or its compare_export .jsonl)")
     ap.add_argument("--bench", nargs="+", type=Path, required=True, help="bench/run.py files of the same session")
     ap.add_argument("--commit", required=True)
     ap.add_argument("--command", required=True)

@@ -4,11 +4,13 @@ CUDA events recorded on the stream the work runs on (the current stream), the L2
 flushed before every repetition (outside the timed region), warm-up runs first (compiles,
 autotuning, allocator growth), inputs rotated across repetitions so no run reads what the
 previous one left in cache, and the median of many repetitions with its spread. Before
-each repetition the GPU is also given a short spin (outside the timed region) so that the
-host has queued the timed work before the GPU reaches it: the events then time the GPU's
-work, not the host's launch overhead (Python wrappers of ~10-100 us would otherwise leave
-the GPU idle inside the timed region for short kernels, and unevenly so between a fused
-kernel and cuBLAS). The GPU's clocks are sampled through every timed phase (gpu_clocks,
+each repetition the GPU is also given a lead (outside the timed region) so that the host
+has queued the timed work before the GPU reaches it: the events then time the GPU's work,
+not the host's launch overhead (Python wrappers of ~10-100 us would otherwise leave the GPU
+idle inside the timed region for short kernels, and unevenly so between a fused kernel and
+cuBLAS). Back-to-back repetitions (time_cuda*, bench/) get a short sleep; a synchronized
+call (timed_call, the judge) gets `LEAD`, by default a few ms of GEMMs that keep the GPU in
+the loaded state back-to-back work runs in. The GPU's clocks are sampled through every timed phase (gpu_clocks,
 eval/clocks.py) and every Timing of the phase carries their summary.
 """
 

@@ -85,3 +85,11 @@ def test_same_session_shows_both_harnesses_clocks(tmp_path):
         assert line.endswith("| 1770 (1755-1785) | 1590 (1590-1650) | 0% | 75% |"), line
     assert compare_export.main(argv) == 0  # runs apart: no clock columns
     assert "SM MHz" not in md.read_text()
+
+
+def test_install_paths_of_the_gpu_machine_do_not_leave_it():
+    tail = ("/opt/torch/.venv/lib/python3.12/site-packages/torch/profiler/profiler.py:224: UserWarning: x\n"
+            "  File \"/tmp/gpu/lib/site-packages/quack/gemm.py\", line 3\n")
+    got = compare_export.scrub_paths(tail)
+    assert "/opt" not in got and "/tmp" not in got
+    assert got.startswith("<site-packages>/torch/profiler/profiler.py:224") and '"<site-packages>/quack/gemm.py"' in got
