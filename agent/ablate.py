@@ -12,7 +12,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Callable
 
-from agent.session import SessionConfig, SessionEnded, read_events
+from epiforge.agent.session import SessionConfig, SessionEnded, read_events
 
 FULL = "(full pack)"
 _PASSED = ("passed", "passed_slow")
@@ -37,11 +37,11 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
     """`runs` sessions with the full pack, then `runs` without each page, at most `concurrency`
     at a time (agent/runs.py run_pool, as `generate --runs`: a run that fails is its own and
     the others go on; Ctrl-C stops them all); returns the logs there are, in that order."""
-    from agent.loop import ScreenWatch, config_problem
-    from agent.pack import build_pack
-    from agent.runs import run_pool
-    from agent.session import ConfigError
-    import tasks
+    from epiforge.agent.loop import ScreenWatch, config_problem
+    from epiforge.agent.pack import build_pack
+    from epiforge.agent.runs import run_pool
+    from epiforge.agent.session import ConfigError
+    from epiforge import tasks
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})

@@ -1,5 +1,5 @@
 """The `check` script of a command-backend workspace: evaluate its kernel.py now and print
-the same feedback the tools give (python -m agent.check --task T --kernel kernel.py).
+the same feedback the tools give (python -m epiforge.agent.check --task T --kernel kernel.py).
 Each run is appended to a JSONL file the backend reads back into the session log."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def main(argv=None) -> int:
     ap.add_argument("--record", default=None, help="append a one-line summary of the run to this JSONL file")
     args = ap.parse_args(argv)
 
-    from agent.feedback import describe, scrub
-    from eval import evaluate
-    from eval.kernel import KernelError
+    from epiforge.agent.feedback import describe, scrub
+    from epiforge.eval import evaluate
+    from epiforge.eval.kernel import KernelError
 
     kernel = Path(args.kernel).resolve()
     seed = secrets.randbelow(2**31)

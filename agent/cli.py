@@ -183,7 +183,7 @@ def _backend_options(p) -> None:
                                                     "https://api.anthropic.com; openai: $OPENAI_BASE_URL)")
     p.add_argument("--command", default=None, help="command backend: the agent CLI to run in the workspace "
                                                    "(required for --backend command)")
-    from agent.backends import DEFAULT_TIMEOUT_S
+    from epiforge.agent.backends import DEFAULT_TIMEOUT_S
 
     p.add_argument("--timeout", type=float, default=None,
                    help=f"seconds per API request (default: {DEFAULT_TIMEOUT_S['anthropic']:g}; "
@@ -274,7 +274,7 @@ def _live_backend(args, name: str | None = None, *, model=None, base_url=None, c
                   stream=None, note=None):
     """The live backend the options name; the keyword arguments fill options left unset
     (`note`: where the backend reports retries; default: stderr)."""
-    from agent.backends import RetryPolicy, make_backend
+    from epiforge.agent.backends import RetryPolicy, make_backend
 
     retry = RetryPolicy() if args.max_retries is None else RetryPolicy(max_retries=args.max_retries)
     return make_backend(name or args.backend, model=args.model or model, base_url=args.base_url or base_url,
@@ -289,7 +289,7 @@ def _pick(value, default):
 
 
 def _config(args):
-    from agent.session import Budget, SessionConfig
+    from epiforge.agent.session import Budget, SessionConfig
 
     budget = Budget(max_turns=_pick(args.max_turns, DEFAULTS["max_turns"]), max_tokens=args.max_tokens,
                     max_usd=args.budget_usd, max_wall_s=args.max_wall_s)
@@ -340,7 +340,7 @@ def resumed_backend(args, backend: str, recorded_stream: bool | None = None):
     """The backend settings a log does not hold in its configuration (retries, timeout;
     streaming lives in the start's backend_info), as this resume uses them: (stream to pass
     on, or None for the backend's default; one "resume: ..." line per setting)."""
-    from agent.backends import DEFAULT_STREAM, DEFAULT_TIMEOUT_S, RetryPolicy
+    from epiforge.agent.backends import DEFAULT_STREAM, DEFAULT_TIMEOUT_S, RetryPolicy
 
     lines = []
     if backend in DEFAULT_STREAM:
@@ -364,8 +364,8 @@ def resumed_backend(args, backend: str, recorded_stream: bool | None = None):
 
 
 def cmd_generate(args) -> int:
-    from agent.backends import BackendError
-    from agent.session import ConfigError, LogError
+    from epiforge.agent.backends import BackendError
+    from epiforge.agent.session import ConfigError, LogError
 
     problem = _number_problem(args)
     if problem:
@@ -383,8 +383,8 @@ def cmd_generate(args) -> int:
         else:
             if not (args.task and args.backend):
                 return _die("generate needs --task and --backend (or --resume LOG)")
-            from agent.loop import beside, data_path, run_session
-            import tasks
+            from epiforge.agent.loop import beside, data_path, run_session
+            from epiforge import tasks
 
             tasks.get_task(args.task)  # an unknown task is one line before any backend is made
             budget, make_config = _config(args)
@@ -410,11 +410,11 @@ def cmd_generate(args) -> int:
 
 def _generate_runs(args, say) -> int:
     """--runs N: N sessions, at most --concurrency at a time (agent/runs.py), then the summary."""
-    from agent.backends import BackendError
-    from agent.loop import config_problem, data_path
-    from agent.runs import PASSED, render, run_sessions
-    from agent.session import ConfigError
-    import tasks
+    from epiforge.agent.backends import BackendError
+    from epiforge.agent.loop import config_problem, data_path
+    from epiforge.agent.runs import PASSED, render, run_sessions
+    from epiforge.agent.session import ConfigError
+    from epiforge import tasks
 
     if args.resume:
         return _die("--runs starts new sessions; --resume continues one (resume each run's log on its own)")
@@ -455,9 +455,9 @@ def _generate_runs(args, say) -> int:
 
 def _resume(args, say):
     """Resume args.resume with this command's flags and environment over the log's settings."""
-    from agent.loop import resume_session
-    from agent.session import read_events
-    from agent.transcript import rebuild
+    from epiforge.agent.loop import resume_session
+    from epiforge.agent.session import read_events
+    from epiforge.agent.transcript import rebuild
 
     if args.task or args.backend:
         return _die("--resume continues the logged session: its task and backend are the log's (drop --task/--backend)")
@@ -486,15 +486,15 @@ def _resume(args, say):
 def _out_dir(args, log_dir: Path) -> Path:
     """--out, else beside the log folder (agent/loop.py beside): the data directory's kernels/,
     never the repository's generated_kernels/ unless --out names it."""
-    from agent.loop import beside
+    from epiforge.agent.loop import beside
 
     return Path(args.out) if getattr(args, "out", None) else beside(log_dir, "kernels")
 
 
 def cmd_replay(args) -> int:
-    from agent.backends import BackendError
-    from agent.loop import data_path
-    from agent.replay import replay
+    from epiforge.agent.backends import BackendError
+    from epiforge.agent.loop import data_path
+    from epiforge.agent.replay import replay
 
     if args.fork_at is not None and not args.backend:
         return _die("--fork-at needs --backend: the live backend that continues the session")
@@ -538,10 +538,10 @@ def print_replay(report, say=print) -> None:
 def cmd_ablate(args) -> int:
     import datetime as _dt
 
-    from agent.ablate import print_report, report, rows_json, run_ablation
-    from agent.backends import BackendError
-    from agent.loop import data_path
-    from agent.session import ConfigError
+    from epiforge.agent.ablate import print_report, report, rows_json, run_ablation
+    from epiforge.agent.backends import BackendError
+    from epiforge.agent.loop import data_path
+    from epiforge.agent.session import ConfigError
 
     if args.from_logs:
         logs = sorted(Path(args.from_logs).glob("*.jsonl"))
@@ -553,7 +553,7 @@ def cmd_ablate(args) -> int:
         problem = _number_problem(args)
         if problem:
             return _die(problem)
-        import tasks
+        from epiforge import tasks
 
         tasks.get_task(args.task)
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -582,13 +582,13 @@ def cmd_ablate(args) -> int:
 
 
 def _log_dirs(args) -> list[Path]:
-    from agent.loop import data_path
+    from epiforge.agent.loop import data_path
 
     return [Path(d) for d in args.log_dir] if args.log_dir else [data_path("sessions")]
 
 
 def cmd_sessions_list(args) -> int:
-    from agent.sessions import summarize
+    from epiforge.agent.sessions import summarize
 
     rows, skipped = [], []
     for d in _log_dirs(args):
@@ -616,7 +616,7 @@ def cmd_sessions_list(args) -> int:
 
 
 def cmd_sessions_show(args) -> int:
-    from agent.sessions import describe_session, find_log
+    from epiforge.agent.sessions import describe_session, find_log
 
     path = find_log(args.session, _log_dirs(args))
     text, data = describe_session(path)

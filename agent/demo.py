@@ -14,17 +14,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from eval.kernel import REPO
+from epiforge.eval.kernel import REPO
 
 EXAMPLES = REPO / "logs" / "examples"
 DEFAULT_EXAMPLE = "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl"
 
 
 def run_demo(args) -> int:
-    from agent.cli import print_replay
-    from agent.loop import data_path
-    from agent.replay import replay
-    from agent.session import read_events
+    from epiforge.agent.cli import print_replay
+    from epiforge.agent.loop import data_path
+    from epiforge.agent.replay import replay
+    from epiforge.agent.session import read_events
 
     log = Path(getattr(args, "log", None) or EXAMPLES / DEFAULT_EXAMPLE)
     start = read_events(log)[0][0]
@@ -46,7 +46,7 @@ def run_demo(args) -> int:
 
 def _leaderboard() -> None:
     """The last thing the demo shows: the leaderboard of the H200 results shipped in the repo."""
-    from eval import leaderboard as lb
+    from epiforge.eval import leaderboard as lb
 
     shipped = lb.load_shipped()
     board = lb.build(shipped, sources=[lb.describe_source(shipped, f"shipped ({lb.SHIPPED.relative_to(lb.REPO)})")])
@@ -58,14 +58,14 @@ def _experts() -> bool:
     from rich.console import Console
     from rich.table import Table
 
-    import tasks
-    from eval import evaluate
+    from epiforge import tasks
+    from epiforge.eval import evaluate
 
     con = Console()
     table = Table(title="expert kernels, CPU emulator, smoke shapes")
     for col in ("task", "author", "outcome", "worst error / allowed", "seconds"):
         table.add_column(col)
-    from eval.machine import expert_kernel
+    from epiforge.eval.machine import expert_kernel
 
     catalogue, _ = tasks.load_catalogue()
     ok = True

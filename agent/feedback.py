@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from eval.kernel import REPO
+from epiforge.eval.kernel import REPO
 
 _STDERR_CHARS = 1500
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")  # colour and cursor codes (CSI and two-byte escapes)

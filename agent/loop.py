@@ -20,18 +20,18 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.backends.base import Backend, BackendError, RecordingExhausted, SessionContext, WallTimeExhausted
-from agent.backends.replay_backend import ReplayBackend
-from agent.pack import build_pack
-from agent.pricing import cost_usd, session_price
-from agent.session import (
+from epiforge.agent.backends.base import Backend, BackendError, RecordingExhausted, SessionContext, WallTimeExhausted
+from epiforge.agent.backends.replay_backend import ReplayBackend
+from epiforge.agent.pack import build_pack
+from epiforge.agent.pricing import cost_usd, session_price
+from epiforge.agent.session import (
     ApiRetry, ConfigError, HarnessNote, LogError, Message, ModelRequest, ModelResponse, SessionConfig, SessionEnded,
     SessionLog, SessionResumed, SessionStarted, TextBlock, ToolCalled, ToolResult, Totals, Usage, new_session_id,
     read_events, truncated_last_line,
 )
-from agent.tools import TOOLS, Heartbeat, ToolBox
-from eval.kernel import REPO
-from eval.machine import data_dir
+from epiforge.agent.tools import TOOLS, Heartbeat, ToolBox
+from epiforge.eval.kernel import REPO
+from epiforge.eval.machine import data_dir
 
 _NUDGE = ("No tool call received. Work through the tools: write_kernel, run_check, then submit "
           "when the check passes.")
@@ -81,7 +81,7 @@ def beside(log_dir: Path, name: str) -> Path:
 
 def environment() -> dict:
     """What the log records about this machine: versions, never paths or names."""
-    from eval.machine import fingerprint, source_commit
+    from epiforge.eval.machine import fingerprint, source_commit
 
     commit = source_commit()
     return fingerprint("cuda", commit=False) | {"system": platform.system(),
@@ -102,7 +102,7 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path | None
     `workspaces`/ID (default: beside(log folder, "workspaces")/ID); `session_id`: the new
     session's id, chosen by the caller (default: a fresh one); `note`: where the pack's
     screening says how it goes (default: `say`; ScreenWatch)."""
-    import tasks
+    from epiforge import tasks
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
@@ -141,8 +141,8 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     (the CLI's flags and environment over the log's; None: the latest one the log recorded).
     The workspace and a passing kernel go where beside(the log's folder) says, unless
     `workspace` and `out_dir` say otherwise; `note`: as run_session's."""
-    import tasks
-    from agent.transcript import rebuild
+    from epiforge import tasks
+    from epiforge.agent.transcript import rebuild
 
     log_path = Path(log_path)
     events, warnings = read_events(log_path)

@@ -20,8 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from eval.kernel import HUMAN_DIR, REPO
-from tasks import id_of, task_order  # noqa: F401 (task_order: re-exported for agent/tools.py)
+from epiforge.eval.kernel import HUMAN_DIR, REPO
+from epiforge.tasks import id_of, task_order  # noqa: F401 (task_order: re-exported for agent/tools.py)
 
 DOCS_DIR = REPO / "primitive_docs"
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
@@ -97,7 +97,7 @@ class Pack:
         return ranked[:PROMPT_EXAMPLES]
 
     def info(self):
-        from agent.session import PackInfo
+        from epiforge.agent.session import PackInfo
 
         inside, _ = self.prompt_docs()
         return PackInfo(sha256=self.sha256, docs={d.name: d.sha for d in self.docs}, in_prompt=[d.name for d in inside],
@@ -168,7 +168,7 @@ def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None,
     the task by a trivial edit, passes the task's check is withheld: a block is replaced
     by a note in its page, an example dropped. Once `watch` stops the screening, every
     candidate left is withheld unscreened."""
-    from agent import screen
+    from epiforge.agent import screen
 
     blocks = {d.name: screen.code_blocks(d.text) for d in docs}
     total, done, stopped = sum(map(len, blocks.values())) + len(examples), 0, None
@@ -228,12 +228,12 @@ def _relevance(doc: Doc, words: set[str]) -> int:
 
 
 def _finishers(task) -> dict[str, str]:
-    from primitives.finish import FINISHERS
+    from epiforge.primitives.finish import FINISHERS
 
     return {name: FINISHERS[name] for name in task.launches[1:]}
 
 
 def _smoke_dims() -> list[dict]:
-    import tasks
+    from epiforge import tasks
 
     return [s.dims() | {"name": s.name} for s in tasks.shape_sets()["smoke"]]

@@ -8,7 +8,7 @@ session gives its own (--price-in, --price-out).
 
 from __future__ import annotations
 
-from agent.session import Usage
+from epiforge.agent.session import Usage
 
 #: model-name prefix -> (USD per MTok input, USD per MTok output); the longest prefix wins
 PRICES: dict[str, tuple[float, float]] = {

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from agent.backends.replay_backend import ForkBackend, ReplayBackend
-from agent.loop import run_session
-from agent.session import Evaluation, LogError, ModelResponse, SessionEnded, ToolResult, read_events
+from epiforge.agent.backends.replay_backend import ForkBackend, ReplayBackend
+from epiforge.agent.loop import run_session
+from epiforge.agent.session import Evaluation, LogError, ModelResponse, SessionEnded, ToolResult, read_events
 
 
 @dataclass

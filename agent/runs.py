@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from agent.session import SessionConfig, new_session_id
-from agent.sessions import PASSED  # noqa: F401 (re-exported: what counts as a pass)
+from epiforge.agent.session import SessionConfig, new_session_id
+from epiforge.agent.sessions import PASSED  # noqa: F401 (re-exported: what counts as a pass)
 #: outcomes whose log `generate --resume` continues
 RESUMABLE = ("backend_error", "unfinished")
 
@@ -43,7 +43,7 @@ class Run:
 
     def row(self) -> dict:
         """What the run's log says (agent/sessions.py's row), or why there is no log."""
-        from agent.sessions import summarize
+        from epiforge.agent.sessions import summarize
 
         started = self.log.is_file() or self.error is not None
         row = summarize(self.log) if self.log.is_file() else "Ctrl-C came before it started"
@@ -65,9 +65,9 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
     Returns the report (`report()`), with "interrupted" true when Ctrl-C cut the runs short.
     `note`: where the pack's screening says how it goes (default: `say`), before the runs and
     in each."""
-    import tasks
-    from agent.loop import ScreenWatch
-    from agent.pack import build_pack
+    from epiforge import tasks
+    from epiforge.agent.loop import ScreenWatch
+    from epiforge.agent.pack import build_pack
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
@@ -92,8 +92,8 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
     "[run i/N] "); `note`: where each run's screening of the pack says how it goes, tagged too
     (default: `say`). A run's failure (an exception) is its own: the others go on. Returns the
     runs and whether Ctrl-C cut them short."""
-    import tasks
-    from agent.loop import beside, run_session
+    from epiforge import tasks
+    from epiforge.agent.loop import beside, run_session
 
     runs = len(configs)
     ids: list[str] = []
@@ -157,7 +157,7 @@ def report(config: SessionConfig, rows: list[dict], *, interrupted: bool = False
     unfinished run (no end: killed, cut off, or failed before its log began) and for one
     ended by a backend error, neither counted; "not_counted" says how many were left out,
     "unfinished" how many of them never ended."""
-    from eval.leaderboard import pass_at_k
+    from epiforge.eval.leaderboard import pass_at_k
 
     counted = [r["pass"] for r in rows if r["pass"] is not None]
     n, c = len(counted), sum(counted)

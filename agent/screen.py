@@ -23,10 +23,10 @@ ones go to the user cache ($EPIFORGE_SCREEN_CACHE or ~/.cache/epiforge/screen_ca
 The fingerprint (`fingerprint()`) hashes VERDICT_SOURCES: this file, the primitives, the
 shared task code and shapes, and the CPU evaluation's modules, by their code (comments and
 docstrings aside); a change there makes every cached verdict stale, so it is recomputed
-(tests/agent/test_agent_pack_screen.py then asks for `python -m agent.screen --write`).
+(tests/agent/test_agent_pack_screen.py then asks for `python -m epiforge.agent.screen --write`).
 Not in it: eval's modules that only time, compare or report (baselines, gpu_stages, timing,
 stats, plausibility, compare, leaderboard, store), and the installed torch.
-`python -m agent.screen [--write]` recomputes the verdicts (--write: into the shipped file,
+`python -m epiforge.agent.screen [--write]` recomputes the verdicts (--write: into the shipped file,
 dropping the stale ones).
 """
 
@@ -105,7 +105,7 @@ def _definitions(src: str) -> str | None:
 
 
 def _epilogues(defs: str) -> dict:
-    import primitives as P
+    from epiforge import primitives as P
 
     ns: dict = {}
     try:
@@ -116,7 +116,7 @@ def _epilogues(defs: str) -> dict:
 
 
 def _concrete(task):
-    import tasks
+    from epiforge import tasks
 
     dims = tasks.shape_sets()["smoke"][0].dims()
     inputs = task.make_inputs(dims, SEED)
@@ -127,7 +127,7 @@ def _concrete(task):
 def _kind_fits(kind, value, M: int, N: int, mode: str) -> bool:
     import torch
 
-    import primitives as P
+    from epiforge import primitives as P
 
     if isinstance(kind, P.Scalar):
         return isinstance(value, (int, float)) or (torch.is_tensor(value) and value.dim() == 0)
@@ -275,7 +275,7 @@ def passes(task, kernel: str, *, write_to: Path | None = None) -> bool:
     hit = _cached(key, write_to)
     if hit is not None:
         return bool(hit["passed"])
-    from eval import evaluate
+    from epiforge.eval import evaluate
 
     with tempfile.TemporaryDirectory(prefix="epiforge-screen-") as d:
         path = Path(d) / "kernel.py"
@@ -348,10 +348,10 @@ def screen_example(task, src: str, *, write_to: Path | None = None) -> str | Non
 def main(argv=None) -> int:
     import argparse
 
-    import tasks
-    from agent.pack import build_pack
+    from epiforge import tasks
+    from epiforge.agent.pack import build_pack
 
-    ap = argparse.ArgumentParser(prog="python -m agent.screen", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m epiforge.agent.screen", description=__doc__.splitlines()[0])
     ap.add_argument("--task", action="append", help="tasks to screen (default: all)")
     ap.add_argument("--write", action="store_true", help="record new verdicts in agent/data/screen_cache.json "
                                                          "and drop its stale ones")

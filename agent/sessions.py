@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.session import Evaluation, LogError, ModelResponse, SessionEnded, SessionResumed, ToolResult, read_events
-from agent.transcript import rebuild
+from epiforge.agent.session import Evaluation, LogError, ModelResponse, SessionEnded, SessionResumed, ToolResult, read_events
+from epiforge.agent.transcript import rebuild
 
 PASSED = ("passed", "passed_slow")  # the outcomes that are a pass
 

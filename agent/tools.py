@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from agent.backends.base import ToolSpec
-from agent.feedback import describe, plain, scrub, scrub_tree, speed_ratio
-from agent.session import BestKernel, Evaluation, ToolResultBlock, ToolUseBlock
+from epiforge.agent.backends.base import ToolSpec
+from epiforge.agent.feedback import describe, plain, scrub, scrub_tree, speed_ratio
+from epiforge.agent.session import BestKernel, Evaluation, ToolResultBlock, ToolUseBlock
 
 MAX_SOURCE_BYTES = 200_000
 
@@ -64,7 +64,7 @@ def check_timeout_s(task, device: str, shapes: str, compile_: bool) -> float:
     allowance, the numerics at a slow emulator's (or GPU's) pace over the GEMM work of the
     shape set, and on a CPU with the sm_90a cross-compile, two minutes per GEMM launch. A k1
     check on two CPU cores takes ~4 s (~12 s with the compile); this allows ~160 s."""
-    import tasks
+    from epiforge import tasks
 
     gflop = sum(task.flops(s.dims()) for s in tasks.shape_sets()[shapes]) / 1e9
     if device == "cuda":
@@ -175,7 +175,7 @@ class ToolBox:
 
     def _tool_list_examples(self, args, **_):
         lines = []
-        from agent.pack import task_order
+        from epiforge.agent.pack import task_order
 
         for name in sorted(self.pack.examples, key=task_order):
             first = self.pack.examples[name].strip().strip('"').splitlines()[0].strip('"')
@@ -196,9 +196,9 @@ class ToolBox:
     def _tool_write_kernel(self, args, **_):
         """Write the kernel and run the evaluator's static stage on it at once (parsing only:
         nothing of it runs), so a kernel that a check would reject unrun hears so now."""
-        from eval.evaluation import static_stage
-        from eval.kernel import read_kernel
-        from eval.result import Result
+        from epiforge.eval.evaluation import static_stage
+        from epiforge.eval.kernel import read_kernel
+        from epiforge.eval.result import Result
 
         source = _string(args, "source")
         if len(source.encode()) > MAX_SOURCE_BYTES:
@@ -277,7 +277,7 @@ class ToolBox:
     def _evaluate(self, sha, purpose, device, shapes, compile_, step, call_id):
         """evaluate() the workspace kernel (or reuse a passing result of the same kernel and
         settings from this session), log an Evaluation event, return (Result, feedback)."""
-        from eval import KernelError, evaluate
+        from epiforge.eval import KernelError, evaluate
 
         key = (sha, device, shapes, compile_)
         cached = self._cache.get(key)

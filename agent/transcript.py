@@ -12,11 +12,11 @@ import datetime as _dt
 import hashlib
 from dataclasses import dataclass, field
 
-from agent.session import (
+from epiforge.agent.session import (
     BestKernel, Evaluation, HarnessNote, Message, ModelResponse, SessionConfig, SessionEnded, SessionResumed,
     SessionStarted, TextBlock, ToolResult, ToolResultBlock, ToolUseBlock, Totals,
 )
-from agent.tools import update_best
+from epiforge.agent.tools import update_best
 
 
 @dataclass

@@ -9,7 +9,7 @@
             identity-epilogue GEMM at the sweep's fastest configs: the bound a perfect
             fusion reaches
 
-    python -m bench.chain --out bench/results/h200/chain.json
+    python -m epiforge.bench.chain --out bench/results/h200/chain.json
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import time
 
 import torch
 
-from bench.run import N_INPUT_SETS, REPS
+from epiforge.bench.run import N_INPUT_SETS, REPS
 
 
 def make_chain_inputs(dims, seed, device="cuda"):
     """A consistent forward state and an incoming gradient for one MLP block."""
-    from tasks import common
+    from epiforge.tasks import common
 
     gen = torch.Generator(device=device).manual_seed(seed)
     M, d, F = dims["M"], dims["d"], dims["F"]
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 5:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
-    from eval.bench_rows import BenchReport, ChainReport, ChainRow, load_report
+    from epiforge.eval.bench_rows import BenchReport, ChainReport, ChainRow, load_report
 
     try:
         picked_from = [(load_report(f, BenchReport), bool(args.configs_from))
@@ -92,18 +92,18 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
 
-    import tasks
-    from bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
-    from eval.kernel import HUMAN_DIR, load_kernel_module
-    from eval.timing import time_cuda_interleaved
+    from epiforge import tasks
+    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
+    from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
+    from epiforge.eval.timing import time_cuda_interleaved
 
     install_precompiled()
     k7 = load_kernel_module(HUMAN_DIR / "k7_gemm_partial_swiglu_bwd.py")
     k6 = load_kernel_module(HUMAN_DIR / "k6_gemm_residual_partial_rmsnorm_bwd.py")
-    import primitives as P
-    from eval.baselines import identity_gemm as gemm_only
-    from bench.run import fastest_gemms
-    from primitives.config import GemmConfig
+    from epiforge import primitives as P
+    from epiforge.eval.baselines import identity_gemm as gemm_only
+    from epiforge.bench.run import fastest_gemms
+    from epiforge.primitives.config import GemmConfig
 
     swept, sol = {}, {}
     for report_in, their_configs in picked_from:

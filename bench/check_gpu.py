@@ -4,7 +4,7 @@ launches counted with the torch profiler (one fused CuTe-DSL GEMM plus the task'
 finishing steps, nothing else): the evaluator itself (eval.evaluate with timing off), so
 this check is exactly the one every candidate gets.
 
-    python -m bench.check_gpu [--tasks k0 k1] [--shapes smoke paper] [--out FILE.json]
+    python -m epiforge.bench.check_gpu [--tasks k0 k1] [--shapes smoke paper] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=4, help="evaluations at a time (nothing is timed)")
     args = ap.parse_args(argv)
 
-    import tasks
-    from bench.gpu_env import command_line, fingerprint, install_precompiled
-    from eval import evaluate
-    from eval.bench_rows import CheckReport, CheckRow
+    from epiforge import tasks
+    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled
+    from epiforge.eval import evaluate
+    from epiforge.eval.bench_rows import CheckReport, CheckRow
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
-    from eval.machine import expert_kernel
+    from epiforge.eval.machine import expert_kernel
 
     picked = [t for t in tasks.load_catalogue()[0] if not args.tasks or t.id in args.tasks]
     for t in picked:

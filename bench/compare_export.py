@@ -1,7 +1,7 @@
 """Results of `epiforge compare` runs on the H200 (their stores, one per GPU call) as one
 committed file of Results, its Markdown tables, and its agreement with bench/.
 
-    python -m bench.compare_export STORE [STORE ...] --commit HASH --command "..." \
+    python -m epiforge.bench.compare_export STORE [STORE ...] --commit HASH --command "..." \
         --jsonl eval/data/h200-compare.jsonl --markdown bench/results/h200/compare-paper.md \
         [--bench bench/results/h200/final.json]
 
@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from eval.clocks import ClockSummary
-from eval.machine import REPO
+from epiforge.eval.clocks import ClockSummary
+from epiforge.eval.machine import REPO
 
 
 #: the judge's timed lead before eval/timing.py chose and recorded one (2026-12-03)
@@ -38,7 +38,7 @@ def load(stores: list[Path], commits: list[str], command: str) -> list:
     """The Results of the stores, kernel paths repo-relative; a task and kernel compared in
     a later store replaces the earlier Result (one Result per task and kernel file).
     commits: one per store, or one for all."""
-    from eval.store import ResultStore
+    from epiforge.eval.store import ResultStore
 
     if len(commits) not in (1, len(stores)):
         raise SystemExit("compare_export: give one --commit, or one per store")
@@ -69,7 +69,7 @@ def _repo_relative(path: Path) -> str:
 
 def comparisons(results: list) -> list:
     """One Comparison per task, expert first, in the order the tasks were run."""
-    from eval.compare import Comparison
+    from epiforge.eval.compare import Comparison
 
     by_task: dict[str, list] = {}
     for r in results:
@@ -145,7 +145,7 @@ def agreement_table(rows: list[Agreement], clocks: bool) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from epiforge import render_comparison
+    from epiforge.cli import render_comparison
 
     ap = argparse.ArgumentParser()
     ap.add_argument("stores", nargs="+", type=Path)
@@ -174,13 +174,13 @@ def main(argv=None) -> int:
             f"{env.get('quack-kernels')}, nvidia-cutlass-dsl {env.get('nvidia-cutlass-dsl')}, liger-kernel "
             f"{env.get('liger-kernel')}, flashinfer-python {env.get('flashinfer-python', FLASHINFER_UNRECORDED)}; "
             f"before each timed call the GPU ran {env.get('timed_lead', LEAD_UNRECORDED)}. "
-            f"Tables by `python -m bench.compare_export` from {_repo_relative(args.jsonl)}. Each task's kernels and baselines "
+            f"Tables by `python -m epiforge.bench.compare_export` from {_repo_relative(args.jsonl)}. Each task's kernels and baselines "
             "were timed in one interleaved run per shape; every ratio is a median of per-repetition ratios "
             "with its 95% bootstrap interval.", ""]
     body = [render_comparison(c) for c in comparisons(results)]
     tail = []
     if args.bench:
-        from eval.bench_rows import BenchReport, load_report
+        from epiforge.eval.bench_rows import BenchReport, load_report
 
         try:
             bench = load_report(args.bench, BenchReport)

@@ -4,8 +4,8 @@ space, gemm_config._get_sm90_configs) and where compiled kernels are cached."""
 from __future__ import annotations
 
 
-from primitives.config import GemmConfig
-from eval.machine import REPO
+from epiforge.primitives.config import GemmConfig
+from epiforge.eval.machine import REPO
 
 #: quack's object cache, filled on a CPU by bench/precompile.py and carried to the GPU
 CACHE_DIR = REPO / ".epiforge" / "quack-cache"

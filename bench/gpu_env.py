@@ -13,14 +13,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench.configs import CACHE_DIR
-from eval import machine
-from eval.machine import source_commit  # noqa: F401 (re-exported for bench.report)
+from epiforge.bench.configs import CACHE_DIR
+from epiforge.eval import machine
+from epiforge.eval.machine import source_commit  # noqa: F401 (re-exported for bench.report)
 
 
 def install_precompiled() -> int:
     """Copy carried .o files into quack's cache for this machine; returns how many."""
-    from primitives.lowering import _import_quack
+    from epiforge.primitives.lowering import _import_quack
 
     _import_quack()  # registers primitives/ in the fingerprint before it is computed
     from quack.cache.jit import _compute_source_fingerprint, get_cache_path
@@ -41,6 +41,7 @@ def command_line(module: str, argv: list[str] | None) -> str:
     no machine path."""
     out = os.environ.get("OUT")
     args = sys.argv[1:] if argv is None else argv
+    module = module if module.startswith("epiforge.") else f"epiforge.{module}"
     return " ".join(["python -m", module, *((a.replace(out, "$OUT") if out else a) for a in args)])
 
 

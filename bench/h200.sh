@@ -16,7 +16,7 @@
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
 #
-# Then, here: tar xf tuned.tar; copy the JSON into bench/results/h200/; python -m bench.report ...
+# Then, here: tar xf tuned.tar; copy the JSON into bench/results/h200/; python -m epiforge.bench.report ...
 # Where .git did not travel, set EPIFORGE_COMMIT=<hash> so the result files name their sources.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ case "${1:-}" in
   confirm)
     mkdir -p "$OUT" "$STATE"
     # shellcheck disable=SC2086  # SWEEPS is a list of paths without spaces
-    $PY -m bench.run --configs-from $SWEEPS --top 3 --compile --liger --library --out "$STATE/confirm.json"
+    $PY -m epiforge.bench.run --configs-from $SWEEPS --top 3 --compile --liger --library --out "$STATE/confirm.json"
     cp "$STATE/confirm.json" "$OUT/"
     ;;
   final)
@@ -42,19 +42,19 @@ case "${1:-}" in
       picks="$SWEEPS $R/confirm.json"
     fi
     # shellcheck disable=SC2086
-    $PY -m bench.tuning $picks --write > "$OUT/tuning.txt"
+    $PY -m epiforge.bench.tuning $picks --write > "$OUT/tuning.txt"
     tar cf "$OUT/tuned.tar" human_kernels/k*.py bench/quack_library.py  # one file: the device returns few
-    $PY -m bench.check_gpu --out "$OUT/check.json" | tail -2
+    $PY -m epiforge.bench.check_gpu --out "$OUT/check.json" | tail -2
     # shellcheck disable=SC2086
-    $PY -m bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \
+    $PY -m epiforge.bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \
       --out "$OUT/final.json" | grep -E "^k[0-9] "
     # shellcheck disable=SC2086
-    $PY -m bench.chain --sol-from $SWEEPS --reps "$REPS" --out "$OUT/chain.json" | grep -E "^chain "
+    $PY -m epiforge.bench.chain --sol-from $SWEEPS --reps "$REPS" --out "$OUT/chain.json" | grep -E "^chain "
     ;;
   rerun)
     mkdir -p "$OUT"
     # shellcheck disable=SC2086
-    $PY -m bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \
+    $PY -m epiforge.bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \
       --out "$OUT/final-2.json" | grep -E "^k[0-9] "
     ;;
   profile)
@@ -68,17 +68,17 @@ case "${1:-}" in
                "k0 1B gemm" "k0 1B fused" "k0 1B stores_only"; do
       # shellcheck disable=SC2086  # run is three words
       ncu -k regex:cutlass --launch-skip 2 --launch-count 1 --metrics "$metrics" --csv \
-        $PY -m bench.profile_one $run > "$STATE/ncu-${run// /-}.csv" 2>&1 || true
+        $PY -m epiforge.bench.profile_one $run > "$STATE/ncu-${run// /-}.csv" 2>&1 || true
     done
     tail -n +1 "$STATE"/ncu-*.csv | grep -E "==>|gpu__time|dram__|sm__throughput|Error|error" > "$OUT/ncu.txt"
     $PY -c "import json; from bench.gpu_env import fingerprint; print(json.dumps(fingerprint('bash bench/h200.sh profile')))" \
       > "$STATE/ncu-env.json"
-    $PY -m bench.ncu_report "$OUT/ncu.txt" --environment "$STATE/ncu-env.json" --out "$OUT/ncu.json"
+    $PY -m epiforge.bench.ncu_report "$OUT/ncu.txt" --environment "$STATE/ncu-env.json" --out "$OUT/ncu.json"
     ;;
   judge-check)
     mkdir -p "$OUT"
     $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
-    timeout 300 $PY -m bench.check_gpu --jobs "${JOBS:-6}" --out "$OUT/check.json" > "$OUT/check.log" 2>&1 || true
+    timeout 300 $PY -m epiforge.bench.check_gpu --jobs "${JOBS:-6}" --out "$OUT/check.json" > "$OUT/check.log" 2>&1 || true
     grep -E "PASSED|FAIL|s; runner" "$OUT/check.log" | grep -vE "worst/allowed=0\.[0-8]" | tail -40
     ;;
   judge-tests)
@@ -92,7 +92,7 @@ case "${1:-}" in
     # whole evaluation: ~15 s of process starts), the tolerance margins beside them
     mkdir -p "$OUT" "$STATE"
     $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
-    timeout 300 $PY -m tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
+    timeout 300 $PY -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
       > "$OUT/margins.log" 2>&1 &
     $PY -m pytest -m gpu tests/exploits --collect-only -q -p no:cacheprovider | grep "::" > "$STATE/exploit-ids"
     rm -f "$STATE"/shard.*
@@ -113,7 +113,7 @@ case "${1:-}" in
     mkdir -p "$OUT"
     $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     for t in ${COMPARE_TASKS:-k8 k1 k0 k2 k3 k4 k5 k6 k7 k9}; do
-      timeout "${COMPARE_TIMEOUT_S:-120}" $PY epiforge.py compare --task "$t" --shapes "${COMPARE_SHAPES:-paper}" \
+      timeout "${COMPARE_TIMEOUT_S:-120}" $PY -m epiforge compare --task "$t" --shapes "${COMPARE_SHAPES:-paper}" \
         --device gpu --store "$OUT/compare.sqlite" >> "$OUT/compare.md" 2>> "$OUT/compare.log" \
         || echo "$t: exit $?" >> "$OUT/compare.md"
     done
@@ -126,19 +126,19 @@ case "${1:-}" in
     $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     tasks=${LEAD_TASKS:-k0 k8}
     # shellcheck disable=SC2086
-    $PY -m bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-1.json" | grep -E "^k[0-9] "
+    $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-1.json" | grep -E "^k[0-9] "
     stores=()
     for lead in ${LEADS:-spin heat:1 heat:3 heat:10}; do
       store="$OUT/lead-${lead//:/-}.sqlite"
       for t in $tasks; do
-        EPIFORGE_TIMED_LEAD=$lead timeout 150 $PY epiforge.py compare --task "$t" --shapes paper --device gpu \
+        EPIFORGE_TIMED_LEAD=$lead timeout 150 $PY -m epiforge compare --task "$t" --shapes paper --device gpu \
           --kernels expert --baselines --store "$store" > /dev/null 2>> "$OUT/lead.log" || echo "$lead $t: exit $?"
       done
       stores+=("$lead=$store")
     done
     # shellcheck disable=SC2086
-    $PY -m bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-2.json" | grep -E "^k[0-9] "
-    $PY -m bench.lead_study --lead "${stores[@]}" --bench "$OUT/lead-bench-1.json" "$OUT/lead-bench-2.json" \
+    $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-2.json" | grep -E "^k[0-9] "
+    $PY -m epiforge.bench.lead_study --lead "${stores[@]}" --bench "$OUT/lead-bench-1.json" "$OUT/lead-bench-2.json" \
       --commit "${EPIFORGE_COMMIT:-unknown}" --command "LEADS='${LEADS:-spin heat:1 heat:3 heat:10}' bash bench/h200.sh judge-lead" \
       --out "$OUT/lead-study.md"
     ;;

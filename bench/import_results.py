@@ -2,7 +2,7 @@
 reads, so that a machine with no GPU shows real H200 numbers, labelled with where they
 came from.
 
-    python -m bench.import_results bench/results/h200/final.json --check bench/results/h200/check.json \
+    python -m epiforge.bench.import_results bench/results/h200/final.json --check bench/results/h200/check.json \
         --out eval/data/h200-expert.jsonl
 
 Each task x scale row becomes one shape of the expert kernel's Result: the fused kernel's
@@ -19,7 +19,7 @@ import argparse
 import hashlib
 import sys
 from pathlib import Path
-from eval.machine import REPO
+from epiforge.eval.machine import REPO
 
 #: bench names -> the registry's (eval/baselines.py); the speed of light is added as gemm_only
 BASELINES = {"gemm_cublas": "cublas", "gemm_quack": "quack_gemm_at_config", "gemm_quack_best": "quack_gemm_best",
@@ -28,7 +28,7 @@ BASELINES = {"gemm_cublas": "cublas", "gemm_quack": "quack_gemm_at_config", "gem
 
 def results_from(report, check: dict | None, source: str) -> list:
     """report: an eval.bench_rows.BenchReport."""
-    from eval.result import Outcome, Result, ShapeResult, ShapeTiming
+    from epiforge.eval.result import Outcome, Result, ShapeResult, ShapeTiming
 
     env = {**report.environment, "imported_from": source, "rederived": report.rederived}
     passed = {}
@@ -73,11 +73,11 @@ def main(argv=None) -> int:
     import json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("report", help="a bench result file (python -m bench.run --tuned ...)")
-    ap.add_argument("--check", default=None, help="the check file of the same kernels (python -m bench.check_gpu)")
+    ap.add_argument("report", help="a bench result file (python -m epiforge.bench.run --tuned ...)")
+    ap.add_argument("--check", default=None, help="the check file of the same kernels (python -m epiforge.bench.check_gpu)")
     ap.add_argument("--out", required=True, help="JSON lines, one Result each")
     args = ap.parse_args(argv)
-    from eval.bench_rows import BenchReport, load_report
+    from epiforge.eval.bench_rows import BenchReport, load_report
 
     try:
         report = load_report(Path(args.report), BenchReport)

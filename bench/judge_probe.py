@@ -3,7 +3,7 @@ runner's sandbox achieved, that tensors cross between the judge and the runner (
 both ways: the NaN-poisoned buffers an empty-returning kernel leaves), and one expert
 kernel end to end with its timing.
 
-    python -m bench.judge_probe
+    python -m epiforge.bench.judge_probe
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from eval.machine import REPO
+from epiforge.eval.machine import REPO
 
 
 
 def main() -> int:
-    from eval import evaluate
+    from epiforge.eval import evaluate
 
     ok = True
     for kernel, want, kw in ((REPO / "tests/exploits/fake_stdout.py", "INCORRECT_NUMERICS", {}),

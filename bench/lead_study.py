@@ -2,7 +2,7 @@
 timed lead (eval/timing.py Lead: what the GPU does before each synchronized timed call) set
 beside bench/run.py's back-to-back runs of them in the same GPU session, before and after.
 
-    python -m bench.lead_study --lead spin=S1.sqlite heat:3=S2.jsonl ... \
+    python -m epiforge.bench.lead_study --lead spin=S1.sqlite heat:3=S2.jsonl ... \
         --bench B1.json B2.json --commit HASH --command "..." --out lead-study.md
 
 Per lead and row: compare's fused / GEMM-only over bench's (1.000: the two harnesses agree),
@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def _report(bench_path: Path):
-    from eval.bench_rows import BenchReport, load_report
+    from epiforge.eval.bench_rows import BenchReport, load_report
 
     return load_report(bench_path, BenchReport)
 
@@ -30,8 +30,8 @@ def _rows(bench_path: Path) -> dict[tuple[str, str], float]:
 
 def _results(path: Path, commit: str, command: str) -> list:
     """The Results of a compare store (.sqlite) or of a file that bench.compare_export wrote (.jsonl)."""
-    from bench.compare_export import load
-    from eval.result import Result
+    from epiforge.bench.compare_export import load
+    from epiforge.eval.result import Result
 
     if path.suffix == ".jsonl":
         return [Result.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
@@ -41,7 +41,7 @@ def _results(path: Path, commit: str, command: str) -> list:
 def study(leads: dict[str, Path], benches: list[Path], commit: str, command: str) -> tuple[list[str], dict]:
     """(Markdown lines, {lead: largest |compare / bench - 1|}), against the first bench file;
     with two bench files, "noise" is the largest |second / first - 1| over their rows."""
-    from bench.compare_export import agreement, agreement_table
+    from epiforge.bench.compare_export import agreement, agreement_table
 
     first = _report(benches[0])
     lines = [f"# The judge's timed lead against bench/, one GPU session (commit {commit})", "",

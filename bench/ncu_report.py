@@ -2,7 +2,7 @@
 scale, what), the profiled kernel's metrics, and each run against the plain quack GEMM of
 the same task at the same config (time, DRAM bytes, DRAM and SM throughput).
 
-    python -m bench.ncu_report ncu.txt --out bench/results/h200/ncu.json
+    python -m epiforge.bench.ncu_report ncu.txt --out bench/results/h200/ncu.json
 
 ncu locks the clocks (to base, by default) while it profiles, so these times are not the
 power-capped ones bench.run measures; they show what the kernel costs with the power cap
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         env = json.loads(Path(args.environment).read_text()) if args.environment else None
     except (OSError, ValueError) as e:
         ap.error(str(e))
-    from bench.gpu_env import report_json
+    from epiforge.bench.gpu_env import report_json
 
     Path(args.out).write_text(report_json({"environment": env, "profiler": "Nsight Compute (ncu), clocks locked by ncu",
                                            "rows": rows}))

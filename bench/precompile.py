@@ -3,9 +3,9 @@ every candidate config, into bench.configs.CACHE_DIR; a GPU session then loads t
 instead of compiling (10-40 s each there). Compiled kernels do not depend on M, N, K, so
 smoke-shaped inputs describe them fully.
 
-    .venv/bin/python -m bench.precompile [--tasks k0 k3] [--configs 0 1]
-    .venv/bin/python -m bench.precompile --tasks k0 k7 --configs early-c --parts kernels gemm
-    .venv/bin/python -m bench.precompile --tuned --parts kernels library gemm training
+    .venv/bin/python -m epiforge.bench.precompile [--tasks k0 k3] [--configs 0 1]
+    .venv/bin/python -m epiforge.bench.precompile --tasks k0 k7 --configs early-c --parts kernels gemm
+    .venv/bin/python -m epiforge.bench.precompile --tuned --parts kernels library gemm training
 
 --tuned compiles only what the paper shapes run: each expert kernel (and library
 alternative) at the configs of its own TUNED table and the default, the GEMM-only baseline
@@ -30,7 +30,7 @@ import shutil  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench.configs import CACHE_DIR, CANDIDATES, config_args  # noqa: E402
+from epiforge.bench.configs import CACHE_DIR, CANDIDATES, config_args  # noqa: E402
 
 
 def _drop_stale(cache: Path) -> None:
@@ -50,9 +50,9 @@ def _training_epilogues() -> int:
     (k5's TUNED table and the default); returns the failures."""
     import torch
 
-    from eval.kernel import expert_kernel, load_kernel_module
-    from primitives.config import DEFAULT_CONFIG, GemmConfig
-    from training import model_ops
+    from epiforge.eval.kernel import expert_kernel, load_kernel_module
+    from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
+    from epiforge.training import model_ops
 
     k5 = load_kernel_module(expert_kernel(model_ops.K5))
     configs = {c: GemmConfig.parse(c) for c in k5.TUNED.values()} | {DEFAULT_CONFIG.key(): DEFAULT_CONFIG}
@@ -88,11 +88,11 @@ def main(argv=None) -> int:
     os.environ["QUACK_CACHE_DIR"] = str(CACHE_DIR)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
 
-    import tasks
-    from eval.baselines import identity_gemm as gemm_only
-    from bench.quack_library import DIAGNOSTICS, alternatives
-    from eval.kernel import expert_kernel, load_kernel_module
-    from primitives import lowering
+    from epiforge import tasks
+    from epiforge.eval.baselines import identity_gemm as gemm_only
+    from epiforge.bench.quack_library import DIAGNOSTICS, alternatives
+    from epiforge.eval.kernel import expert_kernel, load_kernel_module
+    from epiforge.primitives import lowering
 
     catalogue = [t for t in tasks.load_catalogue()[0] if not args.tasks or t.id in args.tasks or t.name in args.tasks]
     try:
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     dims = tasks.shape_sets()["smoke"][0].dims()
     failures = 0
     library = alternatives()
-    from primitives.config import DEFAULT_CONFIG, GemmConfig
+    from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
 
     paper = [x.dims() for x in tasks.shape_sets()["paper"]]
 
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
 
     gemm_configs = {c.for_plain_gemm().key(): c.for_plain_gemm() for c in configs}
     if args.tuned:
-        from eval.baselines import SOL_TABLE
+        from epiforge.eval.baselines import SOL_TABLE
 
         gemm_configs = {DEFAULT_CONFIG.key(): DEFAULT_CONFIG}
         for known in json.loads(SOL_TABLE.read_text()).get("configs", {}).values():
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
                         print(f"gemm_only {cfg.key()}: FAILED {type(e).__name__}", flush=True)
             # the judge's mainloop GEMM for the low-precision reference (eval/numerics.mainloop_mm):
             # a float32 D at the default config, both B layouts
-            from primitives.config import DEFAULT_CONFIG
+            from epiforge.primitives.config import DEFAULT_CONFIG
 
             for ww in (w, w_t):
                 try:

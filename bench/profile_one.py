@@ -2,7 +2,7 @@
 few times at a paper shape: the process Nsight Compute profiles (bench/h200.sh profile).
 
     ncu -k regex:cutlass --launch-skip 2 --launch-count 1 --metrics ... \
-        python -m bench.profile_one k7 1B fused|gemm|<diagnostic name>
+        python -m epiforge.bench.profile_one k7 1B fused|gemm|<diagnostic name>
 
 Every call launches exactly one CuTe-DSL kernel (the fused GEMM; finishers are Triton or
 torch), so skipping the first two of three profiles the third, with warm caches. The
@@ -24,8 +24,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=3)
     args = ap.parse_args(argv)
 
-    import tasks
-    from eval.kernel import expert_kernel
+    from epiforge import tasks
+    from epiforge.eval.kernel import expert_kernel
 
     task = next((t for t in tasks.load_catalogue()[0] if t.id == args.task), None)
     if task is None:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     shape = next((s for s in tasks.shape_sets()["paper"] if s.name == args.scale), None)
     if shape is None:
         ap.error(f"no paper shape {args.scale}")
-    from bench.quack_library import DIAGNOSTICS
+    from epiforge.bench.quack_library import DIAGNOSTICS
 
     diags = DIAGNOSTICS.get(task.name, {})
     if args.what not in ("fused", "gemm", *diags):
@@ -43,10 +43,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    import primitives as P
-    from eval.baselines import identity_gemm as gemm_only
-    from bench.gpu_env import install_precompiled
-    from eval.kernel import load_kernel_module
+    from epiforge import primitives as P
+    from epiforge.eval.baselines import identity_gemm as gemm_only
+    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.kernel import load_kernel_module
 
     install_precompiled()
     module = load_kernel_module(expert_kernel(task.name))

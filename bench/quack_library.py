@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-import primitives as P
-from bench.memo import once
+from epiforge import primitives as P
+from epiforge.bench.memo import once
 
 
 # measured best tile configs on the H200 by GEMM m x n x k, written by
-# python -m bench.tuning --write from:
+# python -m epiforge.bench.tuning --write from:
 #   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
 #   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {

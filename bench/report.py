@@ -5,7 +5,7 @@ first recomputes every bench.run row's ratios from the samples the file holds, w
 bench.run computes them with (eval.bench_rows.BenchRow.rederived), and writes them back (the file records when and at which commit): for a
 definition added after the run, e.g. a like-for-like library comparison.
 
-    python -m bench.report bench/results/h200/run-*.json --out bench/results/h200/README.md
+    python -m epiforge.bench.report bench/results/h200/run-*.json --out bench/results/h200/README.md
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def rederive(report) -> int:
     """Recompute every bench.run row's ratios from its samples (BenchRow.rederived); returns
     how many rows. Every timing of a row must hold its samples, else ValueError: ratios from
     medians and from samples are not mixed in one file."""
-    from bench.quack_library import LIKE_FOR_LIKE
+    from epiforge.bench.quack_library import LIKE_FOR_LIKE
 
     again = [r.rederived(LIKE_FOR_LIKE.get(r.task)) if r.fused is not None else r for r in report.rows]
     report.rows = again
@@ -89,7 +89,7 @@ def rederive(report) -> int:
 def markdown(reports: list, rerun=None) -> str:
     """reports: BenchReports and ChainReports (eval.bench_rows); rerun: a second run of the same
     rows (bench.run again), shown beside the first."""
-    from eval.bench_rows import ChainReport
+    from epiforge.eval.bench_rows import ChainReport
 
     chains = [r for r in reports if isinstance(r, ChainReport)]
     reports = [r for r in reports if not isinstance(r, ChainReport)]
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     files = args.files + ([args.rerun] if args.rerun else [])
     loaded = {}
-    from eval.bench_rows import BenchReport, load_report
+    from epiforge.eval.bench_rows import BenchReport, load_report
 
     for f in files:
         try:
@@ -202,12 +202,12 @@ def main(argv=None) -> int:
         except ValueError as e:
             ap.error(str(e))
     if args.rederive:
-        from bench.gpu_env import source_commit, write_report
+        from epiforge.bench.gpu_env import source_commit, write_report
 
         for f, report in loaded.items():
             try:
                 if isinstance(report, BenchReport) and rederive(report):
-                    report.rederived = {"commit": source_commit(), "by": "python -m bench.report --rederive"}
+                    report.rederived = {"commit": source_commit(), "by": "python -m epiforge.bench.report --rederive"}
                     write_report(f, report)
             except ValueError as e:
                 ap.error(f"{f}: {e}")

@@ -23,9 +23,9 @@ ratios), with the GPU's clocks over its run (eval/clocks.py) on every timing. Wr
 (with the environment); bench/report.py renders the tables, bench/tuning.py turns a sweep into
 TUNED tables.
 
-    python -m bench.run --library --out sweep.json                       # sweep every config
-    python -m bench.run --configs-from sweep.json --top 3 --compile --liger --out confirm.json  # re-rank
-    python -m bench.run --tuned --sol-from sweep.json --compile --liger --library --out final.json
+    python -m epiforge.bench.run --library --out sweep.json                       # sweep every config
+    python -m epiforge.bench.run --configs-from sweep.json --top 3 --compile --liger --out confirm.json  # re-rank
+    python -m epiforge.bench.run --tuned --sol-from sweep.json --compile --liger --library --out final.json
 """
 
 from __future__ import annotations
@@ -66,11 +66,11 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     (several: the sweep's own ranking of close configs is noisy). diagnostics: {name: (fn,
     note)}, the kernel minus one piece of its work (bench/quack_library.py DIAGNOSTICS),
     timed at every config the fused kernel runs at."""
-    import primitives as P
-    from bench.quack_library import LIKE_FOR_LIKE
-    from eval.baselines import identity_gemm as gemm_only
-    from eval.bench_rows import BenchRow, ConfigTimings
-    from eval.timing import time_cuda_interleaved
+    from epiforge import primitives as P
+    from epiforge.bench.quack_library import LIKE_FOR_LIKE
+    from epiforge.eval.baselines import identity_gemm as gemm_only
+    from epiforge.eval.bench_rows import BenchRow, ConfigTimings
+    from epiforge.eval.timing import time_cuda_interleaved
 
     dims = shape.dims()
     sets = [task.make_inputs(dims, seed=100 + i, device="cuda") for i in range(N_INPUT_SETS)]
@@ -140,7 +140,7 @@ def fastest_gemms(row, n: int = 3) -> list[str]:
     """The sweep row's (eval.bench_rows.BenchRow) n fastest configs of the identity-epilogue
     GEMM (distinct kernels: epi_c_stages does not change a GEMM that loads no C), as that GEMM
     runs them (without early_c_loads, which it refuses)."""
-    from primitives.config import GemmConfig
+    from epiforge.primitives.config import GemmConfig
 
     distinct = {}
     for k in row.fastest_configs("gemm_quack", len(row.configs)):
@@ -177,18 +177,18 @@ def main(argv=None) -> int:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
     if args.configs_from and args.sol_from:
         ap.error("--configs-from already gives the speed-of-light configs; pass one of the two")
-    from eval.bench_rows import BenchReport, load_report
+    from epiforge.eval.bench_rows import BenchReport, load_report
 
     try:  # before any GPU work: a bad file is one line, not a traceback minutes in
         picked_from = [load_report(f, BenchReport) for f in (args.configs_from or args.sol_from or [])]
     except ValueError as e:
         ap.error(str(e))
 
-    import tasks
-    from bench.configs import CANDIDATES, config_args
-    from bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
-    from eval.baselines import unfused_fn
-    from eval.kernel import expert_kernel, load_kernel_module
+    from epiforge import tasks
+    from epiforge.bench.configs import CANDIDATES, config_args
+    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
+    from epiforge.eval.baselines import unfused_fn
+    from epiforge.eval.kernel import expert_kernel, load_kernel_module
 
     try:
         configs = [None] if args.tuned else config_args(args.configs) if args.configs is not None else CANDIDATES
@@ -198,14 +198,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = BenchReport(environment=fingerprint(command_line("bench.run", argv)), reps=args.reps, rows=[])
-    from bench.liger import composites
-    from bench.quack_library import DIAGNOSTICS, alternatives
+    from epiforge.bench.liger import composites
+    from epiforge.bench.quack_library import DIAGNOSTICS, alternatives
 
     liger = composites() if args.liger else {}
     library = alternatives() if args.library else {}
     swept = {}
     if picked_from:
-        from primitives.config import GemmConfig
+        from epiforge.primitives.config import GemmConfig
 
         for report_in in picked_from:
             for r in report_in.rows:
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
             write_report(out, report)  # partial results survive a timeout
     write_report(out, report)
-    from bench.report import markdown
+    from epiforge.bench.report import markdown
 
     print(markdown([report]))
     return 0

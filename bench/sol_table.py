@@ -2,7 +2,7 @@
 GEMM shape and B layout: each sweep row's fastest distinct configs (bench.run.fastest_gemms),
 written to eval/data/sol-configs.json with where they came from.
 
-    python -m bench.sol_table bench/results/h200/sweep.json bench/results/h200/sweep-cs.json \
+    python -m epiforge.bench.sol_table bench/results/h200/sweep.json bench/results/h200/sweep-cs.json \
         bench/results/h200/sweep-c8.json --out eval/data/sol-configs.json
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 def table(reports: list, top: int = 3) -> dict[str, list[str]]:
     """reports: eval.bench_rows.BenchReports."""
-    import tasks
-    from bench.run import fastest_gemms
+    from epiforge import tasks
+    from epiforge.bench.run import fastest_gemms
 
     out: dict[str, list[str]] = {}
     for report in reports:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from eval.bench_rows import BenchReport, load_report
+    from epiforge.eval.bench_rows import BenchReport, load_report
 
     try:
         reports = [load_report(p, BenchReport) for p in args.sweeps]

@@ -4,11 +4,11 @@ against cuBLAS + torch.compile(fullgraph) of the same model, eager PyTorch and L
 in one interleaved run (eval/timing.py: every repetition runs every contender once, in a
 fresh random order).
 
-    python -m bench.training --out $OUT/training.json                 (the H200: both parts)
-    python -m bench.training --parts layer --d 2048 --reps 20 --out F
-    python -m bench.training --tiny --device cpu --out F              (toy sizes: every contender
+    python -m epiforge.bench.training --out $OUT/training.json                 (the H200: both parts)
+    python -m epiforge.bench.training --parts layer --d 2048 --reps 20 --out F
+    python -m epiforge.bench.training --tiny --device cpu --out F              (toy sizes: every contender
                                                                        runnable here once, and agreeing)
-    python -m bench.training --report F [F ...]                       (Markdown tables of result files)
+    python -m epiforge.bench.training --report F [F ...]                       (Markdown tables of result files)
 
 The contenders compute the same function from the same weights (the Liger ones hold them in
 Hugging Face's layout, converted by training/layer.py); each row records every contender's
@@ -37,10 +37,10 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, Field
 
-from eval.stats import Ratio, Timing, paired_ratio, summarize
-from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
-from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
-from training.ops import eager_glue
+from epiforge.eval.stats import Ratio, Timing, paired_ratio, summarize
+from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
+from epiforge.training.ops import eager_glue
 
 #: the layers benchmarked: LLaMA-3.2-1B, LLaMA-3-8B and LLaMA-3-70B's decoder layers
 LAYERS = {
@@ -252,7 +252,7 @@ def _first_call(entry: _Entry, cuda: bool) -> None:
 
 def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bool,
              ratio_pairs: list[tuple[str, str]], breakdown_of: tuple[str, ...] = ()) -> Row:
-    from eval.timing import time_cuda_interleaved
+    from epiforge.eval.timing import time_cuda_interleaved
 
     for entry in entries:
         _first_call(entry, cuda)
@@ -467,7 +467,7 @@ def render(reports: list[Report]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.training", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m epiforge.bench.training", description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", choices=("layer", "step"), default=["layer", "step"])
     ap.add_argument("--d", nargs="+", type=int, default=sorted(LAYERS), choices=sorted(LAYERS),
                     help="layer widths (default: all)")
@@ -496,8 +496,8 @@ def main(argv=None) -> int:
     if args.device == "cpu" and not args.tiny:
         print("bench.training: on a CPU only --tiny runs (the emulator is not timed)", file=sys.stderr)
         return 2
-    from bench.gpu_env import command_line, report_json
-    from eval import machine
+    from epiforge.bench.gpu_env import command_line, report_json
+    from epiforge.eval import machine
 
     environment = machine.fingerprint(args.device, command_line("bench.training", argv))
     rows: list[Row] = []

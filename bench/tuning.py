@@ -4,8 +4,8 @@ picks its config itself with primitives.pick_config); likewise for the quack lib
 alternatives (bench/quack_library.py). Only sweeps timed in one interleaved run compare
 configs fairly: pass those.
 
-    python -m bench.tuning bench/results/h200/sweep.json [--write]
-    python -m bench.tuning bench/results/h200/sweep*.json bench/results/h200/confirm.json --check
+    python -m epiforge.bench.tuning bench/results/h200/sweep.json [--write]
+    python -m epiforge.bench.tuning bench/results/h200/sweep*.json bench/results/h200/confirm.json --check
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import statistics
 import sys
 import textwrap
 from pathlib import Path
-from eval.machine import REPO
+from epiforge.eval.machine import REPO
 
 
 
@@ -25,8 +25,8 @@ def config_ratios(files: list[str], what: str = "fused") -> dict[str, dict[str, 
     """{task: {"MxNxK": {config key: time / GEMM-only}}}, each ratio within one sweep (one
     interleaved run; eval.stats.speed); a later file's row for the same task and shape
     replaces an earlier one's (ratios from different runs are not compared)."""
-    from eval.bench_rows import BenchReport, load_report
-    from eval.stats import speed
+    from epiforge.eval.bench_rows import BenchReport, load_report
+    from epiforge.eval.stats import speed
 
     rows = {}
     for f in files:
@@ -102,7 +102,7 @@ def provenance(files: list[str]) -> str:
     """The comment above a written TUNED table: which sweeps it came from (wrapped)."""
     names = textwrap.wrap(" ".join(Path(f).as_posix() for f in files), 90, break_on_hyphens=False)
     return "\n".join(["# measured best tile configs on the H200 by GEMM m x n x k, written by",
-                      "# python -m bench.tuning --write from:", *(f"#   {line}" for line in names)])
+                      "# python -m epiforge.bench.tuning --write from:", *(f"#   {line}" for line in names)])
 
 
 def _stamp(src: str, files: list[str] | None) -> str:

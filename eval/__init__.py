@@ -1,13 +1,13 @@
 """The evaluator: static checks, isolation, numerics, (on a GPU) launches, timing and
-plausibility; see evaluate(). Names load lazily, so `eval.store` and the pure modules
+plausibility; see evaluate(). Names load lazily, so `epiforge.eval.store` and the pure modules
 (launches, plausibility, static_checks) import without torch."""
 
 from importlib import import_module
 
 _NAMES = {
-    "evaluate": "eval.evaluation",
-    "Kernel": "eval.kernel", "KernelError": "eval.kernel", "read_kernel": "eval.kernel", "resolve_kernel": "eval.kernel",
-    "Outcome": "eval.result", "Result": "eval.result", "ShapeResult": "eval.result",
+    "evaluate": "epiforge.eval.evaluation",
+    "Kernel": "epiforge.eval.kernel", "KernelError": "epiforge.eval.kernel", "read_kernel": "epiforge.eval.kernel", "resolve_kernel": "epiforge.eval.kernel",
+    "Outcome": "epiforge.eval.result", "Result": "epiforge.eval.result", "ShapeResult": "epiforge.eval.result",
 }
 
 __all__ = sorted(_NAMES)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import primitives as P
+from epiforge import primitives as P
 
 SOL_TABLE = Path(__file__).resolve().parent / "data" / "sol-configs.json"
 
@@ -56,7 +56,7 @@ REGISTRY = {b.name: b for b in (
 
 def sol_configs(task, dims: dict) -> list:
     """The fastest known identity-GEMM configs for this task's GEMM (shape and B layout)."""
-    from primitives.config import GemmConfig
+    from epiforge.primitives.config import GemmConfig
 
     if not SOL_TABLE.is_file():
         return []
@@ -92,7 +92,7 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
 
 
 #: the composite baselines: registry name -> (the bench module whose composites() has them, the library)
-COMPOSITES = {"liger": ("bench.liger", "Liger"), "flashinfer": ("bench.flashinfer", "FlashInfer")}
+COMPOSITES = {"liger": ("epiforge.bench.liger", "Liger"), "flashinfer": ("epiforge.bench.flashinfer", "FlashInfer")}
 
 #: the baselines that reports (compare's tables, the leaderboard) give a speedup column, in
 #: this order, where a Result has them
@@ -141,7 +141,7 @@ def extra_baselines(names, task, dims: dict, input_sets: list, device: str) -> t
                 continue
             fn, note = (lambda j, _f=found[0]: _f(input_sets[j], dims)), found[1]
         elif name == "quack_library":
-            from bench.quack_library import alternatives
+            from epiforge.bench.quack_library import alternatives
 
             found = alternatives().get(task.name)
             if found is None:

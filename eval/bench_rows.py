@@ -14,8 +14,8 @@ from typing import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eval.stats import Timing, fastest, paired_ratio, speed, summarize
-from tasks.tolerance import OutputCheck
+from epiforge.eval.stats import Timing, fastest, paired_ratio, speed, summarize
+from epiforge.tasks.tolerance import OutputCheck
 
 #: the plain GEMMs of a bench row that may be its speed of light (GEMM-only)
 PLAIN_GEMMS = ("gemm_cublas", "gemm_quack", "gemm_quack_best")

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, static_stage
-from eval.isolation import run_judge
-from eval.kernel import HUMAN_DIR, KernelError, expert_kernel, generated_kernels, read_kernel, resolve_kernel
-from eval.result import Outcome, RatioStat, Result
-from tasks import get_task
+from epiforge.eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, static_stage
+from epiforge.eval.isolation import run_judge
+from epiforge.eval.kernel import HUMAN_DIR, KernelError, expert_kernel, generated_kernels, read_kernel, resolve_kernel
+from epiforge.eval.result import Outcome, RatioStat, Result
+from epiforge.tasks import get_task
 
 #: how a generated kernel may be selected: generated, generated:<ID>, generated:<field>=<value>
 SELECTABLE = ("session", "backend", "model")
@@ -106,7 +106,7 @@ def compare(task_name: str, kernels: list[tuple[str, Path]], *, device: str = "c
     """Judge the kernels together (see the module docstring); the static stage runs here,
     per kernel, on each source read once. baselines: registry names (eval/baselines.py)
     timed beside the standard ones on a GPU."""
-    from eval.baselines import REGISTRY
+    from epiforge.eval.baselines import REGISTRY
 
     device, task = check_arguments(task_name, device, shapes)
     unknown = [b for b in baselines if b not in REGISTRY]

@@ -18,10 +18,10 @@ import platform
 import secrets
 from pathlib import Path
 
-from eval.isolation import clean_env, run_judge  # noqa: F401  (clean_env: re-exported)
-from eval.kernel import KernelError, resolve_kernel
-from eval.result import Outcome, Result
-from tasks import TaskError, get_task, shape_sets
+from epiforge.eval.isolation import clean_env, run_judge  # noqa: F401  (clean_env: re-exported)
+from epiforge.eval.kernel import KernelError, resolve_kernel
+from epiforge.eval.result import Outcome, Result
+from epiforge.tasks import TaskError, get_task, shape_sets
 
 DEFAULT_TIMEOUT_S = {"cpu": 600, "cuda": 900}
 
@@ -99,8 +99,8 @@ def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -
     """The source's metadata and the static rules, on the text as read once: a Result when
     the kernel stops here, else the Result fields learnt from its metadata. Only parsing
     (bounded in size and depth): nothing of the source runs here."""
-    from eval.kernel import read_kernel
-    from eval.static_checks import SourceTooComplex, check_source, only_compile_errors, parse_bounded, summarize
+    from epiforge.eval.kernel import read_kernel
+    from epiforge.eval.static_checks import SourceTooComplex, check_source, only_compile_errors, parse_bounded, summarize
 
     try:
         parse_bounded(text, str(path))

@@ -36,10 +36,10 @@ import time
 
 import torch
 
-from eval.baselines import extra_baselines, gemm_candidates
-from eval.clocks import ClockSampler
-from eval.launches import Launch, classify, classify_recorded
-from eval.numerics import (
+from epiforge.eval.baselines import extra_baselines, gemm_candidates
+from epiforge.eval.clocks import ClockSampler
+from epiforge.eval.launches import Launch, classify, classify_recorded
+from epiforge.eval.numerics import (
     InputSet,
     OutputBuffers,
     derive_seed,
@@ -48,11 +48,11 @@ from eval.numerics import (
     references,
     run_trial,
 )
-from eval.plausibility import Ceilings, check as plausible
-from eval.remote import Delivered, KernelFailure, KernelProcess, Profiled, Timed
-from eval.result import Outcome, ShapeTiming
-from eval.stats import fastest
-from eval.timing import gpu_clocks, summarize, timed_call
+from epiforge.eval.plausibility import Ceilings, check as plausible
+from epiforge.eval.remote import Delivered, KernelFailure, KernelProcess, Profiled, Timed
+from epiforge.eval.result import Outcome, ShapeTiming
+from epiforge.eval.stats import fastest
+from epiforge.eval.timing import gpu_clocks, summarize, timed_call
 
 #: input sets (their own weights, each with its own prepare()) the timed calls rotate through
 ROTATE = {"smoke": 4, "paper": 2}
@@ -172,7 +172,7 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
         return us, wall
 
     ab = [task.gemm_operands(x) for x in private]
-    from primitives.config import GemmConfig
+    from epiforge.primitives.config import GemmConfig
 
     stage("baselines")
     plain, skipped = gemm_candidates(task, dims, ab, [GemmConfig.parse(c) for c in kernel_configs], device)

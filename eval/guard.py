@@ -152,12 +152,12 @@ def _namespaces() -> dict[str, object]:
     import torch.nn.functional as F
     import torch.profiler
 
-    from eval import channel, timing
+    from epiforge.eval import channel, timing
 
     spaces = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F, "torch.profiler": torch.profiler,
               "torch.autograd.profiler": torch.autograd.profiler, "time": time, "builtins": builtins,
               "eval.timing": timing, "eval.channel": channel, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event}
-    for mod in ("eval.runner", "eval.guard", "primitives.trace"):
+    for mod in ("epiforge.eval.runner", "epiforge.eval.guard", "epiforge.primitives.trace"):
         if mod in sys.modules:
             spaces[mod] = sys.modules[mod]
     return spaces

@@ -1,6 +1,6 @@
 """Processes: the judge and the kernel runner, how they start, and how they end.
 
-    harness (evaluate())  ->  judge (python -m eval.judge)  ->  runner (python -m eval.runner)
+    harness (evaluate())  ->  judge (python -m epiforge.eval.judge)  ->  runner (python -m epiforge.eval.runner)
                               trusted: seed, references,        untrusted: the candidate's
                               tolerance, verdict                 code; holds none of those
 
@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from eval.machine import REPO
+from epiforge import IMPORT_ROOT
 
 STDERR_TAIL = 4000
 MAX_CHANNEL_BYTES = 32 * 2**20
@@ -72,8 +72,8 @@ def clean_env(extra: dict | None = None, base: dict | None = None) -> dict:
     base = os.environ if base is None else base
     env = {k: v for k, v in base.items()
            if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not any(m in k.upper() for m in SECRET_MARKERS)}
-    # the repo first; keep the rest (on the GPU machine quack and pydantic live there)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    # where epiforge imports from first; keep the rest (on the GPU machine quack and pydantic live there)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONHASHSEED"] = RUNNER_HASH_SEED
@@ -323,7 +323,7 @@ def parse_frames(data: bytes, nonce: str) -> tuple[list[str], dict | None, str |
 
 
 def run_judge(request: dict, *, timeout_s: float, extra_env: dict | None = None,
-              module: str = "eval.judge", on_stage=None) -> JudgeRun:
+              module: str = "epiforge.eval.judge", on_stage=None) -> JudgeRun:
     """Start the judge, hand it the request (with the secret seed) on stdin, read its
     frames until it closes the pipe or the time is up; always kill its group and remove
     the evaluation's temp dir on the way out (Ctrl-C included)."""

@@ -1,6 +1,6 @@
 """The judge: one process per evaluation, trusted, out of the candidate's reach.
 
-    python -m eval.judge --result-fd N --tmp DIR   < request.json    (started by evaluate())
+    python -m epiforge.eval.judge --result-fd N --tmp DIR   < request.json    (started by evaluate())
 
 It holds what decides the verdict: the secret seed, the task's references, the tolerance,
 the expected outputs and the timings of the baselines. It is non-dumpable (no process of
@@ -31,9 +31,9 @@ import time
 import traceback
 from pathlib import Path
 
-from eval.isolation import make_undumpable, setup_child
-from eval.machine import fingerprint
-from eval.result import Outcome, Result, ShapeResult, worst_element
+from epiforge.eval.isolation import make_undumpable, setup_child
+from epiforge.eval.machine import fingerprint
+from epiforge.eval.result import Outcome, Result, ShapeResult, worst_element
 
 _STARTED = time.monotonic()  # this module's import: the judge's own startup counts in its first stage
 
@@ -89,7 +89,7 @@ class Candidate:
         return self.result is None
 
     def finish(self, outcome: Outcome, message: str) -> None:
-        from eval.numerics import mask_numbers
+        from epiforge.eval.numerics import mask_numbers
 
         stderr = self.kp.stderr_tail() if self.kp else ""
         if self.per_shape and self.per_shape[-1].hidden and outcome != Outcome.PASSED:
@@ -103,13 +103,13 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
     """The whole evaluation of one kernel, or of several of one task timed together in ONE
     interleaved run per shape (request["kernels"]: [{label, source, base}]); never raises:
     every failure is a Result."""
-    from eval.gpu_stages import run_timed_stages
-    from eval.numerics import check_shape
-    from eval.plausibility import Ceilings
-    from eval.remote import KernelFailure
-    from eval.numerics import mask_numbers
-    from eval.secret_shapes import hidden_shapes
-    from tasks import TaskCodeError, get_task, shape_sets
+    from epiforge.eval.gpu_stages import run_timed_stages
+    from epiforge.eval.numerics import check_shape
+    from epiforge.eval.plausibility import Ceilings
+    from epiforge.eval.remote import KernelFailure
+    from epiforge.eval.numerics import mask_numbers
+    from epiforge.eval.secret_shapes import hidden_shapes
+    from epiforge.tasks import TaskCodeError, get_task, shape_sets
 
     device = request["device"]
     deadline = time.monotonic() + float(request["timeout_s"])
@@ -133,7 +133,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
             torch.cuda.init()
         env = fingerprint(device, commit=False)
         if device == "cuda" and request.get("timing", True):
-            from eval.timing import LEAD
+            from epiforge.eval.timing import LEAD
 
             env["timed_lead"] = LEAD.describe()  # the GPU's state before each timed call (eval/timing.py)
         for i, c in enumerate(cands):
@@ -190,14 +190,14 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
 def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progress) -> None:
     """The candidate's runner, its kernel loaded from the very text the harness checked (on
     a GPU: the strictest sandbox the CUDA driver starts in)."""
-    from eval.remote import KernelFailure, KernelProcess
+    from epiforge.eval.remote import KernelFailure, KernelProcess
 
     device = request["device"]
     workdir.mkdir(parents=True, exist_ok=True)
     kernel_copy = workdir / "kernel.py"
     kernel_copy.write_text(c.source)
     cpu_bytes = int(request["memory_limit_gib"] * 2**30) if (request.get("memory_limit_gib") and device == "cpu") else None
-    from tasks import get_task
+    from epiforge.tasks import get_task
 
     finishing = get_task(request["task"]).folder / "finishing.py"  # the task's own finishing steps, if any
     load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib"),

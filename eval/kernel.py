@@ -17,9 +17,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from eval.static_checks import SourceTooComplex, parse_bounded
+from epiforge.eval.static_checks import SourceTooComplex, parse_bounded
 
-from eval.machine import GENERATED_DIR, HUMAN_DIR, REPO, data_dir, expert_kernel  # noqa: F401 (re-exported)
+from epiforge.eval.machine import GENERATED_DIR, HUMAN_DIR, REPO, data_dir, expert_kernel  # noqa: F401 (re-exported)
 
 
 class KernelError(ValueError):

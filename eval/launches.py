@@ -27,7 +27,7 @@ FUSED_GEMM_MARK = "quackepiloguefrontendGemmMod_"
 def finisher_kernel(step: str) -> str:
     """The kernel name a finishing step launches on the GPU (its registration,
     primitives/finish.py: "_row_fold" / "_col_fold" for the built-ins)."""
-    from primitives.finish import STEPS
+    from epiforge.primitives.finish import STEPS
 
     return STEPS[step].gpu_kernel
 

@@ -24,10 +24,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.baselines import REPORTED
-from eval.result import NOT_THE_KERNELS_FAULT, Result
-from tasks import id_of, task_order
-from eval.machine import DATA_DIR, REPO, expert_kernel  # noqa: F401 (REPO: for callers naming files relative to it)
+from epiforge.eval.baselines import REPORTED
+from epiforge.eval.result import NOT_THE_KERNELS_FAULT, Result
+from epiforge.tasks import id_of, task_order
+from epiforge.eval.machine import DATA_DIR, REPO, expert_kernel  # noqa: F401 (REPO: for callers naming files relative to it)
 
 #: the H200 Results shipped with the repo: `epiforge compare --shapes paper` of every task
 #: (bench/results/h200/compare-paper.md says how they were made; bench/compare_export.py)
@@ -170,8 +170,8 @@ class AgentRow:
 def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
     """Per backend and model: sessions and passes per task, and for the solved sessions the
     turns, tokens, dollars and the wall time to the first correct kernel."""
-    from agent.session import Evaluation, SessionStarted, read_events
-    from agent.sessions import counts_as_pass, last_end
+    from epiforge.agent.session import Evaluation, SessionStarted, read_events
+    from epiforge.agent.sessions import counts_as_pass, last_end
 
     rows: dict[tuple[str, str], AgentRow] = {}
     for d in log_dirs:

@@ -15,8 +15,8 @@ import html
 import io
 from pathlib import Path
 
-from eval.leaderboard import Board, render_markdown
-from tasks import id_of, task_order
+from epiforge.eval.leaderboard import Board, render_markdown
+from epiforge.tasks import id_of, task_order
 
 
 def _png(fig) -> str:

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eval import channel
-from eval.launches import classify_recorded
-from eval.remote import Delivered, KernelFailure, KernelProcess
-from eval.result import Outcome, ShapeResult
-from tasks.spec import TaskCodeError
-from tasks.tolerance import OutputCheck, check_output
+from epiforge.eval import channel
+from epiforge.eval.launches import classify_recorded
+from epiforge.eval.remote import Delivered, KernelFailure, KernelProcess
+from epiforge.eval.result import Outcome, ShapeResult
+from epiforge.tasks.spec import TaskCodeError
+from epiforge.tasks.tolerance import OutputCheck, check_output
 
 ORDERS = ("reference_first", "kernel_first")
 _PROBLEM_OUTCOME = {
@@ -104,11 +104,11 @@ def mainloop_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b (b as (k, n)) by the fixed mainloop: quack's SM90 GEMM with an identity
     epilogue and a float32 D (any tile config accumulates K in the same order); other
     operands go to tasks.common.mm."""
-    from tasks import common
+    from epiforge.tasks import common
 
     if not (a.is_cuda and a.dim() == b.dim() == 2 and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)):
         return common.mm(a, b)
-    from eval.baselines import identity_gemm
+    from epiforge.eval.baselines import identity_gemm
 
     return identity_gemm(a, b.T, dtypes={"D": torch.float32})["D"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from eval import channel
-from eval.isolation import STDERR_TAIL, clean_env, kill_group
+from epiforge.eval import channel
+from epiforge.eval.isolation import STDERR_TAIL, clean_env, kill_group
 
 #: outcomes a runner may report for its kernel (anything else is read as RUNTIME_ERROR)
 RUNNER_FAILURES = frozenset({"COMPILE_ERROR", "RUNTIME_ERROR", "STATIC_REJECTED"})
@@ -98,7 +98,7 @@ class KernelProcess:
         self.stderr_path = workdir.parent / "runner.stderr"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = clean_env({"HOME": str(workdir), **private_caches(workdir), **(extra_env or {})})
-        args = [sys.executable, "-m", "eval.runner", "--sock", str(theirs.fileno()), "--parent", str(os.getpid())]
+        args = [sys.executable, "-m", "epiforge.eval.runner", "--sock", str(theirs.fileno()), "--parent", str(os.getpid())]
         if cpu_bytes:
             args += ["--cpu-bytes", str(int(cpu_bytes))]
         if cuda:

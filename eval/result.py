@@ -7,8 +7,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from eval.stats import Timing, paired_ratio
-from tasks.tolerance import OutputCheck
+from epiforge.eval.stats import Timing, paired_ratio
+from epiforge.tasks.tolerance import OutputCheck
 
 
 class Outcome(str, Enum):

@@ -1,6 +1,6 @@
 """The kernel runner: the one process where a candidate's code runs (untrusted).
 
-    python -m eval.runner --sock FD      (started by the judge, eval/judge.py)
+    python -m epiforge.eval.runner --sock FD      (started by the judge, eval/judge.py)
 
 It holds nothing that judges the kernel: no seed, no task, no reference, no tolerance, no
 channel to the harness. It receives inputs the judge made (shared memory, eval/channel.py),
@@ -37,7 +37,7 @@ from types import MappingProxyType
 def _shut_in() -> str:
     """Before torch (threads) or any kernel exists: limits, the parent-death signal, the
     sandbox (eval/isolation.py). Only when this module is the runner's entry point."""
-    from eval.isolation import own_pid_namespace, sandbox, setup_child
+    from epiforge.eval.isolation import own_pid_namespace, sandbox, setup_child
 
     args = sys.argv[1:]
     parent = int(args[args.index("--parent") + 1])
@@ -72,11 +72,11 @@ SANDBOX = _shut_in() if __name__ == "__main__" else "not a runner process"
 
 import torch  # noqa: E402  (after the sandbox, on purpose)
 
-from eval import channel  # noqa: E402
-from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations  # noqa: E402
-from eval.kernel import load_kernel_module  # noqa: E402
-from eval.timing import timed_call  # noqa: E402  (before any kernel: it binds the CUDA event API and its GEMM)
-from primitives import trace  # noqa: E402
+from epiforge.eval import channel  # noqa: E402
+from epiforge.eval.guard import ComputeGuard, TamperCheck, poisoned_allocations  # noqa: E402
+from epiforge.eval.kernel import load_kernel_module  # noqa: E402
+from epiforge.eval.timing import timed_call  # noqa: E402  (before any kernel: it binds the CUDA event API and its GEMM)
+from epiforge.primitives import trace  # noqa: E402
 
 #: how long a runner may keep recently returned outputs alive (so a reuse of their storage shows)
 HELD_CALLS = 2
@@ -91,11 +91,11 @@ class Failure(Exception):
 
 
 def is_compile_error(e: BaseException) -> bool:
-    from primitives.epilogue import EpilogueError
+    from epiforge.primitives.epilogue import EpilogueError
 
     if isinstance(e, EpilogueError):
         return True
-    lowering = sys.modules.get("primitives.lowering")
+    lowering = sys.modules.get("epiforge.primitives.lowering")
     if lowering is not None and isinstance(e, lowering.CompileError):
         return True
     mod = type(e).__module__ or ""
@@ -203,7 +203,7 @@ class Runner:
         channel.send(self.sock, {"progress": stage})
 
     def _new_compiles(self) -> list[dict]:
-        lowering = sys.modules.get("primitives.lowering")
+        lowering = sys.modules.get("epiforge.primitives.lowering")
         if lowering is None:
             return []
         log = lowering.COMPILE_LOG[self.compiled_seen:]
@@ -227,14 +227,14 @@ class Runner:
             if msg.get("gpu_memory_gib"):
                 total = torch.cuda.get_device_properties(0).total_memory
                 torch.cuda.set_per_process_memory_fraction(min(1.0, msg["gpu_memory_gib"] * 2**30 / total))
-            from primitives.lowering import _import_quack
+            from epiforge.primitives.lowering import _import_quack
 
             _import_quack()  # before the tamper snapshot: quack's import is not the kernel's doing
             _profile(lambda: None)  # the profiler's lazy set-up, likewise
         trace.set_compile_listener(lambda building: self.progress("compile" if building else self.stage))
         if msg.get("finishing"):
             _register_finishing(Path(msg["finishing"]))
-        from eval.isolation import forbid_unix_sockets
+        from epiforge.eval.isolation import forbid_unix_sockets
 
         # last before the kernel's code: the driver, quack and the profiler have set up
         syscalls = "off (EPIFORGE_RUNNER_SANDBOX=0)" if os.environ.get("EPIFORGE_RUNNER_SANDBOX") == "0" \

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from tasks.spec import ShapeSet
+from epiforge.tasks.spec import ShapeSet
 
 #: per named set: the ranges hidden shapes are drawn from. d is any whole number of heads
 #: of head_dim in its range (so also widths no named set uses, which a kernel cannot list)
@@ -28,7 +28,7 @@ HEAD_DIM = 128
 def hidden_shapes(set_name: str, seed: int, count: int = 2) -> list[ShapeSet]:
     """`count` shapes drawn from the seed (reproducible with it, unpredictable without).
     From the second on, d is a width no named shape of the set has."""
-    from tasks import shape_sets
+    from epiforge.tasks import shape_sets
 
     named = {s.d for s in shape_sets().get(set_name, [])}
     ranges = RANGES.get(set_name, RANGES["smoke"])

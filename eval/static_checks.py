@@ -671,7 +671,7 @@ def _submodule_names(sub: str):
     task's own finishing.py registers its steps when the task loads, which is before its
     kernels are checked); read from primitives.finish where it is loaded, so that the checker
     itself imports no torch."""
-    mod = sys.modules.get("primitives.finish") if sub == "finish" else None
+    mod = sys.modules.get("epiforge.primitives.finish") if sub == "finish" else None
     return mod.FINISHERS if mod is not None else PRIMITIVE_SUBMODULES[sub]
 
 

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from pydantic import BaseModel, Field
 
-from eval.clocks import ClockSummary
+from epiforge.eval.clocks import ClockSummary
 
 
 class Timing(BaseModel):

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from eval.result import Result
-from eval.machine import STATE_DIR
+from epiforge.eval.result import Result
+from epiforge.eval.machine import STATE_DIR
 
 DEFAULT_PATH = STATE_DIR / "results.sqlite"  # git-ignored
 ENV_PATH = "EPIFORGE_RESULTS"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from typing import Callable, NamedTuple, Sequence
 
-from eval.clocks import ClockSampler, nvml_index
-from eval.stats import BOOTSTRAP, Ratio, Timing, bootstrap_median_ci, paired_ratio, summarize  # noqa: F401 (re-exported)
+from epiforge.eval.clocks import ClockSampler, nvml_index
+from epiforge.eval.stats import BOOTSTRAP, Ratio, Timing, bootstrap_median_ci, paired_ratio, summarize  # noqa: F401 (re-exported)
 
 # the H200's L2 is 60 MB (H100: 50 MB); writing 4x that evicts it
 _FLUSH_BYTES = 256 * 1024 * 1024

@@ -15,7 +15,7 @@ Opt-in (`compare --all --warm`): on the H200 (2026-12-02, bench/results/h200/com
 warming 17 tasks with FlashInfer took about 200 s, and each judge's warmup stage still took
 8-18 s, so it did not shorten the run. What that stage spends its time on is still to find.
 
-    python -m eval.warm --task k1 --shapes paper --baselines torch_compile liger   (one task)
+    python -m epiforge.eval.warm --task k1 --shapes paper --baselines torch_compile liger   (one task)
     warm_all(["k1", "k8"], "paper", ["torch_compile", "liger"], jobs=8)             -> {task: line}
 """
 
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from eval.isolation import clean_env, kill_group
+from epiforge.eval.isolation import clean_env, kill_group
 
 #: how many tasks are warmed at once (each compiles on several cores: Inductor's workers)
 JOBS = 6
@@ -36,9 +36,9 @@ def warm_task(task_name: str, shapes: str, baselines: list[str], device: str = "
     """Build the task's asked-for baselines at each named shape, as the judge's benchmark
     stage does (seed and values do not matter: only what gets compiled). Returns one note
     per baseline left out (it does not run here)."""
-    from eval.baselines import extra_baselines
-    from eval.numerics import derive_seed
-    from tasks import get_task, shape_sets
+    from epiforge.eval.baselines import extra_baselines
+    from epiforge.eval.numerics import derive_seed
+    from epiforge.tasks import get_task, shape_sets
 
     task = get_task(task_name)
     left_out = []
@@ -65,7 +65,7 @@ def warm_all(task_names: list[str], shapes: str, baselines: list[str], *, device
     while waiting or running:
         while waiting and len(running) < jobs:
             name = waiting.pop(0)
-            cmd = [sys.executable, "-m", "eval.warm", "--task", name, "--shapes", shapes, "--device", device,
+            cmd = [sys.executable, "-m", "epiforge.eval.warm", "--task", name, "--shapes", shapes, "--device", device,
                    "--baselines", *baselines]
             running[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                              env=clean_env(), start_new_session=True)
@@ -89,7 +89,7 @@ def warm_all(task_names: list[str], shapes: str, baselines: list[str], *, device
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval.warm", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m epiforge.eval.warm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", required=True)
     ap.add_argument("--shapes", default="paper")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

@@ -4,14 +4,19 @@ An epilogue is a plain function of the GEMM accumulator built from these names; 
 source runs on the GPU (quack's SM90 GEMM) and on the CPU (the tile emulator).
 """
 
-from primitives import finish, prepare
-from primitives.config import DEFAULT_CONFIG, GemmConfig, pick_config
-from primitives.epilogue import Epilogue, EpilogueError, epilogue
-from primitives.math import (
+if __name__ != "epiforge.primitives":  # one copy only: the kernel-facing name is an alias
+    raise ImportError(f"primitives was loaded as {__name__!r}: import epiforge first (it maps `import primitives` "
+                      "to epiforge.primitives), or use `from epiforge import primitives`")
+
+
+from epiforge.primitives import finish, prepare
+from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig, pick_config
+from epiforge.primitives.epilogue import Epilogue, EpilogueError, epilogue
+from epiforge.primitives.math import (
     abs, dswiglu, erf, erfc, exp, fma, gelu, gelu_tanh, log, max, min, relu, rope_rotate, rsqrt, sigmoid, silu,
     squared_relu, swiglu, tanh, where,
 )
-from primitives.spec import (
+from epiforge.primitives.spec import (
     ColReduce,
     HeadRMS,
     PerCol,
@@ -23,13 +28,13 @@ from primitives.spec import (
     Tile,
     partials_shape,
 )
-from primitives.values import pack, unpack
+from epiforge.primitives.values import pack, unpack
 
 
 def from_quack(target, operands=None):
     """Wrap a quack library epilogue: an EpiMod, or a "module:name" path such as
     "quack.epilogue.library:swiglu_mod", resolved (importing quack, ~10 s) on first use."""
-    from primitives.quack_library import LazyQuackEpilogue, from_quack as _from_quack
+    from epiforge.primitives.quack_library import LazyQuackEpilogue, from_quack as _from_quack
 
     if isinstance(target, str):
         return LazyQuackEpilogue(target, operands)

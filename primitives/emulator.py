@@ -13,9 +13,9 @@ import math
 
 import torch
 
-from primitives.config import GemmConfig
-from primitives.epilogue import Call, Epilogue, EpilogueError
-from primitives.spec import (
+from epiforge.primitives.config import GemmConfig
+from epiforge.primitives.epilogue import Call, Epilogue, EpilogueError
+from epiforge.primitives.spec import (
     ColReduce,
     HeadRMS,
     PerCol,
@@ -27,7 +27,7 @@ from primitives.spec import (
     Tile,
     partials_shape,
 )
-from primitives.values import TorchPair
+from epiforge.primitives.values import TorchPair
 
 # bound the float32 working set of one stripe (~256 MiB of accumulator)
 _STRIPE_ELEMENTS = 64 * 1024 * 1024

@@ -23,9 +23,9 @@ from typing import Callable, Mapping
 
 import torch
 
-from primitives import trace
-from primitives.config import DEFAULT_CONFIG, GemmConfig
-from primitives.spec import (
+from epiforge.primitives import trace
+from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
+from epiforge.primitives.spec import (
     MODES,
     Operand,
     HeadRMS,
@@ -142,15 +142,15 @@ class Epilogue:
             raise EpilogueError(f"{self.name}(): config {config.key()} has early_c_loads, which moves C loads, but this "
                                 "call loads no C (pass c= or drop the flag)")
         if a.device.type == "cuda":
-            from primitives.lowering import launch
+            from epiforge.primitives.lowering import launch
 
             return launch(self, call, config)
         if os.environ.get("EPIFORGE_CROSS_COMPILE") == "1":
             # the CPU compile check: build the exact GPU kernel for sm_90a, then emulate
-            from primitives.lowering import cross_compile
+            from epiforge.primitives.lowering import cross_compile
 
             cross_compile(self, call, config)
-        from primitives.emulator import emulate
+        from epiforge.primitives.emulator import emulate
 
         return emulate(self, call, config)
 

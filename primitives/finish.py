@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from primitives import trace
+from epiforge.primitives import trace
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def __getattr__(name: str):
 
 def _gpu(fn_name: str) -> Callable[..., Any]:
     def call(*args, **kw):
-        from primitives import finish_gpu
+        from epiforge.primitives import finish_gpu
 
         return getattr(finish_gpu, fn_name)(*args, **kw)
 

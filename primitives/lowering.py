@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from primitives import trace
-from primitives.config import GemmConfig
-from primitives.epilogue import Call, Epilogue
-from primitives.spec import (
+from epiforge.primitives import trace
+from epiforge.primitives.config import GemmConfig
+from epiforge.primitives.epilogue import Call, Epilogue
+from epiforge.primitives.spec import (
     ColReduce, HeadRMS, PerCol, PerRow, RowLogSumExp, RowReduce, RowSelect, Scalar, Tile, partials_shape,
 )
 
@@ -70,7 +70,7 @@ def _hook_stage_split():
         base = getattr(self, _C_STAGES_ATTR, None)
         early = bool(getattr(self, _EARLY_C_ATTR, False))
         if early:
-            from primitives import early_c
+            from epiforge.primitives import early_c
 
             early_c.install(self)
         cls = type(self)
@@ -124,7 +124,7 @@ def quack_mod(epi: Epilogue):
             sinks[name] = ops.ColVecSelect(name, idx_op=idx)
     declared = dict(outputs=epi.outputs, ops=pins, outs=sinks, mode=_QUACK_MODE[epi.mode], extra_ops=tuple(extra), **prepass)
     if epi.pair_outputs:  # full-width acc_pair outputs: quack's frontend has none (primitives/pair_store.py)
-        from primitives.pair_store import PairStore, PairStoreEpiMod
+        from epiforge.primitives.pair_store import PairStore, PairStoreEpiMod
 
         sinks.update((name, PairStore(name)) for name in epi.pair_outputs)
         epi.quack_mod = PairStoreEpiMod(epi.fn, **declared)

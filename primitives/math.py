@@ -11,7 +11,7 @@ import math as _math
 
 import torch
 
-from primitives.values import is_torch
+from epiforge.primitives.values import is_torch
 
 
 def sigmoid(x):

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from primitives import trace
+from epiforge.primitives import trace
 
 
 def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, passthrough_cols: int = 0,

@@ -13,9 +13,9 @@ import types
 
 import torch
 
-from primitives import math as pm
-from primitives.epilogue import Epilogue, EpilogueError
-from primitives.spec import (
+from epiforge.primitives import math as pm
+from epiforge.primitives.epilogue import Epilogue, EpilogueError
+from epiforge.primitives.spec import (
     ColReduce,
     PerCol,
     PerRow,
@@ -25,7 +25,7 @@ from primitives.spec import (
     Scalar,
     Tile,
 )
-from primitives.values import TorchPair, pack, unpack
+from epiforge.primitives.values import TorchPair, pack, unpack
 
 _QUACK_MODE = {"element": "element", "acc_pair": "acc_pair", "packed_cd_b16x2": "packed_pair"}
 _COMBINE = {"add": "sum", "max": "max", "max_abs": "absmax"}

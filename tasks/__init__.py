@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.spec import (
+from epiforge.tasks.spec import (
     ENV_TASKS_PATH,
     TASKS_DIR,
     ShapeSet,

@@ -24,9 +24,9 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from primitives.finish import FINISHERS
-from tasks import common
-from tasks import dims as dimexpr
+from epiforge.primitives.finish import FINISHERS
+from epiforge.tasks import common
+from epiforge.tasks import dims as dimexpr
 
 TASKS_DIR = Path(__file__).resolve().parent
 #: more folders of task folders, os.pathsep-separated (tasks written outside the repo, and tests)
@@ -232,7 +232,7 @@ class Task(_Strict):
         file = self.folder / "reference.py"
         try:
             if self.folder.parent == TASKS_DIR:
-                return importlib.import_module(f"tasks.{self.name}.reference")
+                return importlib.import_module(f"epiforge.tasks.{self.name}.reference")
             spec = importlib.util.spec_from_file_location(f"epiforge_tasks.{self.name}.reference", file)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
@@ -408,7 +408,7 @@ def _import_finishing(folder: Path) -> None:
         return
     try:
         if folder.parent == TASKS_DIR:
-            importlib.import_module(f"tasks.{folder.name}.finishing")
+            importlib.import_module(f"epiforge.tasks.{folder.name}.finishing")
         else:
             spec = importlib.util.spec_from_file_location(f"epiforge_tasks.{folder.name}.finishing", file)
             module = importlib.util.module_from_spec(spec)

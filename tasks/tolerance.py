@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 import torch
 
-from tasks.spec import OutputSpec
+from epiforge.tasks.spec import OutputSpec
 
 
 class OutputCheck(BaseModel):

@@ -3,8 +3,8 @@ worst error, the allowance (tasks/tolerance.py against Task.reference's exact an
 low-precision references) and their ratio, the margin (at most 1 passes), on the max and
 on the RMS error.
 
-    python -m tasks.tolerance_margins --shapes smoke --device cpu --out tasks/results/tolerance-margins-cpu-smoke.json
-    python -m tasks.tolerance_margins --shapes paper --device cuda --out margins.json
+    python -m epiforge.tasks.tolerance_margins --shapes smoke --device cpu --out tasks/results/tolerance-margins-cpu-smoke.json
+    python -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --out margins.json
 
 The expert kernels are trusted, so they run in this process (on a CPU through the
 emulator). Cases run from the smallest GEMM to the largest and the file is rewritten after
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-import tasks
-from tasks.tolerance import check_output
-from eval.machine import expert_kernel
+from epiforge import tasks
+from epiforge.tasks.tolerance import check_output
+from epiforge.eval.machine import expert_kernel
 
 
 def load_expert(task):
@@ -56,7 +56,7 @@ def check_case(task, module, dims: dict, seed: int, device: str) -> dict:
     """One kernel call on fresh inputs, judged output by output: {name: margins and verdict}."""
     inputs = task.make_inputs(dims, seed, device)
     out = run_expert(task, module, inputs)
-    from eval.numerics import references  # the judge's own references (on a GPU: its mainloop GEMM too)
+    from epiforge.eval.numerics import references  # the judge's own references (on a GPU: its mainloop GEMM too)
 
     exact, lowprec = references(task, inputs, dims)
     rows = {}
@@ -74,7 +74,7 @@ def check_case(task, module, dims: dict, seed: int, device: str) -> dict:
 
 def environment(device: str, argv: list[str]) -> dict:
     """eval.machine's fingerprint, plus which processor ran it where there is no GPU."""
-    from eval.machine import fingerprint
+    from epiforge.eval.machine import fingerprint
 
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name()
@@ -83,7 +83,7 @@ def environment(device: str, argv: list[str]) -> dict:
         models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
         name = f"{models[0] if models else platform.processor()} ({torch.get_num_threads()} threads)"
     return {**fingerprint("cuda" if device.startswith("cuda") else None,
-                          " ".join(["python -m tasks.tolerance_margins", *argv])), "device": name}
+                          " ".join(["python -m epiforge.tasks.tolerance_margins", *argv])), "device": name}
 
 
 def worst(cases: list[dict]) -> dict:
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if args.device.startswith("cuda"):
         try:  # the carried compiled kernels, so that the run does not compile (bench/README)
-            from bench.gpu_env import install_precompiled
+            from epiforge.bench.gpu_env import install_precompiled
 
             install_precompiled()
         except Exception as e:  # noqa: BLE001 - without them it compiles, slower but the same

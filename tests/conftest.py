@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 FULL_SANDBOX = "user and mount namespaces: read-only filesystem but its own dir, no network"
-_PROBE = ("import pathlib, sys, tempfile; sys.path.insert(0, sys.argv[1]); from eval.isolation import sandbox; "
+_PROBE = ("import pathlib, sys, tempfile; sys.path.insert(0, sys.argv[1]); from epiforge.eval.isolation import sandbox; "
           "print(sandbox(pathlib.Path(tempfile.mkdtemp())))")
 
 
@@ -74,12 +74,13 @@ _CROSS_COMPILE = '''
 import json, os, sys
 os.environ.update(EPIFORGE_CROSS_COMPILE="1", CUTE_DSL_ARCH="sm_90a", QUACK_ARCH="90")
 import torch
+import epiforge
 import primitives as P
 kernel, calls = json.load(sys.stdin)
 scope = {"torch": torch, "P": P}
 exec(compile(kernel, "kernel.py", "exec"), scope)
 exec(compile(calls, "calls.py", "exec"), scope)
-from primitives.lowering import COMPILE_LOG
+from epiforge.primitives.lowering import COMPILE_LOG
 print("LOG" + json.dumps(COMPILE_LOG))
 '''
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-import tasks
-from tasks.common import swiglu_interleaved
+from epiforge import tasks
+from epiforge.tasks.common import swiglu_interleaved
 
 DIMS = tasks.shape_sets()["smoke"][0].dims()
 

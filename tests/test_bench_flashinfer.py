@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-import tasks
-from bench.flashinfer import ROPE_TASKS, composites, rope_theta
-from tasks import common
+from epiforge import tasks
+from epiforge.bench.flashinfer import ROPE_TASKS, composites, rope_theta
+from epiforge.tasks import common
 
 
 def test_rope_theta_inverts_the_frequency_table():

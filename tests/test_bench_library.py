@@ -5,10 +5,10 @@ library's own epilogue functions) at a smoke shape."""
 import pytest
 import torch
 
-import tasks
-from bench.quack_library import alternatives
-from eval.numerics import references
-from tasks.tolerance import check_output
+from epiforge import tasks
+from epiforge.bench.quack_library import alternatives
+from epiforge.eval.numerics import references
+from epiforge.tasks.tolerance import check_output
 
 EXACT = ["k2_gemm_rmsnorm_swiglu", "k5_gemm_rmsnorm_partial_cross_entropy"]
 
@@ -60,7 +60,7 @@ def test_diagnostics_do_the_task_minus_one_piece():
     """k7 without ZdZ gives k7's dz and out, without postact its dz; k0 without the sum of
     squares gives k0's h (and y * w where k0 stores y); k6 without h gives k6's dx and dw: on
     the CPU, through the torch twins of quack's own functions."""
-    from bench.quack_library import DIAGNOSTICS
+    from epiforge.bench.quack_library import DIAGNOSTICS
 
     for name, diag, expect in (("k7_gemm_partial_swiglu_bwd", "without_zdz", {"dz": "dz", "out": "out"}),
                                ("k7_gemm_partial_swiglu_bwd", "without_postact", {"dz": "dz"}),
@@ -71,7 +71,7 @@ def test_diagnostics_do_the_task_minus_one_piece():
         fn, note = DIAGNOSTICS[name][diag]
         got = fn(dict(inputs), None)
         checks = {o.name: o for o in task.outputs}
-        from tasks.tolerance import check_output
+        from epiforge.tasks.tolerance import check_output
 
         for out_name, ref_name in expect.items():
             c = check_output(checks[ref_name], got[out_name], exact[ref_name], lowprec[ref_name])
@@ -87,7 +87,7 @@ def test_diagnostics_do_the_task_minus_one_piece():
 def test_stores_only_diagnostics_store_the_kernels_bytes_without_c():
     """k7's stores are three (M, F) bf16 tensors (dz is (M, 2F)), k0's two (M, d): the
     synthetic stand-ins write exactly that many bytes, each a multiple of the GEMM."""
-    from bench.quack_library import DIAGNOSTICS
+    from epiforge.bench.quack_library import DIAGNOSTICS
 
     for name, got_names, ref in (("k7_gemm_partial_swiglu_bwd", ("D", "a", "b"), ("dz", "out")),
                                  ("k0_gemm_residual_partial_rmsnorm", ("D", "a"), ("h", "x"))):

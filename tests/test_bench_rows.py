@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from eval.bench_rows import BenchReport, BenchRow, ChainReport, CheckReport, load_report
+from epiforge.eval.bench_rows import BenchReport, BenchRow, ChainReport, CheckReport, load_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200"
 
 
 def _made_by(raw: dict) -> str:
     """The module a result file says made it (its environment's command)."""
-    return ((raw.get("environment") or {}).get("command") or "").removeprefix("python -m ").split(" ")[0]
+    return ((raw.get("environment") or {}).get("command") or "").removeprefix("python -m ").removeprefix("epiforge.").split(" ")[0]
 
 
 COMMITTED = {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
@@ -49,7 +49,7 @@ def test_every_committed_file_loads_with_its_numbers(name):
 def test_the_factory_derives_the_rederived_files_ratios_again(name):
     """final.json and final-2.json (what the README and the leaderboard's import quote) were
     rederived from their samples: the factory, run again on them, gives every ratio back."""
-    from bench.quack_library import LIKE_FOR_LIKE
+    from epiforge.bench.quack_library import LIKE_FOR_LIKE
 
     report = load_report(RESULTS / name)
     assert report.rederived and all(r.fused is not None for r in report.rows)

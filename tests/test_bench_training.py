@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from bench import training as bt
+from epiforge.bench import training as bt
 
 
 def test_tiny_run_writes_a_report_whose_contenders_agree(tmp_path):

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-import primitives as P
-from bench import tuning
+from epiforge import primitives as P
+from epiforge.bench import tuning
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _s(samples):
     """A Timing with these samples, in repetition order."""
-    from eval.timing import summarize
+    from epiforge.eval.timing import summarize
 
     return summarize(samples, keep=True)
 
@@ -27,7 +27,7 @@ def _t(us, drift=(1.0,) * 5):
 def _row(task="k8_gemm_swiglu", configs=None, gemm_cublas=None, **timed):
     """A bench row from timings, by the one factory (eval.bench_rows.BenchRow.measured);
     configs: {key: {what: Timing}}."""
-    from eval.bench_rows import BenchRow, ConfigTimings
+    from epiforge.eval.bench_rows import BenchRow, ConfigTimings
 
     return BenchRow.measured(task=task, shape="1B", dims={"M": 16384, "d": 2048, "F": 5632},
                              gemm_mnk=(16384, 11264, 2048), flops=1.0, min_bytes=1.0,
@@ -36,8 +36,8 @@ def _row(task="k8_gemm_swiglu", configs=None, gemm_cublas=None, **timed):
 
 
 def _write(path, rows, environment=None):
-    from bench.gpu_env import write_report
-    from eval.bench_rows import BenchReport
+    from epiforge.bench.gpu_env import write_report
+    from epiforge.eval.bench_rows import BenchReport
 
     write_report(path, BenchReport(environment=environment or {}, rows=rows))
     return str(path)
@@ -83,7 +83,7 @@ def test_written_tables_are_what_pick_config_reads(tmp_path):
     a, w = torch.empty(16384, 2048, device="meta"), torch.empty(11264, 2048, device="meta")
     assert P.pick_config(ns["TUNED"], a, w).key() == "128x128_c1x2_pp"
     assert P.pick_config(lib_ns["TUNED"]["k2_gemm_rmsnorm_swiglu"], a, w).key() == "128x96_c2x1_pp"
-    from bench.quack_library import TUNED as before
+    from epiforge.bench.quack_library import TUNED as before
 
     k6 = "k6_gemm_residual_partial_rmsnorm_bwd"
     assert lib_ns["TUNED"][k6] == before[k6]  # the other entries untouched
@@ -139,7 +139,7 @@ def test_configs_are_ranked_repetition_by_repetition():
 
 
 def test_chain_gemm_only_adds_the_two_gemms_repetition_by_repetition():
-    from eval.bench_rows import ChainRow
+    from epiforge.eval.bench_rows import ChainRow
 
     k7, k6 = [60.0, 50.0, 60.0, 50.0, 60.0], [40.0, 50.0, 40.0, 50.0, 40.0]  # 100 us together in every repetition
     timed = {name: _s(v) for name, v in {
@@ -158,7 +158,7 @@ ENV = {k: "x" for k in ("gpu", "command", "date", "torch", "cuda", "nvidia-cutla
 
 
 def test_rederive_recomputes_ratios_from_samples_and_refuses_files_without(tmp_path):
-    from bench.report import main as report_main
+    from epiforge.bench.report import main as report_main
 
     row = _row(configs={"c": {"fused": _s(PAIRED_SLOWER), "gemm_quack": _s([x * 1.2 for x in CLOCK])}},
                gemm_cublas=_s(CLOCK))
@@ -179,8 +179,8 @@ def test_rederive_recomputes_ratios_from_samples_and_refuses_files_without(tmp_p
 
 
 def test_diagnostics_are_reported_against_the_same_speed_of_light():
-    from bench.report import markdown
-    from eval.bench_rows import BenchReport
+    from epiforge.bench.report import markdown
+    from epiforge.eval.bench_rows import BenchReport
 
     row = _row("k7_gemm_partial_swiglu_bwd", gemm_cublas=_t(110.0), diagnostic_notes={"without_zdz": "no ZdZ"},
                configs={"128x128_c1x2_pp": {"fused": _t(130.0), "gemm_quack": _t(100.0),
@@ -195,7 +195,7 @@ def test_diagnostics_are_reported_against_the_same_speed_of_light():
 def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
     import re
 
-    from bench import gpu_env
+    from epiforge.bench import gpu_env
 
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", gpu_env.source_commit())
     # a machine that received the working tree without .git, or with a stale one: the caller's stamp wins
@@ -206,8 +206,8 @@ def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
 def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):
     """--configs-from --top N re-times a row at its sweep's N fastest fused configs (those
     that ran), fastest first; --top without --configs-from is refused before any GPU work."""
-    from bench import run
-    from eval.bench_rows import load_report
+    from epiforge.bench import run
+    from epiforge.eval.bench_rows import load_report
 
     rows = load_report(_sweep(tmp_path)).rows
     assert rows[0].fastest_configs("fused", 3) == ["128x128_c1x2_pp", "128x192_c2x1_pp"]
@@ -242,7 +242,7 @@ def test_h200_pipeline_script_parses_and_refuses_unknown_steps():
 
 
 def test_result_files_keep_each_list_of_samples_on_one_line():
-    from bench.gpu_env import report_json
+    from epiforge.bench.gpu_env import report_json
 
     report = {"rows": [{"fused": _t(110.0, (1.0, 1.25, 0.5)).model_dump(), "configs": {"128x128": {}},
                         "names": ["a", "b"]}],
@@ -254,7 +254,7 @@ def test_result_files_keep_each_list_of_samples_on_one_line():
 
 
 def test_a_library_that_does_less_is_compared_with_the_kernel_minus_that_work():
-    from bench.report import _verdict
+    from epiforge.bench.report import _verdict
 
     k6 = "k6_gemm_residual_partial_rmsnorm_bwd"  # quack's rms_bwd_apply_epi does not store h
 
@@ -297,8 +297,8 @@ def test_ratios_lists_every_config_fastest_first(tmp_path, capsys):
 
 
 def test_a_file_that_is_not_a_result_is_one_line_before_any_gpu_work(tmp_path, capsys):
-    from bench import report, run
-    from eval.bench_rows import load_report
+    from epiforge.bench import report, run
+    from epiforge.eval.bench_rows import load_report
 
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"rows": 3}')

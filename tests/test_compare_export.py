@@ -4,12 +4,12 @@ one of the same task and kernel) and its Markdown tables."""
 
 import json
 
-from bench import compare_export
-from eval import leaderboard as lb
-from eval.machine import REPO
-from eval.result import Result
-from eval.bench_rows import load_report
-from eval.store import ResultStore
+from epiforge.bench import compare_export
+from epiforge.eval import leaderboard as lb
+from epiforge.eval.machine import REPO
+from epiforge.eval.result import Result
+from epiforge.eval.bench_rows import load_report
+from epiforge.eval.store import ResultStore
 
 
 def test_stores_become_one_result_per_task_and_kernel(tmp_path):
@@ -49,8 +49,8 @@ def test_agreement_pairs_each_expert_row_with_the_bench_files():
 def test_same_session_shows_both_harnesses_clocks(tmp_path):
     """--same-session: the SM clock and power-capped share each harness's timed phase saw,
     from the Results' and the bench file's own timings."""
-    from bench.gpu_env import write_report
-    from eval.clocks import ClockReading, summarize_readings
+    from epiforge.bench.gpu_env import write_report
+    from epiforge.eval.clocks import ClockReading, summarize_readings
 
     shipped = [r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert"]
     judge = summarize_readings([ClockReading(1755.0, 690_000.0, 60.0, 0x0), ClockReading(1785.0, 700_000.0, 61.0, 0x0)])

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-import primitives as P
-from primitives.config import GemmConfig
+from epiforge import primitives as P
+from epiforge.primitives.config import GemmConfig
 
 gen = torch.Generator().manual_seed(0)
 
@@ -316,6 +316,6 @@ def test_what_the_gpu_refuses_is_refused_here_too():
 
 
 def test_importing_primitives_does_not_import_quack():
-    code = "import sys, primitives, primitives.emulator; print('quack' in sys.modules or 'cutlass' in sys.modules)"
+    code = "import sys, epiforge, primitives, primitives.emulator; print('quack' in sys.modules or 'cutlass' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import tasks
-from eval import evaluate
-from eval.machine import expert_kernel
+from epiforge import tasks
+from epiforge.eval import evaluate
+from epiforge.eval.machine import expert_kernel
 
 REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = [t.name for t in tasks.load_catalogue()[0]]
@@ -33,7 +33,7 @@ RUN_PATH_TASKS = [pytest.param(t, marks=CE_RUNNER_FLAKE) if t.startswith(("k5_",
 
 
 def cli(*args, timeout=600):
-    return subprocess.run([sys.executable, str(REPO / "epiforge.py"), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "epiforge", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
 
 

@@ -7,10 +7,10 @@ import textwrap
 import pytest
 import torch
 
-import primitives as P
-import tasks
-from eval import evaluate
-from eval.launches import Launch, classify
+from epiforge import primitives as P
+from epiforge import tasks
+from epiforge.eval import evaluate
+from epiforge.eval.launches import Launch, classify
 
 FINISHING = '''
 import primitives as P
@@ -160,7 +160,7 @@ def test_the_builtin_gpu_lowerings_compute_what_the_cpu_steps_do():
 
     code = textwrap.dedent('''
         import torch
-        from primitives import finish, finish_gpu
+        from epiforge.primitives import finish, finish_gpu
         p, t = torch.randn(37, 5), torch.randn(37)
         pairs = [(finish_gpu.row_sum(p), finish.STEPS["row_sum"].cpu(p)),
                  (finish_gpu.col_sum(p), finish.STEPS["col_sum"].cpu(p)),

@@ -12,8 +12,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-import primitives as P
-from bench.configs import CANDIDATES, EARLY_C_CONFIGS, config_args
+from epiforge import primitives as P
+from epiforge.bench.configs import CANDIDATES, EARLY_C_CONFIGS, config_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,9 +45,9 @@ def test_bad_key_is_one_clear_error():
 
 STAGES_SCRIPT = """
 import json, sys
-import tasks, primitives as P
-from eval.kernel import HUMAN_DIR, load_kernel_module
-from primitives import lowering
+from epiforge import tasks, primitives as P
+from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
+from epiforge.primitives import lowering
 dims = tasks.shape_sets()["smoke"][0].dims()
 for arg in sys.argv[1:]:
     tid, key = arg.split(":")
@@ -130,9 +130,9 @@ def test_bench_config_args_take_keys_and_the_early_c_set():
         "128x128_c1x2_pp_cs5_ec", "128x128_c1x2_pp_cs6_ec", "128x128_c1x2_pp_cs8_ec"}
     # the identity GEMM timed beside a fused kernel loads no C: the same config, less the flag
     assert P.GemmConfig.parse("128x128_c1x2_pp_cs5_ec").for_plain_gemm().key() == "128x128_c1x2_pp_cs5"
-    from bench.run import fastest_gemms
-    from eval.bench_rows import BenchRow, ConfigTimings
-    from eval.timing import summarize
+    from epiforge.bench.run import fastest_gemms
+    from epiforge.eval.bench_rows import BenchRow, ConfigTimings
+    from epiforge.eval.timing import summarize
 
     timing = summarize([1.0] * 5, keep=True)
     row = BenchRow.measured(task="k0", shape="1B", dims={"M": 1}, gemm_mnk=(1, 1, 1), flops=1, min_bytes=1,
@@ -142,9 +142,9 @@ def test_bench_config_args_take_keys_and_the_early_c_set():
 
 EARLY_C_SCRIPT = """
 import json, sys
-import tasks, primitives as P
-from eval.kernel import HUMAN_DIR, load_kernel_module
-from primitives import lowering
+from epiforge import tasks, primitives as P
+from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
+from epiforge.primitives import lowering
 dims = tasks.shape_sets()["smoke"][0].dims()
 errors = {}
 for arg in sys.argv[1:]:
@@ -157,7 +157,7 @@ for arg in sys.argv[1:]:
         errors[arg] = str(e)
 # quack text the edits do not expect (here: another of its methods) fails loudly
 import quack.gemm_sm90
-from primitives import early_c
+from epiforge.primitives import early_c
 try:
     early_c._edited(quack.gemm_sm90.GemmSm90.pingpong_barrier_sync, "GemmSm90.kernel", (), early_c._KERNEL_EDITS)
 except early_c.EarlyCError as e:
@@ -203,9 +203,9 @@ def test_early_c_loads_gives_the_same_bits_on_the_gpu(tid):
     """The flag moves only when C arrives, so every early config must give bit for bit what
     the same config without it gives, call after call (a wait passing on a stale phase
     would show as differing bits, or hang)."""
-    import tasks
-    from bench.gpu_env import install_precompiled
-    from eval.kernel import HUMAN_DIR, load_kernel_module
+    from epiforge import tasks
+    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 
     install_precompiled()
     task = tasks.get_task(tid)

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_expert_kernels_pass_with_allowed_launches(tmp_path):
-    from bench import check_gpu
+    from epiforge.bench import check_gpu
 
     out = tmp_path / "check.json"
     rc = check_gpu.main(["--shapes", "smoke", "--out", str(out)])
@@ -20,7 +20,7 @@ def test_expert_kernels_pass_with_allowed_launches(tmp_path):
 
 
 def test_isolated_evaluator_on_the_gpu():
-    from eval import evaluate
+    from epiforge.eval import evaluate
 
     r = evaluate("k1", "human", device="gpu", shapes="smoke", seed=5)
     assert r.outcome.value == "PASSED", r.message + r.stderr_tail

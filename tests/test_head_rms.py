@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import primitives as P
-from eval.static_checks import check_source
+from epiforge import primitives as P
+from epiforge.eval.static_checks import check_source
 
 KERNEL = '''
 import primitives as P
@@ -64,7 +64,7 @@ def test_head_rms_normalizes_each_head_as_torch_does():
 def test_head_rms_then_rope_in_pair_mode_matches_torch():
     _, head_norm_rope = _kernels()
     a, w, weight = _inputs()
-    from tasks.common import rope_interleaved
+    from epiforge.tasks.common import rope_interleaved
 
     inv_freq = 1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
     table = P.prepare.rope_freq_table(inv_freq.float(), 64, rotary_cols=256)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import tasks
-from eval import leaderboard as lb
-from eval.result import Outcome, Result, ShapeResult, ShapeTiming
-from eval.stats import summarize
+from epiforge import tasks
+from epiforge.eval import leaderboard as lb
+from epiforge.eval.result import Outcome, Result, ShapeResult, ShapeTiming
+from epiforge.eval.stats import summarize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,9 +78,9 @@ def test_agent_sessions_give_pass_at_k_and_costs():
 def test_the_bench_files_numbers_import_as_results():
     """bench/import_results.py: each final.json row becomes a shape of a Result whose ratios the
     evaluator's own factory recomputed from the samples, equal to the file's."""
-    from bench.import_results import results_from
+    from epiforge.bench.import_results import results_from
 
-    from eval.bench_rows import load_report
+    from epiforge.eval.bench_rows import load_report
 
     final = json.loads((REPO / "bench" / "results" / "h200" / "final.json").read_text())
     imported = results_from(load_report(REPO / "bench" / "results" / "h200" / "final.json"), None, "final.json")
@@ -101,7 +101,7 @@ def test_the_shipped_h200_results_are_compares_of_every_task():
     """eval/data/h200-compare.jsonl: `epiforge compare --shapes paper` of every task with an
     expert kernel, on the H200, by the judge (not imported from bench), FlashInfer timed where
     it has the op, no machine path."""
-    from bench.flashinfer import ROPE_TASKS
+    from epiforge.bench.flashinfer import ROPE_TASKS
 
     shipped = lb.load_shipped()
     experts = {r.task: r for r in shipped if r.track == "expert"}
@@ -125,7 +125,7 @@ def test_the_shipped_h200_results_are_compares_of_every_task():
 
 def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--store", str(tmp_path / "none.sqlite")],
+    out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "none.sqlite")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     took = time.monotonic() - t0
     assert out.returncode == 0, out.stderr
@@ -133,13 +133,13 @@ def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):
     sol = " / ".join(f"{1 / s.timing.fused_over_gemm_only.median:.2f}" for s in k7.per_shape if s.timing and not s.hidden)
     assert "NVIDIA H200" in out.stdout and f"| k7 | expert | yes | {sol} |" in out.stdout
     assert took < 5, f"{took:.1f} s"
-    bad = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--logs", str(tmp_path / "nope")],
+    bad = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--logs", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a directory" in bad.stderr
 
 
 def _board_with_everything(tmp_path):
-    from eval.leaderboard import AgentRow
+    from epiforge.eval.leaderboard import AgentRow
 
     expert = [result(task=t, times=((110, 100, 150), (105, 100, 140))) for t in ("k1_gemm_rmsnorm", "k8_gemm_swiglu")]
     gen = [result(task=t, track="generated", backend="anthropic", model="m", times=((130, 100, 150), (120, 100, 140)))
@@ -150,7 +150,7 @@ def _board_with_everything(tmp_path):
 
 
 def test_the_html_page_embeds_three_plots_and_the_tables(tmp_path):
-    from eval.leaderboard_html import write_html
+    from epiforge.eval.leaderboard_html import write_html
 
     page = tmp_path / "board.html"
     write_html(_board_with_everything(tmp_path), page)
@@ -167,7 +167,7 @@ def test_the_html_page_renders_in_headless_chromium(tmp_path):
 
     from matplotlib import image
 
-    from eval.leaderboard_html import write_html
+    from epiforge.eval.leaderboard_html import write_html
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
@@ -226,11 +226,11 @@ def test_by_default_the_agents_table_reads_the_users_own_sessions(tmp_path):
     for log in (REPO / "logs" / "examples").glob("*.jsonl"):
         shutil.copy(log, sessions / log.name)
     env = {**os.environ, "EPIFORGE_DATA_DIR": str(tmp_path / "data")}
-    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--store", str(tmp_path / "n.sqlite")],
+    out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "n.sqlite")],
                          capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert f"agent sessions: {sessions}" in out.stdout and "| anthropic |" in out.stdout
     empty = {**os.environ, "EPIFORGE_DATA_DIR": str(tmp_path / "nothing")}
-    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "leaderboard", "--store", str(tmp_path / "n.sqlite")],
+    out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "n.sqlite")],
                          capture_output=True, text=True, cwd=REPO, timeout=120, env=empty)
     assert out.returncode == 0 and "agent sessions:" not in out.stdout and "| anthropic |" not in out.stdout

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import primitives as P
-from eval.static_checks import check_source
+from epiforge import primitives as P
+from epiforge.eval.static_checks import check_source
 
 EDGES = torch.tensor([-math.inf, -30.0, -2.5, -1.0, -1e-30, -0.0, 0.0, 1e-30, 0.5, 1.0, 3.0, 30.0, math.inf, math.nan])
 

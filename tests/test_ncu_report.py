@@ -3,7 +3,7 @@ it) and sets each run beside the plain GEMM of its task."""
 
 import pytest
 
-from bench import ncu_report
+from epiforge.bench import ncu_report
 
 VALUES = {"gemm": ("550,000", "200,000,000", "100,000,000", "15.00", "96.00"),
           "fused": ("660,000", "500,000,000", "400,000,000", "38.70", "82.40")}

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import primitives
-from primitives.finish import BUILTIN_STEPS
+from epiforge import primitives
+from epiforge.primitives.finish import BUILTIN_STEPS
 
 DOCS = Path(__file__).resolve().parent.parent / "primitive_docs"
 MAX_NOT_RUN = 3
@@ -119,7 +119,8 @@ _COMPILE_RUNNER = """
 import json, os, sys
 os.environ.update(EPIFORGE_CROSS_COMPILE="1", CUTE_DSL_ARCH="sm_90a", QUACK_ARCH="90")
 import torch
-from primitives.lowering import CompileError
+import epiforge  # the docs' blocks import the kernel-facing `primitives`
+from epiforge.primitives.lowering import CompileError
 out = {}
 for where, code in json.load(sys.stdin):
     torch.manual_seed(0)

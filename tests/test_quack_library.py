@@ -4,8 +4,8 @@ their torch twins and agree with plain torch."""
 import pytest
 import torch
 
-import primitives as P
-from primitives.config import GemmConfig
+from epiforge import primitives as P
+from epiforge.primitives.config import GemmConfig
 
 gen = torch.Generator().manual_seed(1)
 M, N, K = 200, 384, 64

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import tasks
-from tasks.spec import TaskCodeError, TaskError, load_task_file
-from tasks.tolerance import check_output
+from epiforge import tasks
+from epiforge.tasks.spec import TaskCodeError, TaskError, load_task_file
+from epiforge.tasks.tolerance import check_output
 
 REPO = Path(__file__).resolve().parent.parent
 CATALOGUE, ERRORS = tasks.load_catalogue()
@@ -211,7 +211,7 @@ def cli(*args, extra_tasks: Path | None = None, timeout=600):
     env.pop(tasks.ENV_TASKS_PATH, None)
     if extra_tasks is not None:
         env[tasks.ENV_TASKS_PATH] = str(extra_tasks)
-    return subprocess.run([sys.executable, str(REPO / "epiforge.py"), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "epiforge", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=env)
 
 
@@ -260,9 +260,9 @@ def test_a_new_task_lists_shows_evaluates_and_has_an_empty_expert_track(tmp_path
 
 
 def test_the_leaderboard_shows_an_empty_expert_track():
-    from eval import leaderboard as lb
-    from eval.result import Outcome, Result, ShapeResult, ShapeTiming
-    from eval.stats import summarize
+    from epiforge.eval import leaderboard as lb
+    from epiforge.eval.result import Outcome, Result, ShapeResult, ShapeTiming
+    from epiforge.eval.stats import summarize
 
     def timed(us):
         return ShapeTiming.measured({"kernel": summarize([us, us], keep=True), "gemm_only": summarize([100.0] * 2, keep=True)})
@@ -373,7 +373,7 @@ def _rotated_pairs(task_id, z, pos, inv_freq):
     task = tasks.get_task(task_id)
     d = z.shape[1] // 3
     dims = {"d": d, "M": z.shape[0]}
-    from tasks.common import rope_interleaved
+    from epiforge.tasks.common import rope_interleaved
 
     direction = next(s.value for s in task.scalars if s.name == "rope_direction")
     return rope_interleaved(z, pos, inv_freq, 2 * d, direction=direction), dims
@@ -409,8 +409,8 @@ def test_k3_and_k4_rotate_as_coda_does_and_their_hf_pairs_as_hugging_face_does()
 
 def test_a_kernel_that_rotates_the_wrong_way_fails(tmp_path):
     """The Hugging Face direction's expert kernel, submitted for k3 (CODA's direction)."""
-    from eval import evaluate
-    from eval.machine import HUMAN_DIR
+    from epiforge.eval import evaluate
+    from epiforge.eval.machine import HUMAN_DIR
 
     wrong = tmp_path / "k3_hf_direction.py"
     wrong.write_text((HUMAN_DIR / "k3hf_gemm_rope.py").read_text().replace('"k3hf_gemm_rope"', '"k3_gemm_rope"'))
@@ -441,8 +441,8 @@ def test_k3d_and_k4d_add_the_pre_rope_projection_to_k3_and_k4(lean, full):
 
 
 def test_a_k3d_kernel_that_stores_the_rotation_as_the_pre_rope_projection_fails(tmp_path):
-    from eval import evaluate
-    from eval.machine import HUMAN_DIR
+    from epiforge.eval import evaluate
+    from epiforge.eval.machine import HUMAN_DIR
 
     src = (HUMAN_DIR / "k3d_gemm_rope_store_d.py").read_text()
     assert '"qkv_pre": out["D"]' in src

@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-import tasks
-from eval.machine import expert_kernel
-from tasks import common, tolerance_margins
-from tasks.spec import ShapeSet
-from tasks.tolerance import check_output
+from epiforge import tasks
+from epiforge.eval.machine import expert_kernel
+from epiforge.tasks import common, tolerance_margins
+from epiforge.tasks.spec import ShapeSet
+from epiforge.tasks.tolerance import check_output
 
 CATALOGUE = tasks.load_catalogue()[0]
 SMOKE = tasks.shape_sets()["smoke"]

@@ -17,8 +17,8 @@ import pytest
 import torch
 from training_checks import U, assert_near_float32, forward_backward, hf_layer_state_dict, hf_style_layer, rel
 
-from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
-from training.ops import attention_out_mlp, rmsnorm_qkv_rope, rotate_adjacent_pairs
+from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from epiforge.training.ops import attention_out_mlp, rmsnorm_qkv_rope, rotate_adjacent_pairs
 
 #: ||got - ref|| / ||ref|| for the output and every gradient: 4 bf16 unit roundoffs (and at
 #: most training_checks.TIMES_PLAIN_BF16 times the plain bf16 pipeline's error)

@@ -3,7 +3,7 @@ JSON and the PNG; the fields are there, and each deviation is the one its two cu
 
 import json
 
-from training.loss_curve import main
+from epiforge.training.loss_curve import main
 
 TINY = ["--steps", "3", "--batch", "2", "--seq", "16", "--vocab", "64", "--layers", "2", "--d", "128",
         "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--ffn", "256", "--seed", "7"]
@@ -30,7 +30,7 @@ def test_a_few_tiny_steps_write_both_curves_and_their_deviation(tmp_path):
     assert report["training"]["lr"] == 1e-3 and report["training"]["seed"] == 7
     env = report["environment"]
     assert {"torch", "date", "command", "commit"} <= env.keys()
-    assert env["command"].startswith("python -m training.loss_curve --steps 3")
+    assert env["command"].startswith("python -m epiforge.training.loss_curve --steps 3")
     assert str(tmp_path) in env["command"]  # the command as run (no $OUT set)
     assert isinstance(report["uncommitted_tracked_files"], list)
     assert 0 < report["data"]["entropy_rate_nats"] < report["data"]["uniform_loss_nats"]

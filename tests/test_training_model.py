@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from training_checks import U, assert_near_float32, hf_model_state_dict, hf_style_layer, rel
 
-from training.layer import LlamaLayerConfig
-from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
-from training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
-from training.ops import rotate_adjacent_pairs
+from epiforge.training.layer import LlamaLayerConfig
+from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
+from epiforge.training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
+from epiforge.training.ops import rotate_adjacent_pairs
 
 #: ||got - ref|| / ||ref|| for the loss and every gradient: 6 bf16 unit roundoffs (and at
 #: most training_checks.TIMES_PLAIN_BF16 times the plain bf16 pipeline's error)
@@ -92,7 +92,7 @@ def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward():
     one) and the next layer's k4hf, then k5; backward k1 (the logits again) and k6 (final
     norm), then per layer k7, k6 (post-attention norm), k6 (input norm). No other GEMM runs
     through the primitives (the rest are plain torch GEMMs)."""
-    from primitives import trace
+    from epiforge.primitives import trace
 
     cfg = LlamaModelConfig(vocab=64, n_layers=3, layer=LlamaLayerConfig(d=128, n_heads=2, n_kv_heads=1, head_dim=64,
                                                                         ffn=256))
@@ -283,7 +283,7 @@ def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu():
 def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):
     """The LM head's logits recomputed with the softmax gradient in the epilogue (a training
     op's own epilogue, no task's): it must build for the H200 too."""
-    log = sm90a_compile_log("from training.model_ops import lm_head_ce_backward_epilogue\n"
+    log = sm90a_compile_log("from epiforge.training.model_ops import lm_head_ce_backward_epilogue\n"
                             "epi = lm_head_ce_backward_epilogue()\n",
                             "h, w, r = torch.randn(256, 64).bfloat16(), torch.randn(512, 64).bfloat16(), torch.rand(256)\n"
                             "epi(h, w, rstd=r, lse=r, dloss=r, targets=torch.zeros(256, dtype=torch.int64))\n")
@@ -293,7 +293,7 @@ def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_comp
 def test_the_cross_entropy_backward_matches_autograd_of_the_loss():
     """lm_head_loss_grads against torch.autograd of the same loss in float64: dlogits (seen
     through dw_lm and dx), with targets on every column, the first and the last included."""
-    from training.model_ops import lm_head_loss_grads
+    from epiforge.training.model_ops import lm_head_loss_grads
 
     torch.manual_seed(0)
     m, v, d = 64, 96, 32

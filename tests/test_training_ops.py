@@ -5,7 +5,7 @@ by torch.library.opcheck, and under torch.compile(fullgraph=True)."""
 import pytest
 import torch
 
-from training.ops import swiglu_mlp
+from epiforge.training.ops import swiglu_mlp
 
 #: bf16 operands and outputs: every gradient within 1% of its largest element of float64's
 REL_TOL = 1e-2

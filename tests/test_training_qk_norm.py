@@ -14,10 +14,10 @@ import pytest
 import torch
 from training_checks import U, assert_near_float32, forward_backward, hf_layer_state_dict, hf_model_state_dict, rel
 
-from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
-from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
-from training.model_ops import decoder_block, embed_rmsnorm_qkv_rope
-from training.ops import QK_NORM_EPS, rmsnorm_qk_norm_rope, rotate_adjacent_pairs
+from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
+from epiforge.training.model_ops import decoder_block, embed_rmsnorm_qkv_rope
+from epiforge.training.ops import QK_NORM_EPS, rmsnorm_qk_norm_rope, rotate_adjacent_pairs
 
 #: a layer's bound (tests/test_training_layer.py) and a 2-layer model's (tests/test_training_model.py)
 REL_TOL = 4 * U
@@ -199,7 +199,7 @@ def test_a_qwen3_model_loss_and_every_gradient_match_the_float32_reference_on_th
 
 
 def test_the_qwen3_model_runs_qkn_where_llama_runs_k4hf():
-    from primitives import trace
+    from epiforge.primitives import trace
 
     model = FusedLlamaModel(MODEL_CONFIG)
     stream = torch.randint(0, MODEL_CONFIG.vocab, (1, 17), generator=torch.Generator().manual_seed(2))

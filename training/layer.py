@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from training.ops import QK_NORM_EPS, attention_out_mlp, rmsnorm_qk_norm_rope, rmsnorm_qkv_rope, rotate_adjacent_pairs
+from epiforge.training.ops import QK_NORM_EPS, attention_out_mlp, rmsnorm_qk_norm_rope, rmsnorm_qkv_rope, rotate_adjacent_pairs
 
 
 @dataclass(frozen=True)

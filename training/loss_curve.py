@@ -1,6 +1,6 @@
 """Train the fused model (training/model.py) and its unfused float32 reference side by side
 from the same initial weights on the same synthetic token stream, and record both loss
-curves: python -m training.loss_curve [--steps 200] [--device cpu|cuda] [--out DIR].
+curves: python -m epiforge.training.loss_curve [--steps 200] [--device cpu|cuda] [--out DIR].
 
 The data: sequences from a fixed random Markov chain over the vocabulary (each token has
 --successors likely next tokens, Dirichlet weights), so there is structure to learn and the
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from training.layer import LlamaLayerConfig
-from training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
+from epiforge.training.layer import LlamaLayerConfig
+from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -71,7 +71,7 @@ def sample_batches(probs: torch.Tensor, steps: int, batch: int, seq: int, gen: t
 def uncommitted_tracked_files() -> list[str] | None:
     """The tracked files that differ from the commit (what "-dirty" on the commit means: on a
     shared checkout they may be others' files, not training/'s), or None without git."""
-    from eval.machine import REPO
+    from epiforge.eval.machine import REPO
 
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
@@ -82,7 +82,7 @@ def uncommitted_tracked_files() -> list[str] | None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m training.loss_curve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m epiforge.training.loss_curve", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--seed", type=int, default=0)
@@ -157,8 +157,8 @@ def _plot(path: Path, fused: list[float], ref: list[float], ref_bf16w: list[floa
 
 
 def main(argv=None) -> dict:
-    from bench.gpu_env import command_line
-    from eval.machine import fingerprint
+    from epiforge.bench.gpu_env import command_line
+    from epiforge.eval.machine import fingerprint
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     layer = LlamaLayerConfig(d=args.d, n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim,

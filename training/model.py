@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
-from training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
+from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from epiforge.training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
 
 
 @dataclass(frozen=True)

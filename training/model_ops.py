@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from training.ops import (
+from epiforge.training.ops import (
     K6,
     _kernel,
     _row_rstd,
@@ -331,7 +331,7 @@ def lm_head_ce_backward_epilogue():
     the same GEMM's epilogue: D = dloss * exp(logits - lse) in bf16 (every column but the
     target's, which lm_head_loss_grads sets), the row sums of logits * D (ZdZ, before the
     target's correction) and the target logit itself. No M x V tensor but D is made."""
-    import primitives as P
+    from epiforge import primitives as P
 
     @P.epilogue(operands={"rstd": P.PerRow(), "lse": P.PerRow(), "dloss": P.PerRow()},
                 reductions={"zd": P.RowReduce(product=True), "target_logit": P.RowSelect(index="targets")})
@@ -349,7 +349,7 @@ def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets):
     (lm_head_ce_backward_epilogue); the target column, one value per row, is then set
     from the exact float32 target logit, dloss * (exp(z_t - lse) - 1), and ZdZ gets its
     -dloss * z_t; k6 takes the LM head's dgrad and the final norm's backward."""
-    import primitives as P
+    from epiforge import primitives as P
 
     dloss = dloss.float().contiguous()
     out = lm_head_ce_backward_epilogue()(h, w_lm.contiguous(), rstd=rstd, lse=lse.contiguous(), dloss=dloss,

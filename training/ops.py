@@ -40,8 +40,8 @@ K7 = "k7_gemm_partial_swiglu_bwd"
 
 @lru_cache(maxsize=None)
 def _kernel(task_name: str):
-    from eval.kernel import load_kernel_module
-    from eval.machine import expert_kernel
+    from epiforge.eval.kernel import load_kernel_module
+    from epiforge.eval.machine import expert_kernel
 
     return load_kernel_module(expert_kernel(task_name))
 
@@ -154,7 +154,7 @@ def qkv_rope_kernel(h: torch.Tensor, rstd: torch.Tensor, w_qkv: torch.Tensor, po
     """k4hf on a deferred RMSNorm: rstd * (h @ w_qkv^T), RoPE on the first rotary_cols columns.
     Its own prepare() assumes q, k, v all d wide; the frequency table here is built for GQA
     widths (rotary_cols, then v's columns at frequency 0)."""
-    import primitives as P
+    from epiforge import primitives as P
 
     kernel = _kernel(K4HF)
     freq = P.prepare.rope_freq_table(inv_freq.float(), 2 * inv_freq.shape[0], rotary_cols=rotary_cols,
@@ -418,7 +418,7 @@ def normalised(x: torch.Tensor, rstd: torch.Tensor, norm_weight: torch.Tensor) -
 def qk_norm_rope_kernel(a, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols: int) -> torch.Tensor:
     """qkn on the q and k rows of w_qkv (per-head RMSNorm + RoPE in the epilogue), v's rows a
     plain GEMM -> qkv."""
-    import primitives as P
+    from epiforge import primitives as P
 
     head_dim = 2 * inv_freq.shape[0]
     kernel = _kernel(QKN)

@@ -4,7 +4,7 @@ backend is made, so light commands never pay for it."""
 
 from __future__ import annotations
 
-from agent.backends.base import Backend, BackendError, ModelTurn, RecordingExhausted, RetryPolicy, ToolSpec
+from epiforge.agent.backends.base import Backend, BackendError, ModelTurn, RecordingExhausted, RetryPolicy, ToolSpec
 
 LIVE_BACKENDS = ("anthropic", "openai", "command")
 #: a live backend's request (command: whole-run) timeout, and whether it streams, when not given
@@ -17,19 +17,19 @@ def make_backend(name: str, *, model: str | None = None, base_url: str | None = 
                  stream: bool | None = None, note=print) -> Backend:
     """A live backend by name; a missing key or a missing option is a BackendError (one line)."""
     if name == "anthropic":
-        from agent.backends.anthropic_backend import AnthropicBackend
+        from epiforge.agent.backends.anthropic_backend import AnthropicBackend
 
         return AnthropicBackend(model, base_url=base_url, max_output_tokens=max_output_tokens,
                                 timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name], retry=retry,
                                 stream=DEFAULT_STREAM[name] if stream is None else stream)
     if name == "openai":
-        from agent.backends.openai_backend import OpenAIBackend
+        from epiforge.agent.backends.openai_backend import OpenAIBackend
 
         return OpenAIBackend(model, base_url=base_url, max_output_tokens=max_output_tokens,
                              timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name], retry=retry,
                              stream=DEFAULT_STREAM[name] if stream is None else stream, note=note)
     if name == "command":
-        from agent.backends.command_backend import CommandBackend
+        from epiforge.agent.backends.command_backend import CommandBackend
 
         return CommandBackend(command, model, timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name])
     raise BackendError(f"unknown backend {name!r}; live backends: {', '.join(LIVE_BACKENDS)} (replay: epiforge replay LOG)")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import time
 
-from agent.backends.base import (
+from epiforge.agent.backends.base import (
     Backend, BackendError, ModelTurn, RetryPolicy, request_timeout, retry_after, root_cause, with_retries,
 )
-from agent.pricing import cost_usd
-from agent.session import Message, TextBlock, ToolUseBlock, Usage
+from epiforge.agent.pricing import cost_usd
+from epiforge.agent.session import Message, TextBlock, ToolUseBlock, Usage
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 _RETRY_TYPES = {"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent.session import Block, Message, Usage
+from epiforge.agent.session import Block, Message, Usage
 
 
 class BackendError(RuntimeError):

@@ -26,10 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from agent.backends.base import Backend, BackendError, ModelTurn, request_timeout
-from agent.feedback import scrub
-from agent.session import TextBlock, ToolUseBlock
-from eval.kernel import REPO
+from epiforge.agent.backends.base import Backend, BackendError, ModelTurn, request_timeout
+from epiforge.agent.feedback import scrub
+from epiforge.agent.session import TextBlock, ToolUseBlock
+from epiforge import IMPORT_ROOT
 
 _TAIL = 2000
 _CHECKS = ".checks.jsonl"
@@ -70,7 +70,7 @@ class CommandBackend(Backend):
             (ws / "examples" / f"{name}.py").write_text(source, encoding="utf-8")
         prompt = ctx.pack.render("workspace.md.j2", task_prompt=ctx.prompt, speed_target=ctx.config.speed_target)
         (ws / "PROMPT.md").write_text(prompt, encoding="utf-8")
-        from agent.pack import kernel_stub
+        from epiforge.agent.pack import kernel_stub
 
         if not (ws / "kernel.py").exists():
             (ws / "kernel.py").write_text(kernel_stub(ctx.task), encoding="utf-8")
@@ -78,8 +78,8 @@ class CommandBackend(Backend):
         check = ws / "check"
         check.write_text(
             "#!/bin/sh\n# Evaluate ./kernel.py with the epiforge evaluator and print the verdict.\n"
-            f'cd "$(dirname "$0")" && PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} '
-            f"-m agent.check --task {shlex.quote(ctx.task.name)} --kernel kernel.py {compile_flag} "
+            f'cd "$(dirname "$0")" && PYTHONPATH={shlex.quote(str(IMPORT_ROOT))} exec {shlex.quote(sys.executable)} '
+            f"-m epiforge.agent.check --task {shlex.quote(ctx.task.name)} --kernel kernel.py {compile_flag} "
             f'--record {_CHECKS} "$@"\n', encoding="utf-8")
         check.chmod(check.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 

@@ -13,11 +13,11 @@ import os
 import time
 from urllib.parse import urlparse
 
-from agent.backends.base import (
+from epiforge.agent.backends.base import (
     Backend, BackendError, ModelTurn, RetryPolicy, request_timeout, retry_after, root_cause, with_retries,
 )
-from agent.pricing import cost_usd
-from agent.session import Message, TextBlock, ToolUseBlock, Usage
+from epiforge.agent.pricing import cost_usd
+from epiforge.agent.session import Message, TextBlock, ToolUseBlock, Usage
 
 OPENAI_URL = "https://api.openai.com/v1"
 

@@ -3,8 +3,8 @@ fork: the recorded responses up to a step, then a live backend from there on."""
 
 from __future__ import annotations
 
-from agent.backends.base import Backend, ModelTurn, RecordingExhausted
-from agent.session import ModelResponse
+from epiforge.agent.backends.base import Backend, ModelTurn, RecordingExhausted
+from epiforge.agent.session import ModelResponse
 
 
 class ReplayBackend(Backend):

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-import primitives as P
-from primitives.config import GemmConfig
+from epiforge import primitives as P
+from epiforge.primitives.config import GemmConfig
 
 torch.manual_seed(0)
 dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"

@@ -1,6 +1,6 @@
 import torch
 
-from tasks import common
+from epiforge.tasks import common
 
 
 def make_inputs(dims, gen, device):

@@ -2,7 +2,7 @@
 
 import torch
 
-from tasks.k3_gemm_rope.reference import make_inputs, rotate  # noqa: F401
+from epiforge.tasks.k3_gemm_rope.reference import make_inputs, rotate  # noqa: F401
 
 
 def reference(inputs, dims, mm=torch.matmul):

@@ -1,7 +1,7 @@
 import torch
 
-from tasks import common
-from tasks.k3_gemm_rope.reference import rotate
+from epiforge.tasks import common
+from epiforge.tasks.k3_gemm_rope.reference import rotate
 
 
 def make_inputs(dims, gen, device):

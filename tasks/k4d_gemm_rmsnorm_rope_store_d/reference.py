@@ -2,8 +2,8 @@
 
 import torch
 
-from tasks.k3_gemm_rope.reference import rotate
-from tasks.k4_gemm_rmsnorm_rope.reference import make_inputs  # noqa: F401
+from epiforge.tasks.k3_gemm_rope.reference import rotate
+from epiforge.tasks.k4_gemm_rmsnorm_rope.reference import make_inputs  # noqa: F401
 
 
 def reference(inputs, dims, mm=torch.matmul):

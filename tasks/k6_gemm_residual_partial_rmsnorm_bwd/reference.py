@@ -1,6 +1,6 @@
 import torch
 
-from tasks import common
+from epiforge.tasks import common
 
 EPS = 1e-6
 

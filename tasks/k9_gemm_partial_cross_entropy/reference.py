@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from tasks import common
+from epiforge.tasks import common
 
 
 def make_inputs(dims, gen, device):

@@ -2,8 +2,8 @@
 
 import torch
 
-from tasks import common
-from tasks.k9_gemm_partial_cross_entropy.reference import make_inputs  # noqa: F401
+from epiforge.tasks import common
+from epiforge.tasks.k9_gemm_partial_cross_entropy.reference import make_inputs  # noqa: F401
 
 
 def reference(inputs, dims, mm=torch.matmul):

@@ -48,7 +48,7 @@ def sdk(request):
 
 @pytest.fixture
 def fast_retry():
-    from agent.backends import RetryPolicy
+    from epiforge.agent.backends import RetryPolicy
 
     return RetryPolicy(max_retries=3, backoff_s=0.01, max_wait_s=0.05)
 

@@ -24,10 +24,10 @@ sys.path[:0] = [str(HERE), str(REPO)]
 from loopback import Loopback  # noqa: E402
 from scenarios import k8_example  # noqa: E402
 
-from agent.backends import RetryPolicy, make_backend  # noqa: E402
-from agent.loop import run_session  # noqa: E402
-from agent.session import Budget, SessionConfig  # noqa: E402
-from eval.machine import GENERATED_DIR  # noqa: E402
+from epiforge.agent.backends import RetryPolicy, make_backend  # noqa: E402
+from epiforge.agent.loop import run_session  # noqa: E402
+from epiforge.agent.session import Budget, SessionConfig  # noqa: E402
+from epiforge.eval.machine import GENERATED_DIR  # noqa: E402
 
 EXAMPLE = REPO / "logs" / "examples" / "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl"
 

@@ -7,11 +7,11 @@ import pytest
 from loopback import Loopback, Reply, system_text
 from scenarios import K1_GOOD
 
-import epiforge
-from agent.ablate import FULL, report, run_ablation
-from agent.backends import make_backend
-from agent.pack import PackError
-from agent.session import Budget, SessionConfig
+from epiforge import cli as epiforge
+from epiforge.agent.ablate import FULL, report, run_ablation
+from epiforge.agent.backends import make_backend
+from epiforge.agent.pack import PackError
+from epiforge.agent.session import Budget, SessionConfig
 
 
 def _model(body):

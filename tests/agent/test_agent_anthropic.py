@@ -6,10 +6,10 @@ import pytest
 from loopback import Fail, Loopback, Reply, Stall, StreamError, last_tool_results
 from scenarios import K1_GOOD, K1_OFF_BY_2PCT
 
-from agent.backends import BackendError, make_backend
-from agent.loop import run_session
-from agent.session import ApiRetry, Budget, Evaluation, ModelResponse, SessionConfig, read_events
-from eval.kernel import read_kernel
+from epiforge.agent.backends import BackendError, make_backend
+from epiforge.agent.loop import run_session
+from epiforge.agent.session import ApiRetry, Budget, Evaluation, ModelResponse, SessionConfig, read_events
+from epiforge.eval.kernel import read_kernel
 
 MODEL = "claude-sonnet-4-5-loopback"  # priced like claude-sonnet-4-5, so cost accounting is exercised
 

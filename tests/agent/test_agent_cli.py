@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-import epiforge
-from eval.kernel import REPO
+from epiforge import cli as epiforge
+from epiforge.eval.kernel import REPO
 
 
 def test_help_imports_no_sdk_and_no_gpu_stack():
@@ -56,7 +56,7 @@ def _subparsers(parser, prefix=()):
 def test_every_agent_flag_is_documented_with_its_default():
     import argparse
 
-    from agent.cli import DEFAULTS
+    from epiforge.agent.cli import DEFAULTS
 
     parsers = {" ".join(k): p for k, p in _subparsers(epiforge.build_parser())}
     for name in ("generate", "replay", "ablate", "sessions list", "sessions show"):

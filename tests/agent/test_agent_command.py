@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.backends import BackendError, make_backend
-from agent.loop import run_session
-from agent.replay import replay
-from agent.session import Budget, Evaluation, ModelResponse, SessionConfig, read_events
-from eval.kernel import read_kernel
+from epiforge.agent.backends import BackendError, make_backend
+from epiforge.agent.loop import run_session
+from epiforge.agent.replay import replay
+from epiforge.agent.session import Budget, Evaluation, ModelResponse, SessionConfig, read_events
+from epiforge.eval.kernel import read_kernel
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 

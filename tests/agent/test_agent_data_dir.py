@@ -10,11 +10,11 @@ import pytest
 from loopback import Loopback, Reply
 from scenarios import K1_GOOD
 
-import epiforge
-from agent.loop import beside, data_path
-from agent.runs import Run, render, report
-from agent.session import SessionConfig, read_events
-from eval.machine import REPO, data_dir
+from epiforge import cli as epiforge
+from epiforge.agent.loop import beside, data_path
+from epiforge.agent.runs import Run, render, report
+from epiforge.agent.session import SessionConfig, read_events
+from epiforge.eval.machine import REPO, data_dir
 
 PRICED = "claude-sonnet-4-5-loopback"
 FAST = ["--no-compile", "--device", "cpu"]
@@ -86,8 +86,8 @@ def test_a_session_with_no_folder_flags_writes_only_into_the_data_directory(tmp_
     assert f"log: {log}" in capsys.readouterr().out
 
     # compare and eval find it there too, as a generated kernel, by ID or by where it came from
-    from eval.compare import select_kernels
-    from eval.kernel import read_kernel, resolve_kernel
+    from epiforge.eval.compare import select_kernels
+    from epiforge.eval.kernel import read_kernel, resolve_kernel
 
     assert select_kernels("k1", ["generated"]) == [(f"generated:{session}", kernel)]
     assert select_kernels("k1", [f"generated:session={session}"]) == select_kernels("k1", [f"generated:{session}"])
@@ -133,7 +133,7 @@ def test_an_unfinished_run_is_not_counted_in_pass_at_k_here_or_on_the_leaderboar
     assert text.splitlines()[0] == f"3 runs of k1_gemm_rmsnorm with anthropic / {PRICED}: 1 passed, 1 unfinished"
     assert "over the 2 finished runs" in text and "1 run(s) not counted (unfinished, or ended by a backend error)" in text
 
-    from eval.leaderboard import agent_rows
+    from epiforge.eval.leaderboard import agent_rows
 
     (board,) = agent_rows([logs])  # the leaderboard counts the same sessions
     assert board.tasks == {"k1_gemm_rmsnorm": (2, 1)}

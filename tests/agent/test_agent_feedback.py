@@ -3,9 +3,9 @@ shapes derive from it), never a hidden shape's dims, and a CPU-only pass is prov
 
 import re
 
-from agent.feedback import describe
-from eval import evaluate
-from eval.secret_shapes import hidden_shapes
+from epiforge.agent.feedback import describe
+from epiforge.eval import evaluate
+from epiforge.eval.secret_shapes import hidden_shapes
 
 SEED = 918273645
 PUBLIC_ONLY = '''"""Right on the public smoke shapes only."""
@@ -69,7 +69,7 @@ def test_a_dsl_compile_error_reaches_the_model_as_plain_text_without_dsl_only_hi
     use (the harness traces the function); lowering joins the compiler's last lines with ' | '."""
     from cutlass.base_dsl.diagnostics import _format_labeled_text
 
-    from eval.result import Outcome, Result
+    from epiforge.eval.result import Outcome, Result
 
     lines = ["DSLRuntimeError: Cannot use a Runtime value as a list index or for loop range in plain Python code",
              *_format_labeled_text("suggestion", "Mark the loop as dynamic with @dynamic_expr or @range_dynamic"),

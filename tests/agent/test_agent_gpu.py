@@ -4,9 +4,9 @@ with run_benchmark, and submit evaluates it on the GPU at the paper's shapes."""
 import pytest
 from scenarios import K1_GOOD
 
-from agent.backends.base import Backend, ModelTurn
-from agent.loop import run_session
-from agent.session import Budget, Evaluation, SessionConfig, ToolResult, ToolUseBlock, read_events
+from epiforge.agent.backends.base import Backend, ModelTurn
+from epiforge.agent.loop import run_session
+from epiforge.agent.session import Budget, Evaluation, SessionConfig, ToolResult, ToolUseBlock, read_events
 
 pytestmark = pytest.mark.gpu
 

@@ -7,10 +7,10 @@ import pytest
 from loopback import Fail, Loopback, Reply, last_tool_results
 from scenarios import K1_GOOD
 
-import epiforge
-from agent.backends import BackendError, make_backend
-from agent.loop import run_session
-from agent.session import ApiRetry, Budget, SessionConfig, read_events
+from epiforge import cli as epiforge
+from epiforge.agent.backends import BackendError, make_backend
+from epiforge.agent.loop import run_session
+from epiforge.agent.session import ApiRetry, Budget, SessionConfig, read_events
 
 
 def _run(tmp_path, script, fast_retry, said, *, stream, model="qwen2.5-coder-loopback", **cfg):

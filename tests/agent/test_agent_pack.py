@@ -5,12 +5,12 @@ import ast
 
 import pytest
 
-import agent.pack as pack_mod
-import tasks
-from agent.feedback import scrub
-from agent.loop import write_generated
-from agent.pack import PackError, build_pack
-from eval.kernel import REPO, read_kernel
+import epiforge.agent.pack as pack_mod
+from epiforge import tasks
+from epiforge.agent.feedback import scrub
+from epiforge.agent.loop import write_generated
+from epiforge.agent.pack import PackError, build_pack
+from epiforge.eval.kernel import REPO, read_kernel
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-import tasks
-from agent import screen
-from agent.pack import build_pack
+from epiforge import tasks
+from epiforge.agent import screen
+from epiforge.agent.pack import build_pack
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +88,7 @@ def test_the_pack_is_deterministic():
 def test_every_verdict_is_shipped(name):
     """Every code block and example of every task's pack has a recorded verdict under
     today's fingerprint (else the pages, or the code that decides a verdict, changed: run
-    `python -m agent.screen --write`)."""
+    `python -m epiforge.agent.screen --write`)."""
     task = tasks.get_task(name)
     p = build_pack(task)
     docs = screen.Path(tasks.__file__).parents[1] / "primitive_docs"
@@ -123,7 +123,7 @@ def test_a_renamed_answer_is_withheld_by_its_content(tmp_path, user_cache):
 
 
 def test_write_ships_a_verdict_the_user_cache_already_held(tmp_path, user_cache):
-    """`python -m agent.screen --write` must leave the shipped file complete: a verdict it
+    """`python -m epiforge.agent.screen --write` must leave the shipped file complete: a verdict it
     finds in the user cache (a session computed it first) is copied to its target."""
     task = tasks.get_task("k1")
     teaching = 'import primitives as P\n\n@P.epilogue(operands={"b": P.PerCol()})\ndef add_bias(acc, b):\n' \

@@ -8,13 +8,13 @@ import pytest
 from loopback import Loopback, Reply
 from scenarios import K1_GOOD, K1_OFF_BY_2PCT
 
-from agent.backends import make_backend
-from agent.demo import DEFAULT_EXAMPLE, EXAMPLES, run_demo
-from agent.loop import resume_session, run_session
-from agent.replay import replay
-from agent.session import Budget, LogError, ModelResponse, SessionConfig, read_events
-from agent.transcript import rebuild
-from eval.kernel import read_kernel
+from epiforge.agent.backends import make_backend
+from epiforge.agent.demo import DEFAULT_EXAMPLE, EXAMPLES, run_demo
+from epiforge.agent.loop import resume_session, run_session
+from epiforge.agent.replay import replay
+from epiforge.agent.session import Budget, LogError, ModelResponse, SessionConfig, read_events
+from epiforge.agent.transcript import rebuild
+from epiforge.eval.kernel import read_kernel
 
 MODEL = "scripted-loopback-server"
 

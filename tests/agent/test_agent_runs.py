@@ -14,9 +14,9 @@ import pytest
 from loopback import Fail, Loopback, Reply
 from scenarios import K1_GOOD, K1_OFF_BY_2PCT
 
-import epiforge
-from agent.session import read_events
-from eval.kernel import GENERATED_DIR, REPO
+from epiforge import cli as epiforge
+from epiforge.agent.session import read_events
+from epiforge.eval.kernel import GENERATED_DIR, REPO
 
 PRICED = "claude-sonnet-4-5-loopback"  # priced by the table as claude-sonnet-4
 FAST = ["--no-compile", "--device", "cpu"]
@@ -93,7 +93,7 @@ def test_three_runs_two_at_a_time_one_passes(tmp_path, sdk, capsys):
     for i, r in enumerate(rows, 1):  # progress goes to stderr, each line tagged with its run
         assert f"[run {i}/3] session {r['session']}: k1_gemm_rmsnorm with {sdk.name} / {sdk.model}; log " in err
 
-    from eval.leaderboard import agent_rows
+    from epiforge.eval.leaderboard import agent_rows
 
     (board,) = agent_rows([logs])  # the leaderboard reads the same pass@k from the logs
     assert board.pass_at(1) == pytest.approx(rep["pass_at_k"]["1"])
@@ -190,9 +190,9 @@ def test_bad_runs_flags_are_one_line_and_leave_no_log(tmp_path, anthropic_key, c
 
 
 def test_a_run_that_raises_is_reported_and_the_others_finish(tmp_path, anthropic_key, said):
-    from agent.backends import RetryPolicy, make_backend
-    from agent.runs import run_sessions
-    from agent.session import Budget, SessionConfig
+    from epiforge.agent.backends import RetryPolicy, make_backend
+    from epiforge.agent.runs import run_sessions
+    from epiforge.agent.session import Budget, SessionConfig
 
     config = SessionConfig(task="k1", backend="anthropic", model=PRICED, compile=False, device="cpu",
                            budget=Budget(max_turns=1))
@@ -218,8 +218,8 @@ def test_a_run_that_raises_is_reported_and_the_others_finish(tmp_path, anthropic
 def test_a_session_whose_budget_ran_out_before_the_model_answered_is_not_counted():
     """pass@k measures the model: a session that never got an answer (0 turns) says nothing
     of it, whatever spent its budget; one that ran out after answering is a failure."""
-    from agent.session import SessionEnded, Totals
-    from agent.sessions import counts_as_pass
+    from epiforge.agent.session import SessionEnded, Totals
+    from epiforge.agent.sessions import counts_as_pass
 
     def end(outcome, turns):
         return SessionEnded(session="s", outcome=outcome, reason="r", totals=Totals(turns=turns))

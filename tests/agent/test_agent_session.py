@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from agent.session import (
+from epiforge.agent.session import (
     ApiRetry, Budget, Evaluation, HarnessNote, LogError, ModelRequest, ModelResponse, PackInfo, SessionConfig,
     SessionEnded, SessionLog, SessionResumed, SessionStarted, TextBlock, ToolCalled, ToolResult, ToolUseBlock,
     Totals, Usage, read_events, truncated_last_line,

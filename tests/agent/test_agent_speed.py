@@ -3,9 +3,9 @@ factory from the samples of an interleaved run) and applies the speed target to 
 
 import statistics
 
-from agent.feedback import describe, speed_ratio
-from eval.result import Outcome, Result, ShapeResult, ShapeTiming
-from eval.stats import summarize
+from epiforge.agent.feedback import describe, speed_ratio
+from epiforge.eval.result import Outcome, Result, ShapeResult, ShapeTiming
+from epiforge.eval.stats import summarize
 
 
 def _timing(kernel_us, gemm_us, eager_us, drift=(1.0, 1.02, 0.98, 1.01, 0.99)):

@@ -13,12 +13,12 @@ import pytest
 from loopback import Fail, Loopback, Reply, last_tool_results
 from scenarios import K1_GOOD
 
-import epiforge
-from agent.backends import RetryPolicy, make_backend
-from agent.loop import run_session
-from agent.session import ApiRetry, Budget, ModelRequest, SessionConfig, read_events
-from agent.tools import check_timeout_s
-from eval.kernel import GENERATED_DIR, REPO
+from epiforge import cli as epiforge
+from epiforge.agent.backends import RetryPolicy, make_backend
+from epiforge.agent.loop import run_session
+from epiforge.agent.session import ApiRetry, Budget, ModelRequest, SessionConfig, read_events
+from epiforge.agent.tools import check_timeout_s
+from epiforge.eval.kernel import GENERATED_DIR, REPO
 
 PRICED = "claude-sonnet-4-5-loopback"  # the table prices it as claude-sonnet-4 ($3 in, $15 out per MTok)
 FAST = ["--no-compile", "--device", "cpu"]
@@ -76,7 +76,7 @@ def test_a_retry_after_header_sets_the_wait(tmp_path, anthropic_key, said):
 
 
 def test_retries_stop_at_the_wall_time_budget_through_the_seam():
-    from agent.backends.base import WallTimeExhausted, with_retries
+    from epiforge.agent.backends.base import WallTimeExhausted, with_retries
 
     calls, left, retried = [], [5.0], []
 
@@ -161,7 +161,7 @@ def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path
     assert (logs / "workspaces" / events[0].session / "kernel.py").read_text() == K1_GOOD
     assert _kernels_in_repo() == before
 
-    from eval.leaderboard import agent_rows
+    from epiforge.eval.leaderboard import agent_rows
 
     (board,) = agent_rows([logs])  # the leaderboard counts the resumed session by how it ended last
     assert board.tasks == {"k1_gemm_rmsnorm": (1, 1)} and board.solved == 1
@@ -403,7 +403,7 @@ def test_the_last_turn_warning_covers_the_wall_time_budget(tmp_path, anthropic_k
 
 
 def test_a_check_timeout_follows_the_task():
-    import tasks
+    from epiforge import tasks
 
     k1, k5 = tasks.get_task("k1"), tasks.get_task("k5")
     assert check_timeout_s(k5, "cpu", "smoke", False) > check_timeout_s(k1, "cpu", "smoke", False)  # more GEMM work
@@ -439,7 +439,7 @@ def _row_scale_docs(tmp_path, n):
 
 @pytest.fixture
 def quick_screen_progress(monkeypatch):
-    from agent.loop import ScreenWatch
+    from epiforge.agent.loop import ScreenWatch
 
     monkeypatch.setattr(ScreenWatch, "FIRST_S", 0.1)  # a line as soon as screening takes a moment
     monkeypatch.setattr(ScreenWatch, "EVERY_S", 1.0)
@@ -473,7 +473,7 @@ def test_a_wall_time_budget_spent_screening_the_pack_ends_the_session(tmp_path, 
 
 def test_screening_the_pack_shows_progress_on_stderr_and_counts_as_wall_time(tmp_path, anthropic_key, capsys,
                                                                             quick_screen_progress):
-    from agent.transcript import rebuild
+    from epiforge.agent.transcript import rebuild
 
     logs = tmp_path / "runs"
     with Loopback("anthropic", [Reply("hi"), Reply("hi")], model=PRICED) as server:
@@ -496,7 +496,7 @@ def test_screening_the_pack_shows_progress_on_stderr_and_counts_as_wall_time(tmp
 
 def test_a_resume_counts_its_screening_against_the_wall_time_budget(tmp_path, anthropic_key, said, capsys,
                                                                     quick_screen_progress):
-    from agent.transcript import rebuild
+    from epiforge.agent.transcript import rebuild
 
     end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
     assert end.outcome == "backend_error"
@@ -542,7 +542,7 @@ def test_feedback_reaching_the_model_after_a_static_rejection(tmp_path, anthropi
 
 
 def test_a_long_stage_is_never_silence(said):
-    from agent.tools import _Progress
+    from epiforge.agent.tools import _Progress
 
     with _Progress(said.say, "step 3: check (CPU, smoke)", 160, every_s=0.05) as progress:
         progress.stage("load")

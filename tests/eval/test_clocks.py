@@ -4,8 +4,8 @@
 import pytest
 from pydantic import ValidationError
 
-from eval.clocks import ClockReading, ClockSampler, ClockSummary, nvml_index, summarize_readings
-from eval.stats import Timing, summarize
+from epiforge.eval.clocks import ClockReading, ClockSampler, ClockSummary, nvml_index, summarize_readings
+from epiforge.eval.stats import Timing, summarize
 
 
 def test_the_summary_takes_median_min_max_and_the_shares_of_throttle_reasons():
@@ -70,7 +70,7 @@ def test_nvml_counts_the_gpus_cuda_visible_devices_names(monkeypatch):
 def test_the_sm_clock_is_plausible_while_a_matmul_loop_runs():
     import torch
 
-    from eval.timing import gpu_clocks, time_cuda_interleaved
+    from epiforge.eval.timing import gpu_clocks, time_cuda_interleaved
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     with gpu_clocks() as clocks:

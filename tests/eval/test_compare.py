@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-import tasks
-from eval import gpu_stages, numerics
-from eval.compare import Comparison, compare, select_kernels
-from eval.kernel import resolve_kernel
-from eval.plausibility import Ceilings
-from eval.remote import KernelProcess
+from epiforge import tasks
+from epiforge.eval import gpu_stages, numerics
+from epiforge.eval.compare import Comparison, compare, select_kernels
+from epiforge.eval.kernel import resolve_kernel
+from epiforge.eval.plausibility import Ceilings
+from epiforge.eval.remote import KernelProcess
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = sorted((REPO / "generated_kernels" / "k8_gemm_swiglu").glob("*.py"))[0]
@@ -80,7 +80,7 @@ def test_kernels_timed_together_have_per_repetition_ratios_to_each_other(tmp_pat
     vs = cmp.versus("gen", "expert", "smoke-a")  # gen_i / expert_i over the 7 repetitions
     assert vs.median == pytest.approx(e.speedup["kernel:gen"].median) and vs.ci_low <= vs.median <= vs.ci_high
     # the table: one speedup column per baseline timed, each cell that baseline's median and interval
-    from epiforge import render_comparison
+    from epiforge.cli import render_comparison
 
     table = render_comparison(cmp).splitlines()
     head = next(line for line in table if line.startswith("| kernel"))
@@ -106,7 +106,7 @@ def test_a_kernel_that_fails_in_the_timed_phase_is_dropped_and_the_others_timed(
 
 
 def _as_result(shape_result):
-    from eval.result import Outcome, Result
+    from epiforge.eval.result import Outcome, Result
 
     return Result(task="k8_gemm_swiglu", kernel="k.py", kernel_sha256="0", track="candidate", device="cuda",
                   shapes="smoke", outcome=Outcome.PASSED, per_shape=[shape_result])
@@ -114,18 +114,18 @@ def _as_result(shape_result):
 
 def test_the_cli_compares_and_stores(tmp_path):
     db = tmp_path / "r.sqlite"
-    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "compare", "--task", "k8", "--device", "cpu",
+    out = subprocess.run([sys.executable, "-m", "epiforge", "compare", "--task", "k8", "--device", "cpu",
                           "--store", str(db), "--json", "--seed", "4"], capture_output=True, text=True, cwd=REPO,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (cmp,) = json.loads(out.stdout)
     assert cmp["labels"] == ["expert", f"generated:{GENERATED.stem}"]
     assert all(r["outcome"] == "PASSED" and r["provisional"] and r["compiled"] for r in cmp["results"])
-    from eval.store import ResultStore
+    from epiforge.eval.store import ResultStore
 
     assert sorted(r.result.track for r in ResultStore(db).rows()) == ["expert", "generated"]
     # without --json: the table as printed, a wide row unwrapped when piped, and where the time went
-    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "compare", "--task", "k1", "--kernels", "expert",
+    out = subprocess.run([sys.executable, "-m", "epiforge", "compare", "--task", "k1", "--kernels", "expert",
                           "--device", "cpu", "--seed", "4"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
@@ -134,6 +134,6 @@ def test_the_cli_compares_and_stores(tmp_path):
     (judged,) = [line for line in lines if line.startswith("Judged in ")]
     assert "load " in judged and "numerics " in judged
     assert [line for line in lines if line][-1].startswith("Timing: absent.") and "Traceback" not in out.stderr
-    bad = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "compare", "--task", "k8", "--kernels",
+    bad = subprocess.run([sys.executable, "-m", "epiforge", "compare", "--task", "k8", "--kernels",
                           "generated:model=nobody"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no generated kernel" in bad.stderr

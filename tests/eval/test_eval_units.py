@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval import isolation
-from eval.gpu_stages import wall_check
-from eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
-from eval.launches import Launch, classify, classify_recorded
-from eval.numerics import derive_seed, make_input_set
-from eval.plausibility import Ceilings, check, floor_us
-from eval.runner import Failure, _freeze
-from eval.secret_shapes import hidden_shapes
-from eval.timing import bootstrap_median_ci, paired_ratio, summarize
+from epiforge.eval import isolation
+from epiforge.eval.gpu_stages import wall_check
+from epiforge.eval.guard import ComputeGuard, TamperCheck, poisoned_allocations
+from epiforge.eval.launches import Launch, classify, classify_recorded
+from epiforge.eval.numerics import derive_seed, make_input_set
+from epiforge.eval.plausibility import Ceilings, check, floor_us
+from epiforge.eval.runner import Failure, _freeze
+from epiforge.eval.secret_shapes import hidden_shapes
+from epiforge.eval.timing import bootstrap_median_ci, paired_ratio, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 H200_CHECK = REPO / "bench" / "results" / "h200" / "check.json"
@@ -36,7 +36,7 @@ def h200_launches():
 
 
 def test_every_expert_launch_list_seen_on_the_h200_is_accepted():
-    import tasks
+    from epiforge import tasks
 
     seen = h200_launches()  # bench/check_gpu.py ran the CODA track's expert kernels
     coda = [tasks.get_task(t) for t in tasks.CODA_TASKS]
@@ -103,7 +103,7 @@ def test_floor_is_the_larger_of_compute_and_memory_time():
 
 
 def test_faster_than_the_floor_is_implausible():
-    import tasks
+    from epiforge import tasks
 
     task = tasks.get_task("k1")
     dims = tasks.shape_sets()["paper"][0].dims()
@@ -195,7 +195,7 @@ def test_the_wall_clock_check_catches_an_under_claimed_time():
 
 
 def test_hidden_shapes_are_ragged_reproducible_and_secret():
-    import tasks
+    from epiforge import tasks
 
     seen = set()
     for seed in range(40):
@@ -268,7 +268,7 @@ def test_prepared_must_be_plain_and_is_read_only():
 
 
 def test_a_modified_shared_input_is_seen_bit_for_bit():
-    import tasks
+    from epiforge import tasks
 
     task = tasks.get_task("k1")
     inputs = task.make_inputs(tasks.shape_sets()["smoke"][0].dims(), 3, "cpu")
@@ -287,7 +287,7 @@ def fake_kernel(tmp_path, body):
     src.write_text("import primitives as P\n\n"
                    "@P.epilogue(operands={'s': P.PerRow()})\ndef scale(acc, s):\n    return {'D': acc * s}\n\n"
                    f"def run(inputs, prepared, config=None):\n{body}")
-    from eval.kernel import load_kernel_module
+    from epiforge.eval.kernel import load_kernel_module
 
     return load_kernel_module(src)
 
@@ -316,7 +316,7 @@ def test_the_compute_guard_sees_compute_in_an_epilogue_body_and_beyond_the_kerne
                    "def run(inputs, prepared, config=None):\n"
                    "    d = scale(inputs['a'], inputs['w'], s=inputs['s'])['D']\n"
                    "    return {'out': common.swiglu_interleaved(d)}\n")
-    from eval.kernel import load_kernel_module
+    from epiforge.eval.kernel import load_kernel_module
 
     k = load_kernel_module(src)
     a, w, s = torch.randn(8, 16).bfloat16(), torch.randn(24, 16).bfloat16(), torch.rand(8)
@@ -337,7 +337,7 @@ def test_poisoned_allocations_are_nan_then_restored():
 
 
 def test_tamper_check_sees_patches():
-    from eval import timing
+    from epiforge.eval import timing
 
     tc = TamperCheck()
     assert tc.changed() == []
@@ -356,7 +356,7 @@ def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
     report = json.loads(H200_CHECK.read_text())
     rows = report["rows"]
     # the CODA track's tasks x (2 smoke + 3 paper shapes + the 2 hidden shapes of each set), through the judge
-    from tasks import CODA_TASKS
+    from epiforge.tasks import CODA_TASKS
 
     assert report["all_passed"] and len(rows) == len(CODA_TASKS) * 9
     named = [r for r in rows if not r["hidden"]]
@@ -365,7 +365,7 @@ def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
 
 
 def test_the_allowance_takes_the_mainloops_larger_error_up_to_a_cap():
-    from eval.numerics import MAINLOOP_ERROR_CAP, larger_honest_error
+    from epiforge.eval.numerics import MAINLOOP_ERROR_CAP, larger_honest_error
 
     exact = {"dw": torch.zeros(4, dtype=torch.float64), "h": torch.zeros(4, dtype=torch.float64)}
     cublas = {"dw": torch.full((4,), 1e-6), "h": torch.full((4,), 1e-3)}
@@ -409,7 +409,7 @@ def test_the_h200_check_of_the_qk_norm_task_passed():
 def test_the_speed_of_light_is_the_fastest_per_repetition_against_cublas():
     """eval.stats.fastest, the one rule the evaluator and bench/ pick GEMM-only by: per-
     repetition ratios to cuBLAS (the clock's drift cancels), medians only without samples."""
-    from eval.stats import fastest, summarize
+    from epiforge.eval.stats import fastest, summarize
 
     # the clock halves its speed on odd repetitions. a takes 1.1x cuBLAS's time when the clock
     # is fast and 0.8x when slow (median ratio 0.95); b always 0.93x: b is faster, although

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import tasks
-from eval.machine import expert_kernel
-from eval import evaluate
+from epiforge import tasks
+from epiforge.eval.machine import expert_kernel
+from epiforge.eval import evaluate
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import tasks
-from eval import gpu_stages, numerics
-from eval.plausibility import Ceilings
-from eval.remote import KernelProcess
+from epiforge import tasks
+from epiforge.eval import gpu_stages, numerics
+from epiforge.eval.plausibility import Ceilings
+from epiforge.eval.remote import KernelProcess
 
 REPO = Path(__file__).resolve().parents[2]
 ROW_SCALE = ("import torch\nimport primitives as P\nTASK = 'k1_gemm_rmsnorm'\ncalls = [0]\n\n"
@@ -140,6 +140,6 @@ def test_asked_for_baselines_are_timed_beside_or_say_why_not(tmp_path):
     assert t.notes["flashinfer"].startswith("left out: FlashInfer is not installed here")
     assert "liger" in t.baselines or t.notes["liger"].startswith("left out:")
     with pytest.raises(ValueError, match="unknown baseline"):
-        from eval.baselines import extra_baselines
+        from epiforge.eval.baselines import extra_baselines
 
         extra_baselines(["nonsense"], task, shape.dims(), [], "cpu")

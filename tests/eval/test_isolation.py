@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from eval import evaluate
-from eval.evaluation import _from_judge
-from eval.isolation import NO_UNIX_SOCKETS, TEMP_PREFIX, JudgeRun
-from eval.remote import KernelFailure, KernelProcess
+from epiforge.eval import evaluate
+from epiforge.eval.evaluation import _from_judge
+from epiforge.eval.isolation import NO_UNIX_SOCKETS, TEMP_PREFIX, JudgeRun
+from epiforge.eval.remote import KernelFailure, KernelProcess
 
 REPO = Path(__file__).resolve().parents[2]
 EXPLOITS = REPO / "tests" / "exploits"
@@ -136,7 +136,7 @@ def test_a_killed_cli_leaves_nothing_behind(tmp_path, how, ctrl_c_reaches_childr
     die with it, and the evaluation's temp dir is gone."""
     marker = f"epiforge-test-{os.getpid()}-{how}"
     env = {**os.environ, "TMPDIR": str(tmp_path), "EPIFORGE_TEST_MARKER": marker}
-    cli_proc = subprocess.Popen([sys.executable, str(REPO / "epiforge.py"), "eval", "--task", "k1", "--kernel",
+    cli_proc = subprocess.Popen([sys.executable, "-m", "epiforge", "eval", "--task", "k1", "--kernel",
                                  str(EXPLOITS / "infinite_loop.py"), "--timeout", "300"], cwd=REPO, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -204,7 +204,7 @@ def test_the_judge_and_the_repo_are_out_of_the_runners_reach(tmp_path):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, str(REPO / "epiforge.py"), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "epiforge", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
 
 
@@ -216,7 +216,7 @@ def test_cli_eval_records_and_answers(tmp_path):
     assert r["outcome"] == "STATIC_REJECTED" and r["stage"] == "static" and r["violations"]
     out = cli("eval", "--task", "k1", "--kernel", str(EXPLOITS / "first_row_only.py"), "--store", str(db))
     assert out.returncode == 1 and "INCORRECT_NUMERICS" in out.stdout and "worst" in out.stdout
-    from eval.store import ResultStore
+    from epiforge.eval.store import ResultStore
 
     rows = ResultStore(db).rows()
     assert [x.result.outcome.value for x in rows] == ["INCORRECT_NUMERICS", "STATIC_REJECTED"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.static_checks import (
+from epiforge.eval.static_checks import (
     QUACK_EPILOGUES,
     SourceTooComplex,
     _Scopes,
@@ -34,8 +34,8 @@ def test_committed_kernels_pass(path):
 
 
 def test_every_coda_task_has_an_expert_kernel():
-    import tasks
-    from eval.machine import expert_kernel
+    from epiforge import tasks
+    from epiforge.eval.machine import expert_kernel
 
     missing = [t for t in tasks.CODA_TASKS if expert_kernel(tasks.get_task(t).name) is None]
     assert missing == []
@@ -536,7 +536,7 @@ def test_pinned_quack_epilogues_are_what_quack_defines():
 
 
 def test_torch_inside_an_epilogue_is_a_compile_error(tmp_path):
-    from eval import evaluate
+    from epiforge.eval import evaluate
 
     src = (REPO / "human_kernels" / "k1_gemm_rmsnorm.py").read_text()
     bad = tmp_path / "k1_torch_in_epilogue.py"

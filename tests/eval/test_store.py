@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.result import Outcome, Result, ShapeResult, ShapeTiming
-from eval.stats import summarize
-from eval.store import ResultStore, StoreError
+from epiforge.eval.result import Outcome, Result, ShapeResult, ShapeTiming
+from epiforge.eval.stats import summarize
+from epiforge.eval.store import ResultStore, StoreError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_unusable_path_is_one_line(tmp_path):
 # many writer processes at once
 WRITER = """
 import json, sys
-from eval.store import ResultStore
+from epiforge.eval.store import ResultStore
 template = json.load(open(sys.argv[4]))
 store = ResultStore(sys.argv[1])
 for i in range(int(sys.argv[3])):

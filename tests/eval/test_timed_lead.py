@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from eval.machine import REPO
-from eval.timing import DEFAULT_LEAD, Lead
+from epiforge.eval.machine import REPO
+from epiforge.eval.timing import DEFAULT_LEAD, Lead
 
 
 def test_a_lead_is_spin_or_heat_for_some_milliseconds():
@@ -29,7 +29,7 @@ def test_each_lead_says_what_the_gpu_does():
 
 def test_a_bad_lead_in_the_environment_is_one_line_from_the_cli(tmp_path):
     env = {**os.environ, "EPIFORGE_TIMED_LEAD": "heat:lots", "EPIFORGE_DATA_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, str(REPO / "epiforge.py"), "tasks", "list"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "epiforge", "tasks", "list"], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
@@ -39,7 +39,7 @@ def test_a_bad_lead_in_the_environment_is_one_line_from_the_cli(tmp_path):
 def test_the_lead_is_read_once_when_the_timer_loads():
     """A child whose environment names a lead gets that lead (the judge and its runners
     inherit it), and the default otherwise."""
-    code = "from eval.timing import LEAD; print(LEAD.kind, LEAD.ms)"
+    code = "from epiforge.eval.timing import LEAD; print(LEAD.kind, LEAD.ms)"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("EPIFORGE_TIMED_LEAD", None)
     default = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -53,9 +53,9 @@ def test_the_lead_is_read_once_when_the_timer_loads():
 def test_the_lead_study_holds_compare_against_the_first_bench_run(tmp_path):
     """Two leads' stores (the shipped k8 expert Result, its fused / GEMM-only at 7B made 5%
     slower in the second) against a bench file and a copy of it that moved one row by 2%."""
-    from bench import lead_study
-    from eval import leaderboard as lb
-    from eval.store import ResultStore
+    from epiforge.bench import lead_study
+    from epiforge.eval import leaderboard as lb
+    from epiforge.eval.store import ResultStore
 
     shipped = next(r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert")
     bench_raw = json.loads((REPO / "bench" / "results" / "h200" / "agree-3-bench.json").read_text())
@@ -86,7 +86,7 @@ def test_the_lead_study_holds_compare_against_the_first_bench_run(tmp_path):
 
 
 def test_the_lead_study_refuses_a_store_that_is_not_there(tmp_path, capsys):
-    from bench import lead_study
+    from epiforge.bench import lead_study
 
     assert lead_study.main(["--lead", f"spin={tmp_path / 'nope.sqlite'}", "--bench", str(tmp_path / "b.json"),
                             "--commit", "c", "--command", "x", "--out", str(tmp_path / "o.md")]) == 2
@@ -97,7 +97,7 @@ def test_the_lead_study_refuses_a_store_that_is_not_there(tmp_path, capsys):
 def test_heating_keeps_the_gpu_busy_for_about_the_milliseconds_asked():
     import torch
 
-    from eval.timing import heat
+    from epiforge.eval.timing import heat
 
     heat(1.0)  # the first call measures the GEMM
     torch.cuda.synchronize()

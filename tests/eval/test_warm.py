@@ -1,7 +1,7 @@
 """eval/warm.py: every task's baselines built ahead of a GPU comparison, in processes of
 the judge's environment; a task that cannot be warmed says why in one line."""
 
-from eval.warm import warm_all
+from epiforge.eval.warm import warm_all
 
 
 def test_each_task_is_warmed_in_its_own_process_and_a_bad_one_says_why():

@@ -31,7 +31,7 @@ def _console():
 
 
 def cmd_tasks_list(args) -> int:
-    import tasks
+    from epiforge import tasks
 
     catalogue, errors = tasks.load_catalogue()
     for e in errors:
@@ -56,8 +56,8 @@ def cmd_tasks_list(args) -> int:
 
 
 def cmd_tasks_show(args) -> int:
-    import tasks
-    from eval.machine import REPO, expert_kernel
+    from epiforge import tasks
+    from epiforge.eval.machine import REPO, expert_kernel
 
     task = tasks.get_task(args.name)
     summary = task.summary(tasks.shape_sets())
@@ -93,12 +93,12 @@ def cmd_tasks_show(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from eval import evaluate
+    from epiforge.eval import evaluate
 
     result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
                       timeout_s=args.timeout, compile=args.compile)
     if args.store:
-        from eval.store import ResultStore
+        from epiforge.eval.store import ResultStore
 
         ResultStore(args.store).add(result)
     if args.json:
@@ -134,7 +134,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from eval import evaluate
+    from epiforge.eval import evaluate
 
     result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed)
     compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
@@ -155,8 +155,8 @@ def cmd_compile(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    import tasks
-    from eval.compare import compare, select_kernels
+    from epiforge import tasks
+    from epiforge.eval.compare import compare, select_kernels
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     device = args.device
@@ -178,10 +178,10 @@ def cmd_compare(args) -> int:
             raise ValueError(f"--all: no task has any of the kernels {args.kernels}")
     store = None
     if args.store:
-        from eval.store import ResultStore
+        from epiforge.eval.store import ResultStore
 
         store = ResultStore(args.store)
-    from eval.baselines import REGISTRY, STANDARD
+    from epiforge.eval.baselines import REGISTRY, STANDARD
 
     unknown = [b for b in args.baselines if b not in REGISTRY]
     if unknown:
@@ -191,7 +191,7 @@ def cmd_compare(args) -> int:
                   disable=args.json) as progress:
         built = [b for b in args.baselines if b not in STANDARD]
         if device == "gpu" and len(plans) > 1 and built and args.warm:
-            from eval.warm import JOBS, warm_all
+            from epiforge.eval.warm import JOBS, warm_all
 
             warming = progress.add_task(f"building the baselines of {len(plans)} tasks, {JOBS} at a time", total=len(plans))
             warmed = warm_all([name for name, _ in plans], args.shapes, built,
@@ -224,7 +224,7 @@ def render_comparison(cmp) -> str:
     speed of light, the speedup over each baseline timed (median and 95% interval, from the
     one interleaved run) and generated / expert time; then what each baseline computed, or
     why it was left out."""
-    from eval.baselines import REPORTED
+    from epiforge.eval.baselines import REPORTED
 
     results = list(zip(cmp.labels, cmp.results))
     timed = [s.timing for _, r in results for s in r.per_shape if s.timing]
@@ -277,8 +277,8 @@ def _ratio_cell(stat, unit: str) -> str:
 def cmd_leaderboard(args) -> int:
     from pathlib import Path
 
-    from eval import leaderboard as lb
-    from eval.store import DEFAULT_PATH, ENV_PATH, ResultStore
+    from epiforge.eval import leaderboard as lb
+    from epiforge.eval.store import DEFAULT_PATH, ENV_PATH, ResultStore
 
     import os
 
@@ -297,7 +297,7 @@ def cmd_leaderboard(args) -> int:
         if not d.is_dir():
             raise ValueError(f"--logs {d}: not a directory")
     if args.logs is None:  # by default, the sessions this user ran (where generate writes them)
-        from eval.machine import data_dir
+        from epiforge.eval.machine import data_dir
 
         mine = data_dir() / "sessions"
         logs = [mine] if mine.is_dir() else []
@@ -305,7 +305,7 @@ def cmd_leaderboard(args) -> int:
         sources.append("agent sessions: " + ", ".join(str(d) for d in logs))
     board = lb.build(results, lb.agent_rows(logs), sources)
     if args.html:
-        from eval.leaderboard_html import write_html
+        from epiforge.eval.leaderboard_html import write_html
 
         write_html(board, Path(args.html))
         print(f"wrote {args.html}", file=sys.stderr)
@@ -317,7 +317,7 @@ def cmd_leaderboard(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from agent.demo import run_demo
+    from epiforge.agent.demo import run_demo
 
     return run_demo(args)
 
@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     try:
-        from agent.cli import add_commands
+        from epiforge.agent.cli import add_commands
     except ImportError:
         add_commands = None
     if add_commands:
@@ -413,14 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from eval.kernel import KernelError
-    from primitives.epilogue import EpilogueError
-    from eval.store import StoreError
-    from tasks import TaskError
+    from epiforge.eval.kernel import KernelError
+    from epiforge.primitives.epilogue import EpilogueError
+    from epiforge.eval.store import StoreError
+    from epiforge.tasks import TaskError
 
     try:
         if "EPIFORGE_TIMED_LEAD" in os.environ:  # read by every judge and runner: a bad value fails here, once
-            from eval.timing import Lead
+            from epiforge.eval.timing import Lead
 
             Lead.parse(os.environ["EPIFORGE_TIMED_LEAD"])
         return args.func(args)

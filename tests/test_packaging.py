@@ -1,0 +1,106 @@
+"""Packaging: a built wheel installs one top-level name, `epiforge`, with every module and
+data file the code reads; installed elsewhere it judges a kernel (its judge and runner
+processes import it from there); and the kernel-facing `import primitives` is an alias of
+epiforge.primitives, never a second copy."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from epiforge.eval.machine import REPO
+
+CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels", "bench")
+DATA = ("primitive_docs", "generated_kernels", "logs")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+                            "-q", "-w", str(out)], capture_output=True, text=True, timeout=600,
+                           cwd=tmp_path_factory.mktemp("cwd"))
+    assert build.returncode == 0, build.stderr[-2000:]
+    (path,) = out.glob("epiforge-*.whl")
+    return path
+
+
+def _tracked(folder: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", folder], capture_output=True, text=True, cwd=REPO, check=True)
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def test_the_wheel_has_one_top_level_name_and_every_file_the_code_reads(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"epiforge"}
+    inside = {n.removeprefix("epiforge/") for n in names if n.startswith("epiforge/")}
+    wanted = [f for top in CODE for f in _tracked(top) if f.endswith((".py", ".toml", ".md", ".j2", ".jsonl", ".json"))]
+    wanted += [f for top in DATA for f in _tracked(top)]
+    wanted += ["cli.py", "__init__.py", "__main__.py"]
+    missing = [f for f in wanted if f not in inside]
+    assert not missing, missing[:20]
+    assert "tests/conftest.py" not in inside and not any(n.startswith("pending/") for n in inside)
+
+
+def test_installed_elsewhere_it_lists_tasks_and_judges_a_kernel(wheel, tmp_path):
+    target = tmp_path / "site"
+    inst = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    assert inst.returncode == 0, inst.stderr[-2000:]
+    assert not (target / "eval").exists() and not (target / "tasks").exists() and (target / "epiforge").is_dir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(target), "EPIFORGE_DATA_DIR": str(tmp_path / "data")}
+    where = subprocess.run([sys.executable, "-c", "import epiforge; print(epiforge.ROOT, epiforge.CHECKOUT)"],
+                           capture_output=True, text=True, env=env, cwd=elsewhere, timeout=120)
+    assert where.stdout.split() == [str((target / "epiforge").resolve()), "False"], where.stderr
+    listed = subprocess.run([sys.executable, "-m", "epiforge", "tasks", "list", "--json"], capture_output=True,
+                            text=True, env=env, cwd=elsewhere, timeout=300)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "k1_gemm_rmsnorm" in {t["name"] for t in json.loads(listed.stdout)}
+    kernel = target / "epiforge" / "human_kernels" / "k1_gemm_rmsnorm.py"
+    judged = subprocess.run([sys.executable, "-m", "epiforge", "eval", "--task", "k1", "--kernel", str(kernel),
+                             "--device", "cpu", "--shapes", "smoke", "--json"], capture_output=True, text=True, env=env,
+                            cwd=elsewhere, timeout=900)
+    assert judged.returncode == 0, (judged.stdout[-1500:], judged.stderr[-1500:])
+    result = json.loads(judged.stdout)
+    assert result["outcome"] == "PASSED", result.get("message")
+
+
+ALIAS = """
+import epiforge
+import primitives as P
+import primitives.config as config
+assert P is epiforge.primitives and config is epiforge.primitives.config
+assert P.__spec__.name == "epiforge.primitives" and P.__name__ == "epiforge.primitives"
+from primitives import epilogue
+assert epilogue is epiforge.primitives.epilogue
+print("alias ok")
+"""
+
+BARE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+try:
+    import primitives
+except ImportError as e:
+    print("refused:", e)
+"""
+
+
+def test_the_kernel_facing_name_is_the_same_module():
+    out = subprocess.run([sys.executable, "-c", ALIAS], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "alias ok", out.stderr[-1500:]
+
+
+def test_primitives_loaded_under_its_bare_name_without_epiforge_is_refused():
+    """A process that puts the repo root on sys.path and imports `primitives` without epiforge
+    would hold a second copy of the contract; it gets one clear ImportError instead."""
+    out = subprocess.run([sys.executable, "-c", BARE, str(REPO)], capture_output=True, text=True, timeout=120,
+                         cwd=REPO / "tests")
+    assert out.stdout.startswith("refused:") and "import epiforge first" in out.stdout, (out.stdout, out.stderr)
