@@ -20,8 +20,18 @@ DATA = ("primitive_docs", "generated_kernels", "logs")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """Built from a copy of the tracked files, as a clean clone would be (no build/ left in
+    the checkout, nothing untracked carried in)."""
+    import shutil
+
+    src = tmp_path_factory.mktemp("src")
+    tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=REPO, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
     out = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
                             "-q", "-w", str(out)], capture_output=True, text=True, timeout=600,
                            cwd=tmp_path_factory.mktemp("cwd"))
     assert build.returncode == 0, build.stderr[-2000:]

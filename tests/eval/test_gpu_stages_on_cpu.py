@@ -69,8 +69,11 @@ def test_an_expert_kernel_goes_through_every_stage(tmp_path):
     # the speed of light: the fastest plain GEMM timed, quack's at the kernel's own config among them
     plain = {n: b for n, b in t.baselines.items() if n == "cublas" or n.startswith("quack_gemm@")}
     assert f"quack_gemm@{res.gemm_configs[0]}" in plain and "cublas" in plain
-    assert t.baselines["gemm_only"].median_us == min(b.median_us for b in plain.values())
+    # which one is picked by paired ratios against cuBLAS (eval.stats.fastest): on a loaded
+    # CPU that need not be the smallest median, so only its being one of them is asserted
     assert t.notes["gemm_only"].startswith("the speed of light: ")
+    picked = t.notes["gemm_only"].removeprefix("the speed of light: ").split(",")[0]
+    assert picked in plain and t.baselines["gemm_only"] == plain[picked]
 
 
 def test_extra_launches_in_the_timed_phase_are_caught(tmp_path):
