@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from epiforge import ROOT as REPO
+
 SEED = 20261201
 SHIPPED_CACHE = Path(__file__).resolve().parent / "data" / "screen_cache.json"
-REPO = Path(__file__).resolve().parents[1]
 #: what decides a verdict besides the task's own folder (hashed per task): see the docstring
 VERDICT_SOURCES = ("agent/screen.py", "primitives/*.py", "tasks/*.py", "tasks/shapes.toml",
                    *(f"eval/{m}.py" for m in ("__init__", "channel", "evaluation", "guard", "isolation", "judge",

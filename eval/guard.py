@@ -38,7 +38,9 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
-PRIMITIVES_DIR = str(Path(__file__).resolve().parent.parent / "primitives") + "/"
+from epiforge import ROOT
+
+PRIMITIVES_DIR = str(ROOT / "primitives") + "/"
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent) + "/"
 _HERE = str(Path(__file__).resolve())
 

@@ -10,7 +10,8 @@ import platform
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from epiforge import ROOT as REPO  # the one root: the checkout, or the installed package
+
 HUMAN_DIR = REPO / "human_kernels"
 GENERATED_DIR = REPO / "generated_kernels"
 DATA_DIR = REPO / "eval" / "data"

@@ -48,7 +48,8 @@ def _shut_in() -> str:
     if "--cuda" not in args:
         got = sandbox(Path.cwd())
     else:
-        repo = Path(__file__).resolve().parent.parent
+        from epiforge import ROOT as repo
+
         trees = [str(repo), str(Path.cwd().parent), *sys.path,
                  *os.environ.get("EPIFORGE_SHARED_CACHES", "").split(os.pathsep)]
         if args[args.index("--cuda") + 1] == "system":  # also the system's own trees (not yet seen on a GPU)
