@@ -83,7 +83,11 @@ def main(argv=None) -> int:
             print(f"lead_study: {item!r} is not LEAD=STORE with an existing store", file=sys.stderr)
             return 2
         leads[lead] = Path(store)
-    lines, worst = study(leads, args.bench, args.commit, args.command)
+    try:
+        lines, worst = study(leads, args.bench, args.commit, args.command)
+    except ValueError as e:  # a bench file or a Results line that is not one
+        print(f"lead_study: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
     args.out.write_text("\n".join(lines) + "\n")
     for lead, w in worst.items():
         print(f"lead {lead}: largest |compare / bench - 1| {w:.1%}" if lead != "noise"

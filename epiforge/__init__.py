@@ -44,13 +44,13 @@ KERNEL_FACING = "primitives"
 class _KernelFacingName(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """`import primitives[.x]` -> epiforge.primitives[.x], the very same module objects."""
 
+    def __init__(self):
+        self._specs = {}
+
     def find_spec(self, name, path=None, target=None):
         if name == KERNEL_FACING or name.startswith(KERNEL_FACING + "."):
             return importlib.util.spec_from_loader(name, self)
         return None
-
-    def __init__(self):
-        self._specs = {}
 
     def create_module(self, spec):
         module = importlib.import_module(f"{__name__}.{spec.name}")

@@ -220,7 +220,7 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
             for name in order.sample([*names, *nulls], len(names) + len(nulls)):
                 if name in nulls:
                     try:
-                        null_gaps[nulls[name]] += _null_gaps(kernels[nulls[name]], 1)
+                        null_gaps[nulls[name]].append(_null_gap(kernels[nulls[name]]))
                     except KernelFailure as f:
                         raise KernelStageFailure(nulls[name], Outcome(f.outcome), f.message) from None
                     continue
@@ -249,14 +249,11 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     return out
 
 
-def _null_gaps(kp: KernelProcess, n: int = 7) -> list[float]:
-    """wall - claimed for the runner's procedure alone (flush, lead, sync, IPC, no kernel)."""
-    gaps = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        us = kp.parse(Timed, kp.ask({"op": "time", "null": True}, stage="benchmark"), "benchmark").us
-        gaps.append((time.perf_counter() - t0) * 1e6 - us)
-    return gaps
+def _null_gap(kp: KernelProcess) -> float:
+    """wall - claimed for one call of the runner's procedure alone (flush, lead, sync, IPC, no kernel)."""
+    t0 = time.perf_counter()
+    us = kp.parse(Timed, kp.ask({"op": "time", "null": True}, stage="benchmark"), "benchmark").us
+    return (time.perf_counter() - t0) * 1e6 - us
 
 
 def _collect(kp: KernelProcess, bufs: OutputBuffers) -> Delivered:

@@ -10,8 +10,8 @@ not the host's launch overhead (Python wrappers of ~10-100 us would otherwise le
 idle inside the timed region for short kernels, and unevenly so between a fused kernel and
 cuBLAS). Back-to-back repetitions (time_cuda*, bench/) get a short sleep; a synchronized
 call (timed_call, the judge) gets `LEAD`, by default a few ms of GEMMs that keep the GPU in
-the loaded state back-to-back work runs in. The GPU's clocks are sampled through every timed phase (gpu_clocks,
-eval/clocks.py) and every Timing of the phase carries their summary.
+the loaded state back-to-back work runs in. The GPU's clocks are sampled through every
+timed phase (gpu_clocks, eval/clocks.py) and every Timing of the phase carries their summary.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class Lead(NamedTuple):
     kind "heat": it runs bf16 GEMMs of random 4096^2 operands for `ms` milliseconds instead,
     which the host outpaces the same way. A GPU that idles between calls (the judge's IPC,
     input refreshes and checks) is at its boost clock when a call starts; back-to-back work
-    (bench/, a training step) runs it at its power cap, up to 25% slower for a GEMM on the
-    H200 (bench/results/h200/compare-all-3.md). Heating puts each call in the loaded state.
+    (bench/, a training step) runs it at its power cap: on the H200 the same cuBLAS GEMM took
+    up to 1.22x as long in bench/ as in the judge (bench/results/h200/compare-all-3.md). Heating puts each call in the loaded state.
     EPIFORGE_TIMED_LEAD ("spin" or "heat:<ms>") chooses, read once when this module loads."""
 
     kind: str
@@ -101,13 +101,17 @@ def flush_l2() -> None:
     _flush_buf.zero_()
 
 
-def _prepare_rep(flush: bool, lead_cycles: int = _LEAD_CYCLES) -> None:
-    """Before a timed repetition: evict L2, then queue a spin so the host runs ahead."""
+def _prepare_rep(flush: bool, lead_cycles: int = _LEAD_CYCLES, heat_ms: float | None = None) -> None:
+    """Before a timed repetition: evict L2, then queue the lead so the host runs ahead (a
+    sleep of lead_cycles, or heat_ms of GEMMs)."""
     import torch
 
     if flush:
         flush_l2()
-    torch.cuda._sleep(lead_cycles)
+    if heat_ms is not None:
+        heat(heat_ms)
+    else:
+        torch.cuda._sleep(lead_cycles)
 
 
 def heat(ms: float) -> int:
@@ -138,8 +142,8 @@ def heat(ms: float) -> int:
 
 
 def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cuda") -> float:
-    """One timed call on the current stream, synchronized: L2 flushed and the spin queued
-    first (outside the events), CUDA events around fn(). Returns microseconds. The judge
+    """One timed call on the current stream, synchronized: L2 flushed and the lead (LEAD)
+    queued first (outside the events), CUDA events around fn(). Returns microseconds. The judge
     times its baselines and the kernel runner times the kernel with this same procedure.
     clock="wall": the same call timed by the host's clock, no CUDA (the timed stages run
     this way on a CPU in the evaluator's own tests; no CPU time is ever reported)."""
@@ -151,12 +155,7 @@ def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cu
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    if LEAD.kind == "heat":
-        if flush:
-            flush_l2()
-        heat(LEAD.ms)
-    else:
-        _prepare_rep(flush, lead_cycles=_SYNCED_LEAD_CYCLES)
+    _prepare_rep(flush, _SYNCED_LEAD_CYCLES, LEAD.ms if LEAD.kind == "heat" else None)
     start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
     stream = torch.cuda.current_stream()
     start.record(stream)

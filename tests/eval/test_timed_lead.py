@@ -107,3 +107,15 @@ def test_heating_keeps_the_gpu_busy_for_about_the_milliseconds_asked():
     end.record()
     torch.cuda.synchronize()
     assert n >= 4 and 4.0 < start.elapsed_time(end) < 16.0
+
+
+def test_the_lead_study_says_in_one_line_that_a_bench_file_is_not_one(tmp_path, capsys):
+    from epiforge.bench import lead_study
+
+    store = tmp_path / "s.jsonl"
+    store.write_text("")
+    (tmp_path / "b.json").write_text('{"not": "a bench file"}')
+    assert lead_study.main(["--lead", f"spin={store}", "--bench", str(tmp_path / "b.json"),
+                            "--commit", "c", "--command", "x", "--out", str(tmp_path / "o.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "b.json" in err and "Traceback" not in err
