@@ -65,10 +65,13 @@ def sol_configs(task, dims: dict) -> list:
     return [GemmConfig.parse(c) for c in known]
 
 
-def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
-                    device: str) -> tuple[dict[str, Callable], dict[str, str]]:
+def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list, device: str,
+                    built_s: dict | None = None) -> tuple[dict[str, Callable], dict[str, str]]:
     """The plain GEMMs that may be the speed of light, {name: fn(j)} for input set j, and
-    {name: why} for those left out (a config or quack that does not run here: cuBLAS stays)."""
+    {name: why} for those left out (a config or quack that does not run here: cuBLAS stays).
+    built_s, if given, gets {name: seconds} of each one's first call (its build or load)."""
+    import time
+
     import torch
 
     fns = {"cublas": lambda j: torch.mm(operand_sets[j][0], operand_sets[j][1].T)}
@@ -80,14 +83,19 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list,
             continue
         seen.add(cfg.key())
         fn = (lambda j, _c=cfg: identity_gemm(operand_sets[j][0], operand_sets[j][1], config=_c))
+        name = f"quack_gemm@{cfg.key()}"
+        t0 = time.perf_counter()
         try:
             fn(0)
             if device == "cuda":
                 torch.cuda.synchronize()
         except Exception as e:  # this config or quack does not run here: not a candidate
-            skipped[f"quack_gemm@{cfg.key()}"] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            skipped[name] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
             continue
-        fns[f"quack_gemm@{cfg.key()}"] = fn
+        finally:
+            if built_s is not None:
+                built_s[name] = round(time.perf_counter() - t0, 3)
+        fns[name] = fn
     return fns, skipped
 
 
@@ -114,15 +122,20 @@ def unfused_fn(task):
     return unfused
 
 
-def extra_baselines(names, task, dims: dict, input_sets: list, device: str) -> tuple[dict[str, Callable], dict, dict]:
+def extra_baselines(names, task, dims: dict, input_sets: list, device: str,
+                    built_s: dict | None = None) -> tuple[dict[str, Callable], dict, dict]:
     """The asked-for baselines beyond the standard ones: ({name: fn(j)}, {name: note},
-    {name: why it was left out}). Each is called once here (a compile, a check that it runs)."""
+    {name: why it was left out}). Each is called once here (a compile, a check that it runs);
+    built_s, if given, gets {name: seconds} of building it and that first call."""
+    import time
+
     import torch
 
     fns, notes, skipped = {}, {}, {}
     for name in names:
         if name in STANDARD:
             continue
+        t0 = time.perf_counter()
         entry = REGISTRY.get(name)
         if entry is None:
             raise ValueError(f"unknown baseline {name!r}; known: {', '.join(REGISTRY)}")
@@ -157,5 +170,8 @@ def extra_baselines(names, task, dims: dict, input_sets: list, device: str) -> t
         except Exception as e:  # it does not run here: left out, and the Result says why
             skipped[name] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
             continue
+        finally:
+            if built_s is not None and fn is not None:
+                built_s[name] = round(time.perf_counter() - t0, 3)
         fns[name], notes[name] = fn, note
     return fns, notes, skipped
