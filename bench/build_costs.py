@@ -13,11 +13,14 @@ Run it twice on one machine: the second run finds what the first left in the dis
 (Inductor's, Triton's, quack's, FlashInfer's), so the two runs part what a cache can save
 from what every process pays. Nothing is timed against anything: these are wall seconds
 of one-off work, reported as such.
+
+    python -m epiforge.bench.build_costs --summarize build-cold.json build-warm.json > README.md
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -44,6 +47,7 @@ def measure(task_names: list[str], shapes: str, baselines: list[str], device: st
     tasks = {}
     for name in task_names:
         task = get_task(name)
+        torch._dynamo.reset()  # as the judge does between jobs (eval/judge.py _between_jobs)
         began = time.perf_counter()
         per_shape = {}
         for i, shape in enumerate(shape_sets()[shapes]):
@@ -91,7 +95,39 @@ def _since_process_start() -> float | None:
     return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 2)
 
 
+def summarize(paths: list[Path]) -> str:
+    """Markdown: per task, each file's seconds, and the largest single builds."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    names = list(runs[0]["tasks"])
+    env = runs[0].get("environment", {})
+    lines = [f"# What a judge builds before it times, per task ({', '.join(p.name for p in paths)})", "",
+             f"Made by `{runs[0]['command']}` and its rerun on the same machine, at commit {env.get('commit', '?')}, "
+             f"{env.get('date', '?')[:10]}, on the {env.get('gpu', '?')} (driver {env.get('driver', '?')}, torch "
+             f"{env.get('torch', '?')}, quack {env.get('quack-kernels', '?')}). Wall seconds, one process per file, "
+             "the tasks in this order, the named shapes in each; the second file found the first's disk caches.", "",
+             "| task | " + " | ".join(f"{p.stem} s" for p in paths) + " | largest builds (first file) |",
+             "|---|" + "---|" * len(paths) + "---|"]
+    for name in names:
+        per = [r["tasks"].get(name, {}).get("total_s") for r in runs]
+        items = [(f"{shape} {what}", sec) for shape, row in runs[0]["tasks"][name]["shapes"].items()
+                 for what, sec in [("references", row["references"]), *row["built"].items()]]
+        top = ", ".join(f"{what} {sec:.1f}" for what, sec in sorted(items, key=lambda x: -x[1])[:3] if sec >= 0.5)
+        lines.append(f"| {name} | " + " | ".join("-" if x is None else f"{x:.1f}" for x in per) + f" | {top or '-'} |")
+    totals = [sum(t["total_s"] for t in r["tasks"].values()) for r in runs]
+    lines += ["", "All tasks: " + ", ".join(f"{p.stem} {t:.0f} s" for p, t in zip(paths, totals)) + "."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--summarize"]:
+        try:
+            print(summarize([Path(a) for a in argv[1:]]), end="")
+        except (OSError, ValueError, KeyError) as e:
+            print(f"build_costs --summarize: cannot read {argv[1:]}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        return 0
     ap = argparse.ArgumentParser(prog="python -m epiforge.bench.build_costs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", nargs="+", default=["all"])
     ap.add_argument("--shapes", default="paper")

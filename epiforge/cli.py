@@ -156,7 +156,7 @@ def cmd_compile(args) -> int:
 
 def cmd_compare(args) -> int:
     from epiforge import tasks
-    from epiforge.eval.compare import compare, select_kernels
+    from epiforge.eval.compare import compare_all, select_kernels
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     device = args.device
@@ -202,11 +202,8 @@ def cmd_compare(args) -> int:
                     print(f"epiforge: {name}'s baselines were not built ahead ({line}): its judge builds them",
                           file=sys.stderr)
         job = progress.add_task("compare", total=len(plans))
-        for name, kernels in plans:
-            progress.update(job, description=f"{name}: {len(kernels)} kernel(s) on {device}")
-            cmp = compare(name, kernels, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu",
-                          reps=args.reps, baselines=args.baselines,
-                          on_stage=lambda st, n=name: progress.update(job, description=f"{n}: {st}"))
+
+        def done(cmp) -> None:
             comparisons.append(cmp)
             if store is not None:
                 for r in cmp.results:
@@ -214,6 +211,12 @@ def cmd_compare(args) -> int:
             if not args.json:  # each task's table as soon as it is judged: a long --all shows its progress
                 progress.console.print(render_comparison(cmp), markup=False, highlight=False, soft_wrap=True)
             progress.advance(job)
+
+        kernels_of = {name: len(kernels) for name, kernels in plans}
+        progress.update(job, description=f"{plans[0][0]}: {kernels_of[plans[0][0]]} kernel(s) on {device}")
+        compare_all(plans, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu", reps=args.reps,
+                    baselines=args.baselines, on_done=done,
+                    on_stage=lambda name, st: progress.update(job, description=f"{name}: {st}"))
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in comparisons], indent=1))
     return 0 if all(r.passed for c in comparisons for r in c.results) else 1

@@ -7,6 +7,8 @@ are judged; the timing columns say why they are empty.
 
     select_kernels("k8", ["expert", "generated:backend=anthropic"])  -> [(label, path)]
     compare("k8", kernels, device="gpu", shapes="paper")              -> Comparison
+    compare_all([("k1", k1_kernels), ("k8", kernels)], device="gpu", shapes="paper")
+                                     -> [Comparison, ...], every task judged by one judge process
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import secrets
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -100,50 +103,124 @@ def select_kernels(task_name: str, specs: list[str]) -> list[tuple[str, Path]]:
     return out
 
 
-def compare(task_name: str, kernels: list[tuple[str, Path]], *, device: str = "cpu", shapes: str = "smoke",
-            seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 30,
-            baselines: list[str] = (), on_stage=None) -> Comparison:
-    """Judge the kernels together (see the module docstring); the static stage runs here,
-    per kernel, on each source read once. baselines: registry names (eval/baselines.py)
-    timed beside the standard ones on a GPU."""
+class _Plan:
+    """One task of a compare run: its kernels, the Results settled before the judge (the
+    static stage's rejections), the kernels the judge gets and the judge's job for them."""
+
+    def __init__(self, task: str, kernels: list[tuple[str, Path]], device: str, shapes: str):
+        self.task, self.kernels, self.device, self.shapes = task, kernels, device, shapes
+        self.results: dict[str, Result] = {}
+        self.judged: list[dict] = []
+        self.job: dict | None = None
+
+    @property
+    def settled(self) -> bool:
+        return all(label in self.results for label, _ in self.kernels)
+
+    def settle(self, raw: dict, wall_s: float) -> None:
+        """The Results in the judge's {"results": [...]} for this task."""
+        for k, r in zip(self.judged, raw["results"]):
+            self.results[k["label"]] = Result.model_validate(r).model_copy(update={"wall_s": wall_s})
+
+    def lost(self, run, stage: str, wall_s: float) -> None:
+        """A failure Result per judged kernel: the judge ended without this task's verdict."""
+        why = "timed out" if run.timed_out else (run.broken or run.signal_name or f"exit code {run.returncode}")
+        for k in self.judged:
+            self.results[k["label"]] = Result(**{**k["base"], "device": self.device, "shapes": self.shapes}, outcome=(
+                Outcome.TIMEOUT if run.timed_out else Outcome.RUNTIME_ERROR), stage=stage,
+                message=f"the judge ended without a verdict ({why}) during {stage}",
+                stderr_tail=run.stderr_tail, wall_s=wall_s)
+
+    def comparison(self) -> Comparison:
+        labels = [label for label, _ in self.kernels]
+        return Comparison(task=self.task, device=self.device, shapes=self.shapes, labels=labels,
+                          results=[self.results[x] for x in labels])
+
+
+def compare(task_name: str, kernels: list[tuple[str, Path]], **kw) -> Comparison:
+    """Judge the kernels of one task together (see the module docstring); keywords as
+    compare_all's, on_stage(stage)."""
+    hear = kw.pop("on_stage", None)
+    return compare_all([(task_name, kernels)], on_stage=None if hear is None else (lambda task, st: hear(st)),
+                       **kw)[0]
+
+
+def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str = "cpu", shapes: str = "smoke",
+                seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 30,
+                baselines: list[str] = (), on_stage=None, on_done=None) -> list[Comparison]:
+    """compare() of several tasks, [(task, kernels)], judged one after another by ONE judge
+    process (eval/judge.py, a job per task): what every judge pays once (CUDA, cuBLAS,
+    Inductor's, Liger's and quack's first builds) is paid once. The static stage runs
+    here, per kernel, on each source read once. baselines: registry names
+    (eval/baselines.py) timed beside the standard ones on a GPU. on_stage(task, stage)
+    hears each stage; on_done(Comparison) gets each task's as soon as it is settled, in
+    the order given. A judge that ends without a verdict (it crashed, or ran out of time)
+    costs that one task its verdict: the tasks after it go to a new judge."""
     from epiforge.eval.baselines import REGISTRY
 
-    device, task = check_arguments(task_name, device, shapes)
     unknown = [b for b in baselines if b not in REGISTRY]
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; known: {', '.join(REGISTRY)}")
-    results: dict[str, Result] = {}
-    judged = []
-    for label, path in kernels:
-        source = path.read_bytes()
-        base = dict(task=task.name, kernel=str(path), kernel_sha256=hashlib.sha256(source).hexdigest(),
-                    device=device, shapes=shapes, environment={"python": platform.python_version()})
-        text = source.decode(errors="replace")
-        early = static_stage(task, path, text, base, True)
-        if isinstance(early, Result):
-            results[label] = early
-        else:
-            judged.append({"label": label, "source": text,
-                           "base": {k: v for k, v in {**early, "track": early.get("track", "candidate")}.items()
-                                    if k != "environment"}})
-    if judged:
-        timeout = float(timeout_s or DEFAULT_TIMEOUT_S[device] * len(judged))
-        runner_env = {"EPIFORGE_CROSS_COMPILE": "1", "CUTE_DSL_ARCH": "sm_90a", "QUACK_ARCH": "90"} \
-            if compile and device == "cpu" else {}
-        request = {"task": task.name, "device": device, "shapes": shapes, "kernels": judged,
-                   "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
-                   "memory_limit_gib": 16, "hidden_shapes": True, "timing": True, "runner_env": runner_env,
-                   "baselines": list(baselines)}
-        run = run_judge(request, timeout_s=timeout, on_stage=on_stage)
-        if run.result is not None and run.broken is None:
-            for k, raw in zip(judged, run.result["results"]):
-                results[k["label"]] = Result.model_validate(raw).model_copy(update={"wall_s": run.wall_s})
-        else:
-            why = "timed out" if run.timed_out else (run.broken or run.signal_name or f"exit code {run.returncode}")
-            for k in judged:
-                results[k["label"]] = Result(**{**k["base"], "device": device, "shapes": shapes}, outcome=(
-                    Outcome.TIMEOUT if run.timed_out else Outcome.RUNTIME_ERROR), stage=run.stage,
-                    message=f"the judge ended without a verdict ({why}) during {run.stage}",
-                    stderr_tail=run.stderr_tail, wall_s=run.wall_s)
-    labels = [label for label, _ in kernels]
-    return Comparison(task=task.name, device=device, shapes=shapes, labels=labels, results=[results[x] for x in labels])
+    runner_env = {"EPIFORGE_CROSS_COMPILE": "1", "CUTE_DSL_ARCH": "sm_90a", "QUACK_ARCH": "90"} \
+        if compile and device == "cpu" else {}
+    todo = []
+    for task_name, kernels in plans:
+        dev, task = check_arguments(task_name, device, shapes)
+        plan = _Plan(task.name, kernels, dev, shapes)
+        for label, path in kernels:
+            source = path.read_bytes()
+            base = dict(task=task.name, kernel=str(path), kernel_sha256=hashlib.sha256(source).hexdigest(),
+                        device=dev, shapes=shapes, environment={"python": platform.python_version()})
+            text = source.decode(errors="replace")
+            early = static_stage(task, path, text, base, True)
+            if isinstance(early, Result):
+                plan.results[label] = early
+            else:
+                plan.judged.append({"label": label, "source": text,
+                                    "base": {k: v for k, v in {**early, "track": early.get("track", "candidate")}.items()
+                                             if k != "environment"}})
+        if plan.judged:
+            plan.job = {"task": task.name, "device": dev, "shapes": shapes, "kernels": plan.judged,
+                        "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
+                        "memory_limit_gib": 16, "hidden_shapes": True, "timing": True, "runner_env": runner_env,
+                        "baselines": list(baselines),
+                        "timeout_s": float(timeout_s or DEFAULT_TIMEOUT_S[dev] * len(plan.judged))}
+        todo.append(plan)
+    shown = 0
+
+    def show_ready() -> None:  # each settled task, in order
+        nonlocal shown
+        while shown < len(todo) and todo[shown].settled:
+            if on_done is not None:
+                on_done(todo[shown].comparison())
+            shown += 1
+
+    show_ready()
+    waiting = [p for p in todo if p.job is not None]
+    while waiting:
+        began = {0: time.monotonic()}  # per job, when the harness first heard of it: its wall time's start
+
+        def hear(j: int, stage: str) -> None:
+            began.setdefault(j, time.monotonic())
+            if on_stage is not None:
+                on_stage(waiting[j].task, stage)
+
+        def heard_result(j: int, raw: dict) -> None:
+            waiting[j].settle(raw, round(time.monotonic() - began.get(j, began[0]), 3))
+            show_ready()
+
+        run = run_judge({"jobs": [p.job for p in waiting]}, timeout_s=sum(p.job["timeout_s"] for p in waiting),
+                        on_stage=hear, on_result=heard_result)
+        for j, p in enumerate(waiting):
+            if j in run.results and not p.settled:
+                p.settle(run.results[j], round(time.monotonic() - began.get(j, began[0]), 3))
+        late = [j for j in range(len(waiting)) if j not in run.results]
+        if not late:
+            break
+        # the judge ended inside this job: it loses its verdict, the jobs after it get a new judge
+        first = late[0]
+        waiting[first].lost(run, run.stage_of(first), round(time.monotonic() - began.get(first, began[0]), 3))
+        show_ready()
+        waiting = waiting[first + 1:]
+    show_ready()
+    return [p.comparison() for p in todo]

@@ -278,16 +278,26 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 @dataclass
 class JudgeRun:
-    """What came back from one judge."""
+    """What came back from one judge: the result of each job it was given (one job: a
+    plain request; several: {"jobs": [request, ...]}, judged one after another)."""
 
-    result: dict | None = None
+    results: dict[int, dict] = field(default_factory=dict)
     stage: str = "static"
-    stages: list[str] = field(default_factory=list)
+    stages: list[tuple[int, str]] = field(default_factory=list)  # (job, stage), in order
     broken: str | None = None  # why the channel's content could not be read
     timed_out: bool = False
     returncode: int | None = None
     stderr_tail: str = ""
     wall_s: float = 0.0
+
+    @property
+    def result(self) -> dict | None:
+        """The result of a one-job run (job 0)."""
+        return self.results.get(0)
+
+    def stage_of(self, job: int) -> str:
+        """The last stage job reached ("static": it never started)."""
+        return next((name for j, name in reversed(self.stages) if j == job), "static")
 
     @property
     def signal_name(self) -> str | None:
@@ -299,40 +309,61 @@ class JudgeRun:
         return None
 
 
-def parse_frames(data: bytes, nonce: str) -> tuple[list[str], dict | None, str | None]:
-    """(stages, result, why-broken) from the judge's pipe: newline-delimited JSON frames,
-    each with the nonce; the one result frame last; a partial last line is ignored."""
-    stages, result = [], None
-    lines = data.split(b"\n")
-    for raw in lines[:-1]:
+@dataclass
+class Frames:
+    """The judge's channel, read: each job's stages and result, or why it cannot be read."""
+
+    stages: list[tuple[int, str]] = field(default_factory=list)
+    results: dict[int, dict] = field(default_factory=dict)
+    broken: str | None = None
+
+
+def parse_frames(data: bytes, nonce: str, jobs: int = 1) -> Frames:
+    """The judge's pipe: newline-delimited JSON frames, each with the nonce and its job's
+    index ("job", 0 when absent); per job its {"stage"} frames, then one {"result"} frame,
+    after which that job sends nothing more; a partial last line is ignored. Anything
+    else breaks the channel there: what came before (each result a whole frame with the
+    nonce) is kept, nothing after it is read; a one-job run's caller believes no result
+    once the channel broke, a several-job run's caller gives the jobs left a new judge."""
+    out = Frames()
+    for raw in data.split(b"\n")[:-1]:
         try:
             frame = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return stages, None, "a line on the judge's channel is not a frame"
+            return Frames(out.stages, out.results, "a line on the judge's channel is not a frame")
         if not isinstance(frame, dict) or frame.get("nonce") != nonce:
-            return stages, None, "a frame on the judge's channel does not carry its nonce"
-        if result is not None:
-            return stages, None, "frames after the result"
+            return Frames(out.stages, out.results, "a frame on the judge's channel does not carry its nonce")
+        job = frame.get("job", 0)
+        if type(job) is not int or not 0 <= job < jobs:
+            return Frames(out.stages, out.results, "a frame on the judge's channel names no job of this run")
+        if job in out.results:
+            return Frames(out.stages, out.results, "frames after the result")
         if "stage" in frame:
-            stages.append(str(frame["stage"]))
+            out.stages.append((job, str(frame["stage"])))
         elif isinstance(frame.get("result"), dict):
-            result = frame["result"]
+            out.results[job] = frame["result"]
         else:
-            return stages, None, "an unknown frame on the judge's channel"
-    return stages, result, None
+            return Frames(out.stages, out.results, "an unknown frame on the judge's channel")
+    return out
 
 
 def run_judge(request: dict, *, timeout_s: float, extra_env: dict | None = None,
-              module: str = "epiforge.eval.judge", on_stage=None) -> JudgeRun:
+              module: str = "epiforge.eval.judge", on_stage=None, on_result=None) -> JudgeRun:
     """Start the judge, hand it the request (with the secret seed) on stdin, read its
     frames until it closes the pipe or the time is up; always kill its group and remove
-    the evaluation's temp dir on the way out (Ctrl-C included)."""
+    the evaluation's temp dir on the way out (Ctrl-C included). request: one job, or
+    {"jobs": [job, ...]}, each with its own timeout_s (timeout_s here bounds them all).
+    on_stage(name) hears a one-job run's stages as they start, on_stage(job, name) those
+    of a run of several jobs; on_result(job, result) hears each job's result as it comes."""
     nonce = secrets.token_hex(16)
     started = time.monotonic()
+    jobs = len(request["jobs"]) if "jobs" in request else 1
+    hear = None if on_stage is None else on_stage if "jobs" in request else (lambda job, name: on_stage(name))
     out = JudgeRun()
     tmp = tempfile.mkdtemp(prefix=TEMP_PREFIX)
     read_fd, write_fd = os.pipe()
     proc = None
+    data, too_much = b"", False
     try:
         err_path = Path(tmp) / "judge.stderr"
         with open(err_path, "wb") as err:
@@ -350,9 +381,10 @@ def run_judge(request: dict, *, timeout_s: float, extra_env: dict | None = None,
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
-            # the judge enforces timeout_s itself (it reports which stage ran out); this is the backstop
-            data, too_much = _read_until_eof(read_fd, started + timeout_s + 30, nonce, on_stage)
-            complete = parse_frames(data, nonce)[1] is not None
+            # the judge enforces each job's time itself (it reports which stage ran out); this is the backstop
+            data, too_much = _read_until_eof(read_fd, started + timeout_s + 30, nonce, jobs, hear,
+                                             on_result if "jobs" in request else None)
+            complete = len(parse_frames(data, nonce, jobs).results) == jobs
             out.timed_out = not complete and time.monotonic() >= started + timeout_s + 30
             try:
                 proc.wait(timeout=0.1 if out.timed_out else 10)
@@ -365,16 +397,17 @@ def run_judge(request: dict, *, timeout_s: float, extra_env: dict | None = None,
             out.returncode = proc.wait()
         os.close(read_fd)
         shutil.rmtree(tmp, ignore_errors=True)
-    out.stages, out.result, out.broken = parse_frames(data, nonce)
+    frames = parse_frames(data, nonce, jobs)
+    out.stages, out.results, out.broken = frames.stages, frames.results, frames.broken
     if too_much:
-        out.result, out.broken = None, f"more than {MAX_CHANNEL_BYTES} bytes on the judge's channel"
-    out.stage = out.stages[-1] if out.stages else "static"
+        out.results, out.broken = {}, f"more than {MAX_CHANNEL_BYTES} bytes on the judge's channel"
+    out.stage = out.stages[-1][1] if out.stages else "static"
     out.wall_s = round(time.monotonic() - started, 3)
     return out
 
 
-def _read_until_eof(fd: int, deadline: float, nonce: str, on_stage) -> tuple[bytes, bool]:
-    chunks, size, seen = [], 0, 0
+def _read_until_eof(fd: int, deadline: float, nonce: str, jobs: int, hear, on_result) -> tuple[bytes, bool]:
+    chunks, size, seen, told = [], 0, 0, set()
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -387,10 +420,13 @@ def _read_until_eof(fd: int, deadline: float, nonce: str, on_stage) -> tuple[byt
             return b"".join(chunks), False
         chunks.append(chunk)
         size += len(chunk)
-        if on_stage is not None:
-            stages, _, _ = parse_frames(b"".join(chunks), nonce)
-            for name in stages[seen:]:
-                on_stage(name)
-            seen = len(stages)
+        if hear is not None or on_result is not None:
+            frames = parse_frames(b"".join(chunks), nonce, jobs)
+            for job, name in frames.stages[seen:] if hear is not None else []:
+                hear(job, name)
+            seen = len(frames.stages)
+            for job in sorted(set(frames.results) - told) if on_result is not None else []:
+                on_result(job, frames.results[job])
+                told.add(job)
         if size > MAX_CHANNEL_BYTES:
             return b"".join(chunks), True

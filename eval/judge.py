@@ -1,6 +1,7 @@
-"""The judge: one process per evaluation, trusted, out of the candidate's reach.
+"""The judge: a trusted process, out of the candidate's reach, for one evaluation or for
+several tasks judged one after another (compare --all: {"jobs": [request, ...]}).
 
-    python -m epiforge.eval.judge --result-fd N --tmp DIR   < request.json    (started by evaluate())
+    python -m epiforge.eval.judge --result-fd N --tmp DIR   < request.json    (started by evaluate(), compare())
 
 It holds what decides the verdict: the secret seed, the task's references, the tolerance,
 the expected outputs and the timings of the baselines. It is non-dumpable (no process of
@@ -15,8 +16,12 @@ reported. Nothing is timed until every shape's numerics passed, so a rejected ke
 shows a speed.
 
 The channel to the harness: newline-delimited JSON frames on an inherited pipe, each
-with the nonce the harness sent; progress {"stage": ...} and one final {"result": ...}
-({"results": [eval.result.Result, ...]}, one per kernel). The runners never hold this pipe.
+with the nonce the harness sent (and, for several jobs, the job's index); progress
+{"stage": ...} and one {"result": ...} per job ({"results": [eval.result.Result, ...]},
+one per kernel). The runners never hold this pipe. Several jobs in one process pay once
+what each process pays on its first task: on the H200 (bench/results/h200/build-costs/)
+the first references, Liger, FlashInfer and torch.compile builds of a process took ~19 s,
+the same builds for a later task well under 1 s each.
 """
 
 from __future__ import annotations
@@ -42,11 +47,14 @@ _TMP = None
 
 
 class Channel:
+    """The pipe to the harness; `job` (None: a one-job request) goes on every frame."""
+
     def __init__(self, fd: int, nonce: str):
-        self.fd, self.nonce = fd, nonce
+        self.fd, self.nonce, self.job = fd, nonce, None
 
     def send(self, **frame) -> None:
-        data = (json.dumps({"nonce": self.nonce, **frame}) + "\n").encode()
+        job = {} if self.job is None else {"job": self.job}
+        data = (json.dumps({"nonce": self.nonce, **job, **frame}) + "\n").encode()
         view = memoryview(data)
         while view:
             n = os.write(self.fd, view)
@@ -99,10 +107,10 @@ class Candidate:
                              stderr_tail=stderr, stage_s=self.clock.so_far())
 
 
-def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
+def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED) -> list[Result]:
     """The whole evaluation of one kernel, or of several of one task timed together in ONE
     interleaved run per shape (request["kernels"]: [{label, source, base}]); never raises:
-    every failure is a Result."""
+    every failure is a Result. started: when its first stage ("load") began."""
     from epiforge.eval.gpu_stages import run_timed_stages
     from epiforge.eval.numerics import check_shape
     from epiforge.eval.plausibility import Ceilings
@@ -113,7 +121,7 @@ def judge(request: dict, channel: Channel, tmp: Path) -> list[Result]:
 
     device = request["device"]
     deadline = time.monotonic() + float(request["timeout_s"])
-    clock = Stopwatch("load", _STARTED)
+    clock = Stopwatch("load", started)
     cands = [Candidate(k["label"], k["source"], k["base"], clock) for k in request["kernels"]]
 
     def at(name, who=None):
@@ -228,6 +236,22 @@ def _passed_message(per_shape: list[ShapeResult], device: str) -> str:
     return msg
 
 
+def _between_jobs(device: str | None) -> None:
+    """What one job leaves that the next must not meet: dynamo's in-memory cache (one
+    code object, baselines.unfused_fn's, serves every task: its entries would pile up to
+    dynamo's recompile limit, past which it runs the baseline uncompiled) and the GPU
+    memory the last job's tensors held."""
+    import gc
+
+    gc.collect()
+    if "torch" in sys.modules:
+        import torch
+
+        torch._dynamo.reset()
+        if device == "cuda" and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
 def _on_term(signum, frame):
     """The harness died (parent-death signal) or asked us to stop: leave nothing behind."""
     for kp in _RUNNERS:
@@ -252,8 +276,22 @@ def main(argv=None) -> int:
     request = json.loads(sys.stdin.read())
     sys.stdin.close()
     channel = Channel(args.result_fd, request.pop("nonce", ""))
-    results = judge(request, channel, _TMP)
-    channel.send(result={"results": [r.model_dump(mode="json") for r in results]})
+    if "jobs" not in request:
+        results = judge(request, channel, _TMP)
+        channel.send(result={"results": [r.model_dump(mode="json") for r in results]})
+    for i, job in enumerate(request.get("jobs", [])):
+        # several tasks, one after another in this one process: what every process pays
+        # once (CUDA, cuBLAS, Inductor's and Liger's first compile, quack's loaded GEMMs)
+        # is paid once; each job starts from torch.compile's empty cache, as a fresh judge
+        # would, with its own seed, deadline, runners and temp dir
+        began = _STARTED if i == 0 else time.monotonic()
+        if i:
+            _between_jobs(job.get("device"))
+        channel.job = i
+        workdir = _TMP / f"job-{i}"
+        results = judge(job, channel, workdir, started=began)
+        channel.send(result={"results": [r.model_dump(mode="json") for r in results]})
+        shutil.rmtree(workdir, ignore_errors=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -137,3 +137,91 @@ def test_the_cli_compares_and_stores(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "epiforge", "compare", "--task", "k8", "--kernels",
                           "generated:model=nobody"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no generated kernel" in bad.stderr
+
+
+def _judges_of_this_process() -> set[int]:
+    """The pids of the judges this process started (Linux /proc)."""
+    import os
+
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"epiforge.eval.judge" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+def test_several_tasks_are_judged_by_one_judge_in_order():
+    from epiforge.eval.compare import compare_all
+
+    plans = [(t, [("expert", REPO / "human_kernels" / f"{tasks.get_task(t).name}.py")]) for t in ("k1", "k9")]
+    heard, done = [], []
+    cmps = compare_all(plans, device="cpu", shapes="smoke", seed=3,
+                       on_stage=lambda task, stage: heard.append((task, stage, frozenset(_judges_of_this_process()))),
+                       on_done=lambda cmp: done.append(cmp.task))
+    assert [c.task for c in cmps] == done == ["k1_gemm_rmsnorm", "k9_gemm_partial_cross_entropy"]
+    assert all(r.passed for c in cmps for r in c.results)
+    tasks_heard = [task for task, _, _ in heard]
+    assert tasks_heard == sorted(tasks_heard) and set(tasks_heard) == set(done)  # k1's stages, then k9's
+    judges = {pid for _, _, pids in heard for pid in pids}
+    assert len(judges) == 1, judges  # one process judged both
+    assert all(stage in {s for t, s, _ in heard if t == task} for task in done for stage in ("load", "numerics", "done"))
+    # each task's seconds are its own: the second one's first stage does not count the judge's start
+    assert all(set(r.stage_s) >= {"load", "numerics"} for c in cmps for r in c.results)
+
+
+def test_a_judge_that_dies_costs_one_task_its_verdict_and_the_next_gets_a_new_judge():
+    import os
+    import signal
+
+    from epiforge.eval.compare import compare_all
+
+    plans = [(t, [("expert", REPO / "human_kernels" / f"{tasks.get_task(t).name}.py")]) for t in ("k1", "k8", "k9")]
+    seen = {}
+
+    def on_stage(task, stage):
+        seen.setdefault(task, set()).update(_judges_of_this_process())
+        if task == "k8_gemm_swiglu" and stage == "numerics":
+            for pid in _judges_of_this_process():
+                os.kill(pid, signal.SIGKILL)
+
+    first, killed, last = compare_all(plans, device="cpu", shapes="smoke", seed=3, on_stage=on_stage)
+    assert first.results[0].passed and last.results[0].passed
+    (lost,) = killed.results
+    assert lost.outcome.value == "RUNTIME_ERROR" and lost.stage == "numerics"
+    assert "SIGKILL" in lost.message and "during numerics" in lost.message
+    assert seen["k1_gemm_rmsnorm"] & seen["k8_gemm_swiglu"]  # k1 and k8: the same judge
+    assert not seen["k8_gemm_swiglu"] & seen["k9_gemm_partial_cross_entropy"]  # k9: a new one
+
+
+def test_each_job_of_a_judge_compiles_its_baseline_afresh():
+    """One code object (baselines.unfused_fn's) serves every task's torch.compile baseline:
+    in one process its dynamo cache entries pile up, and past dynamo's recompile limit the
+    baseline silently runs uncompiled. The judge resets dynamo between jobs."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from epiforge.eval import judge
+    from epiforge.eval.baselines import extra_baselines
+
+    def graphs_built(names, between):
+        built = []
+        with torch._dynamo.config.patch(recompile_limit=2):
+            torch._dynamo.reset()
+            for name in names:
+                task = tasks.get_task(name)
+                dims = tasks.shape_sets()["smoke"][0].dims()
+                before = counters["stats"]["unique_graphs"]
+                extra_baselines(["torch_compile"], task, dims, [task.make_inputs(dims, 1, "cpu")], "cpu")
+                built.append(counters["stats"]["unique_graphs"] - before)
+                between()
+        return built
+
+    assert graphs_built(["k1", "k8", "k9"], lambda: None)[-1] == 0  # the hazard: the third ran uncompiled
+    assert all(graphs_built(["k1", "k8", "k9"], lambda: judge._between_jobs("cpu")))

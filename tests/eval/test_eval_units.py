@@ -228,12 +228,31 @@ def frame(nonce, **kw):
 
 def test_channel_frames():
     ok = frame("n", stage="load") + frame("n", stage="numerics") + frame("n", result={"outcome": "PASSED"})
-    assert isolation.parse_frames(ok, "n") == (["load", "numerics"], {"outcome": "PASSED"}, None)
-    assert isolation.parse_frames(frame("n", stage="load") + b'{"nonce": "n", "res', "n")[1:] == (None, None)  # killed mid-write
-    forged = frame("guess", result={"outcome": "PASSED"}) + ok
-    assert isolation.parse_frames(forged, "n")[2] and isolation.parse_frames(forged, "n")[1] is None
-    assert isolation.parse_frames(b"PASSED\n" + ok, "n")[2]
-    assert isolation.parse_frames(ok + frame("n", stage="x"), "n")[2] == "frames after the result"
+    read = isolation.parse_frames(ok, "n")
+    assert (read.stages, read.results, read.broken) == ([(0, "load"), (0, "numerics")], {0: {"outcome": "PASSED"}}, None)
+    cut = isolation.parse_frames(frame("n", stage="load") + b'{"nonce": "n", "res', "n")  # killed mid-write
+    assert (cut.results, cut.broken) == ({}, None)
+    forged = isolation.parse_frames(frame("guess", result={"outcome": "PASSED"}) + ok, "n")
+    assert forged.broken and not forged.results
+    assert isolation.parse_frames(b"PASSED\n" + ok, "n").broken
+    assert isolation.parse_frames(ok + frame("n", stage="x"), "n").broken == "frames after the result"
+
+
+def test_channel_frames_of_several_jobs():
+    def job(j, outcome="PASSED"):
+        return frame("n", job=j, stage="load") + frame("n", job=j, result={"outcome": outcome})
+
+    both = isolation.parse_frames(job(0) + job(1, "TIMEOUT"), "n", jobs=2)
+    assert both.broken is None and both.results == {0: {"outcome": "PASSED"}, 1: {"outcome": "TIMEOUT"}}
+    assert both.stages == [(0, "load"), (1, "load")]
+    # a job past the run's, a job index that is not an int, a frame in a finished job: broken
+    for bad in (job(2), frame("n", job="1", stage="load"), frame("n", job=True, stage="load"),
+                frame("n", job=0, stage="late")):
+        read = isolation.parse_frames(job(0) + bad + job(1), "n", jobs=2)
+        assert read.broken and read.results == {0: {"outcome": "PASSED"}}  # what came before the break stands
+    # a job's result cannot come twice, nor stand for a job of a one-job run's neighbour
+    assert isolation.parse_frames(job(0) + job(0), "n", jobs=2).broken == "frames after the result"
+    assert isolation.parse_frames(job(1), "n").broken  # a one-job run has no job 1
 
 
 def test_the_childrens_environment_is_allowlisted():
