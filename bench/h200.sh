@@ -11,6 +11,7 @@
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
 #   bench/h200.sh judge-compare  # epiforge compare of each task at the paper shapes (compare.md, compare.sqlite)
+#   bench/h200.sh judge-compare-all  # epiforge compare --all at the paper shapes, as one command, its wall time kept
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
@@ -63,7 +64,7 @@ case "${1:-}" in
     mkdir -p "$OUT" "$STATE"
     metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
     metrics=$metrics,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
-    $PY -c "from bench.gpu_env import install_precompiled as i; i()"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; i()"
     for run in "k7 1B gemm" "k7 1B fused" "k7 1B stores_only" "k7 1B without_postact" \
                "k0 1B gemm" "k0 1B fused" "k0 1B stores_only"; do
       # shellcheck disable=SC2086  # run is three words
@@ -71,19 +72,19 @@ case "${1:-}" in
         $PY -m epiforge.bench.profile_one $run > "$STATE/ncu-${run// /-}.csv" 2>&1 || true
     done
     tail -n +1 "$STATE"/ncu-*.csv | grep -E "==>|gpu__time|dram__|sm__throughput|Error|error" > "$OUT/ncu.txt"
-    $PY -c "import json; from bench.gpu_env import fingerprint; print(json.dumps(fingerprint('bash bench/h200.sh profile')))" \
+    $PY -c "import json; from epiforge.bench.gpu_env import fingerprint; print(json.dumps(fingerprint('bash bench/h200.sh profile')))" \
       > "$STATE/ncu-env.json"
     $PY -m epiforge.bench.ncu_report "$OUT/ncu.txt" --environment "$STATE/ncu-env.json" --out "$OUT/ncu.json"
     ;;
   judge-check)
     mkdir -p "$OUT"
-    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     timeout 300 $PY -m epiforge.bench.check_gpu --jobs "${JOBS:-6}" --out "$OUT/check.json" > "$OUT/check.log" 2>&1 || true
     grep -E "PASSED|FAIL|s; runner" "$OUT/check.log" | grep -vE "worst/allowed=0\.[0-8]" | tail -40
     ;;
   judge-tests)
     mkdir -p "$OUT"
-    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     timeout 540 $PY -m pytest -m gpu tests/eval -q -p no:cacheprovider > "$OUT/pytest-gpu-eval.log" 2>&1 || true
     tail -25 "$OUT/pytest-gpu-eval.log"
     ;;
@@ -91,7 +92,7 @@ case "${1:-}" in
     # the exploit suite's GPU cases in SHARDS pytest processes side by side (each case is a
     # whole evaluation: ~15 s of process starts), the tolerance margins beside them
     mkdir -p "$OUT" "$STATE"
-    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     timeout 300 $PY -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
       > "$OUT/margins.log" 2>&1 &
     $PY -m pytest -m gpu tests/exploits --collect-only -q -p no:cacheprovider | grep "::" > "$STATE/exploit-ids"
@@ -111,7 +112,7 @@ case "${1:-}" in
     # epiforge compare, task by task (a cut-off run keeps the tasks done): the expert and the
     # committed generated kernels at the paper shapes beside every standard baseline
     mkdir -p "$OUT"
-    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     for t in ${COMPARE_TASKS:-k8 k1 k0 k2 k3 k4 k5 k6 k7 k9}; do
       timeout "${COMPARE_TIMEOUT_S:-120}" $PY -m epiforge compare --task "$t" --shapes "${COMPARE_SHAPES:-paper}" \
         --device gpu --store "$OUT/compare.sqlite" >> "$OUT/compare.md" 2>> "$OUT/compare.log" \
@@ -119,11 +120,25 @@ case "${1:-}" in
     done
     grep -E "^\| |exit" "$OUT/compare.md" | head -60
     ;;
+  judge-compare-all)
+    # issue 12's benchmark: the whole of `epiforge compare --all --shapes paper` with the
+    # precompiled kernels, every default baseline, one judge for all the tasks; how long it
+    # took goes beside its tables (compare-all.md, compare-all.sqlite, compare-all.log)
+    mkdir -p "$OUT"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    start=$(date +%s)
+    rc=0
+    timeout "${COMPARE_ALL_TIMEOUT_S:-580}" $PY -m epiforge compare --all --shapes paper --device gpu \
+      --store "$OUT/compare-all.sqlite" > "$OUT/compare-all.md" 2> "$OUT/compare-all.log" || rc=$?
+    echo "compare --all --shapes paper: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/compare-all.log"
+    echo "$(grep -c "^## " "$OUT/compare-all.md" || true) tasks judged"
+    grep -E "^Judged in" "$OUT/compare-all.md" | head -20 || true
+    ;;
   judge-lead)
     # which GPU state the judge times in (eval/timing.py Lead): the same expert kernels under
     # compare with each lead, and under bench/run.py (back to back) before and after
     mkdir -p "$OUT"
-    $PY -c "from bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     tasks=${LEAD_TASKS:-k0 k8}
     # shellcheck disable=SC2086
     $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-1.json" | grep -E "^k[0-9] "
@@ -143,7 +158,7 @@ case "${1:-}" in
       --out "$OUT/lead-study.md"
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits|judge-compare|judge-lead" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead" >&2
     exit 2
     ;;
 esac
