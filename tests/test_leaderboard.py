@@ -92,8 +92,8 @@ def test_the_bench_files_numbers_import_as_results():
         assert s.timing.speedup["torch_compile"].median == pytest.approx(row["speedup_vs_compile"], rel=1e-9)
 
 
-#: tasks added after the last H200 compare, not timed there yet (none: the compare of
-#: 2026-12-02, bench/results/h200/compare-all-3.md, has every task)
+#: tasks added after the last H200 compare, not timed there yet (none: the compare --all of
+#: 2026-12-03, bench/results/h200/compare-all-5.md, has every task)
 PENDING_H200: set[str] = set()
 
 
@@ -121,6 +121,11 @@ def test_the_shipped_h200_results_are_compares_of_every_task():
             assert ("flashinfer" in s.timing.speedup) == (r.task in fi_tasks), (r.task, s.timing.notes.get("flashinfer"))
     (gen,) = [r for r in shipped if r.track == "generated"]
     assert all("kernel:expert" in s.timing.speedup for s in gen.per_shape if s.timing)
+    # one run of the judge as it stands: one commit, the default timed lead (eval/timing.py)
+    from epiforge.eval.timing import DEFAULT_LEAD, Lead
+
+    assert len({r.environment["commit"] for r in shipped}) == 1
+    assert {r.environment.get("timed_lead") for r in shipped} == {Lead.parse(DEFAULT_LEAD).describe()}
 
 
 def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):
