@@ -33,6 +33,13 @@ class GemmConfig(BaseModel):
                     "epilogue drains (primitives/early_c.py). The kernel needs more than half of a tile's "
                     "epilogue sub-tiles in C stages (5 of 8 on 128x128; quack gives k7 5, k0 4: set "
                     "epi_c_stages) and refuses to compile otherwise. It changes load timing only, never values")
+    c_load_warp: bool = Field(
+        False,
+        description="only for a GEMM whose epilogue loads C or a tile: an idle warp of the producer warpgroup "
+                    "issues the epilogue's C loads, ahead of the consumers and across tiles, so the next tile's "
+                    "C is in flight during the current mainloop (primitives/c_load_warp.py). Pingpong and "
+                    "cooperative; not with early_c_loads, split-K or varlen. It changes load timing only, "
+                    "never values")
 
     @model_validator(mode="after")
     def _sm90_tile_rules(self):
@@ -51,33 +58,38 @@ class GemmConfig(BaseModel):
             raise ValueError(f"tile {tm}x{tn} does not compile for sm_90a as {mode} (see primitive_docs/gemm_config.md)")
         if self.early_c_loads and not self.pingpong:
             raise ValueError("early_c_loads needs pingpong=True: it moves C loads ahead of the pingpong epilogue barrier")
+        if self.early_c_loads and self.c_load_warp:
+            raise ValueError("early_c_loads and c_load_warp exclude each other: with c_load_warp the consumers issue no C loads")
         return self
 
     def key(self) -> str:
         """A short stable name, e.g. for caches and reports: 128x192_c2x1_pp (+ _sw1 when
         the tile swizzle is not quack's default 8, + _cs1 when epi_c_stages is set, + _ec
-        when early_c_loads is set)."""
+        when early_c_loads is set, + _cl when c_load_warp is set)."""
         pp = "_pp" if self.pingpong else ""
         sw = f"_sw{self.max_swizzle_size}" if self.max_swizzle_size != 8 else ""
         cs = f"_cs{self.epi_c_stages}" if self.epi_c_stages is not None else ""
         ec = "_ec" if self.early_c_loads else ""
-        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}{cs}{ec}"
+        cl = "_cl" if self.c_load_warp else ""
+        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}{cs}{ec}{cl}"
 
     def for_plain_gemm(self) -> "GemmConfig":
         """This config for a GEMM that loads no C, such as the identity-epilogue GEMM timed
-        beside a fused kernel: early_c_loads dropped (the one field such a GEMM refuses)."""
-        return self.model_copy(update={"early_c_loads": False}) if self.early_c_loads else self
+        beside a fused kernel: early_c_loads and c_load_warp dropped (the fields such a GEMM refuses)."""
+        if self.early_c_loads or self.c_load_warp:
+            return self.model_copy(update={"early_c_loads": False, "c_load_warp": False})
+        return self
 
     @classmethod
     def parse(cls, key: str) -> "GemmConfig":
         """The inverse of key()."""
-        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d+))?(_ec)?", key)
+        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d+))?(_ec)?(_cl)?", key)
         if not m:
             raise ValueError(f"not a config key: {key!r} (expected e.g. 128x192_c2x1_pp)")
-        tm, tn, cm, cn, pp, sw, cs, ec = m.groups()
+        tm, tn, cm, cn, pp, sw, cs, ec, cl = m.groups()
         return cls(tile_m=int(tm), tile_n=int(tn), cluster_m=int(cm), cluster_n=int(cn), pingpong=bool(pp),
                    max_swizzle_size=int(sw) if sw else 8, epi_c_stages=int(cs) if cs else None,
-                   early_c_loads=bool(ec))
+                   early_c_loads=bool(ec), c_load_warp=bool(cl))
 
 
 DEFAULT_CONFIG = GemmConfig()

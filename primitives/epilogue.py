@@ -141,6 +141,9 @@ class Epilogue:
         if config.early_c_loads and call.c is None:
             raise EpilogueError(f"{self.name}(): config {config.key()} has early_c_loads, which moves C loads, but this "
                                 "call loads no C (pass c= or drop the flag)")
+        if config.c_load_warp and call.c is None and not any(isinstance(k, Tile) for k in self.operands.values()):
+            raise EpilogueError(f"{self.name}(): config {config.key()} has c_load_warp, which issues the epilogue's C "
+                                "loads, but this call loads no C and no tile (pass c= or drop the flag)")
         if a.device.type == "cuda":
             from epiforge.primitives.lowering import launch
 

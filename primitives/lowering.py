@@ -33,7 +33,9 @@ _quack_ready = False
 _C_STAGES_ATTR = "epiforge_epi_c_stage_base"
 #: the attribute a config's early_c_loads travels in, the same way (primitives/early_c.py)
 _EARLY_C_ATTR = "epiforge_early_c_loads"
-#: the stage counts of the kernels this process traced: "class tile [pp] [csN] [ec]" -> (A/B, D, C)
+#: the attribute a config's c_load_warp travels in, the same way (primitives/c_load_warp.py)
+_C_LOAD_ATTR = "epiforge_c_load_warp"
+#: the stage counts of the kernels this process traced: "class tile [pp] [csN] [ec] [cl]" -> (A/B, D, C)
 STAGES: dict[str, tuple[int, int, int]] = {}
 
 
@@ -59,7 +61,8 @@ def _hook_stage_split():
     4) and gives the mainloop what shared memory is left. A config's epi_c_stages overrides
     it for one trace: on the kernel's own (minted, per-epilogue) class, restored after.
     A config's early_c_loads gives the object, before its trace, a subclass with the edited
-    kernel (primitives/early_c.py), then checks the stage split allows it."""
+    kernel (primitives/early_c.py), then checks the stage split allows it; c_load_warp
+    likewise (primitives/c_load_warp.py)."""
     from quack.gemm_sm90 import GemmSm90
 
     original = GemmSm90._setup_attributes
@@ -73,6 +76,11 @@ def _hook_stage_split():
             from epiforge.primitives import early_c
 
             early_c.install(self)
+        c_load = bool(getattr(self, _C_LOAD_ATTR, False))
+        if c_load:
+            from epiforge.primitives import c_load_warp
+
+            c_load_warp.install(self)
         cls = type(self)
         if base is None:
             original(self, *args, **kwargs)
@@ -87,10 +95,12 @@ def _hook_stage_split():
                 else:
                     del cls.epi_c_stage_base
         tile = "x".join(str(x) for x in self.cta_tile_shape_mnk[:2])
-        name = f"{cls.__name__} {tile}{' pp' if self.pingpong else ''}{f' cs{base}' if base else ''}{' ec' if early else ''}"
+        name = f"{cls.__name__} {tile}{' pp' if self.pingpong else ''}{f' cs{base}' if base else ''}{' ec' if early else ''}{' cl' if c_load else ''}"
         STAGES[name] = (self.ab_stage, self.epi_stage, self.epi_c_stage)
         if early:
             early_c.check(self)
+        if c_load:
+            c_load_warp.check(self)
 
     _setup_attributes._epiforge = True
     GemmSm90._setup_attributes = _setup_attributes
@@ -195,7 +205,8 @@ def _gemm(epi: Epilogue, call: Call, config: GemmConfig, launch: bool, device):
         persistent=True,
         max_swizzle_size=config.max_swizzle_size,
         post_init_attrs=(((_C_STAGES_ATTR, config.epi_c_stages),) if config.epi_c_stages is not None else ())
-        + (((_EARLY_C_ATTR, True),) if config.early_c_loads else ()),
+        + (((_EARLY_C_ATTR, True),) if config.early_c_loads else ())
+        + (((_C_LOAD_ATTR, True),) if config.c_load_warp else ()),
         _launch=launch,
     )
     return result
