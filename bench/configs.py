@@ -71,13 +71,24 @@ EARLY_C_CONFIGS = [
         "128x128_c1x2_pp_cs8", "128x128_c1x2_pp_cs8_ec",
     )
 ]
+#: the C-load warp (GemmConfig.c_load_warp, primitives/c_load_warp.py) against the same
+#: kernels without it, for k0, k7 and k6: their tuned configs at every paper scale (k0 and
+#: k7 at 128x128 pingpong with quack's or 2 C stages, k7 70B at 128x192, k6 at 1 C stage
+#: and 192x128) and a whole tile of C stages (8), which a warp that prefetches across tiles
+#: may now use. Not in CANDIDATES: the flag refuses a GEMM without C.
+C_LOAD_WARP_CONFIGS = [
+    GemmConfig.parse(k) for base in (
+        "128x128_c1x2_pp", "128x128_c1x2_pp_cs2", "128x128_c1x2_pp_cs1", "128x128_c1x2_pp_cs8",
+        "128x192_c2x1_pp", "192x128_c1x2_pp",
+    ) for k in (base, f"{base}_cl")
+]
 #: named config lists for --configs (beside CANDIDATES indexes and config keys)
-CONFIG_SETS = {"early-c": EARLY_C_CONFIGS}
+CONFIG_SETS = {"early-c": EARLY_C_CONFIGS, "c-load-warp": C_LOAD_WARP_CONFIGS}
 
 
 def config_args(args: list[str]) -> list[GemmConfig]:
     """--configs of bench.run and bench.precompile: each an index into CANDIDATES, a config
-    key (GemmConfig.parse, e.g. 128x128_c1x2_pp_cs5_ec) or the name of a CONFIG_SETS list."""
+    key (GemmConfig.parse, e.g. 128x128_c1x2_pp_cs5_ec or 128x128_c1x2_pp_cl) or the name of a CONFIG_SETS list."""
     out = []
     for a in args:
         if a.isdigit():

@@ -131,21 +131,22 @@ _METHODS: dict[str, object] = {}
 _CLASSES: dict[type, type] = {}
 
 
+def _edited(fn, what: str, context, edits) -> str:
+    return quack_patch.edited(fn, context, edits, lambda: _fail(what))
+
+
 def _methods() -> dict[str, object]:
     if not _METHODS:
         import quack.gemm_base as gemm_base
         import quack.gemm_sm90 as gemm_sm90
 
-        def edit(fn, what, context, edits):
-            return quack_patch.edited(fn, context, edits, lambda: _fail(what))
-
         def load(src, name, module):
             return quack_patch.materialize(src, name, module, "primitives/c_load_warp.py", lambda: CLoadWarpError(
                 "c_load_warp: no writable cache dir for the edited quack sources"))
 
-        edit(gemm_base.GemmBase.epilogue, "GemmBase.epilogue", _EPILOGUE_CONTEXT, ())
-        kernel = edit(gemm_sm90.GemmSm90.kernel, "GemmSm90.kernel", _KERNEL_CONTEXT, _KERNEL_EDITS)
-        sched = edit(gemm_sm90.GemmSm90.make_sched_pipeline, "GemmSm90.make_sched_pipeline", (), _SCHED_EDITS)
+        _edited(gemm_base.GemmBase.epilogue, "GemmBase.epilogue", _EPILOGUE_CONTEXT, ())
+        kernel = _edited(gemm_sm90.GemmSm90.kernel, "GemmSm90.kernel", _KERNEL_CONTEXT, _KERNEL_EDITS)
+        sched = _edited(gemm_sm90.GemmSm90.make_sched_pipeline, "GemmSm90.make_sched_pipeline", (), _SCHED_EDITS)
         _METHODS.update(kernel=load(kernel, "kernel", gemm_sm90),
                         make_sched_pipeline=load(sched, "make_sched_pipeline", gemm_sm90),
                         epiforge_run_c_load_warp=c_load_warp, epiforge_c_load_barrier=staticmethod(c_load_barrier))

@@ -1,6 +1,7 @@
 """GemmConfig: keys, the SM90 tile rules, the epilogue C-stage knob's effect on the
 compiled kernel's shared-memory split, and the early prologue C loads (both checked by
-cross-compiling for sm_90a)."""
+cross-compiling for sm_90a); the GPU check of both load-timing flags (early_c_loads,
+c_load_warp: tests/test_c_load_warp.py has the rest of the latter)."""
 
 import json
 import os
@@ -13,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from epiforge import primitives as P
-from epiforge.bench.configs import CANDIDATES, EARLY_C_CONFIGS, config_args
+from epiforge.bench.configs import C_LOAD_WARP_CONFIGS, CANDIDATES, EARLY_C_CONFIGS, config_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -99,9 +100,12 @@ def test_early_c_loads_is_pingpong_only():
     assert not P.GemmConfig().early_c_loads  # off by default: no existing key or kernel changes
 
 
-def test_early_c_loads_in_the_emulator():
-    """The flag only moves load timing: the emulator takes it and computes the same values;
-    a call that loads no C refuses it (one line, on the CPU as on the GPU)."""
+@pytest.mark.parametrize("flag, refusal", [("early_c_loads", "early_c_loads.*loads no C"),
+                                           ("c_load_warp", "c_load_warp.*loads no C and no tile")])
+def test_c_load_timing_flags_in_the_emulator(flag, refusal):
+    """early_c_loads and c_load_warp only move load timing: the emulator takes each and
+    computes the same values; a call that loads no C refuses it (one line, on the CPU as on
+    the GPU)."""
     g = torch.Generator().manual_seed(0)
     a, w = torch.randn(300, 64, generator=g).bfloat16(), (torch.randn(200, 64, generator=g) / 8).bfloat16()
     c = torch.randn(300, 200, generator=g).bfloat16()
@@ -111,7 +115,7 @@ def test_early_c_loads_in_the_emulator():
         y = acc + c
         return {"D": y, "s": (y, y)}
 
-    plain, early = P.GemmConfig(tile_n=128, epi_c_stages=5), P.GemmConfig(tile_n=128, epi_c_stages=5, early_c_loads=True)
+    plain, early = P.GemmConfig(tile_n=128, epi_c_stages=5), P.GemmConfig(tile_n=128, epi_c_stages=5, **{flag: True})
     want, got = residual(a, w, c=c, config=plain), residual(a, w, c=c, config=early)
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
@@ -119,7 +123,7 @@ def test_early_c_loads_in_the_emulator():
     def no_c(acc):
         return {"D": acc}
 
-    with pytest.raises(P.EpilogueError, match="early_c_loads.*loads no C"):
+    with pytest.raises(P.EpilogueError, match=refusal):
         no_c(a, w, config=early)
 
 
@@ -191,18 +195,28 @@ def test_early_c_loads_cross_compile_for_k7_and_k0(tmp_path):
     assert any(k.endswith("_early_c 128x128 pp cs5 ec") for k in stages), stages  # the edited kernel's class
 
 
-#: where the GPU check runs each early config: the paper's 1B and 7B shapes, and a short-K
-#: one (k7: K = 64, one k-tile; k0: K = N = 512) where the mainloop between two epilogues
-#: is shortest, so the two warpgroups' C loads and epilogues overlap the most
-EARLY_C_GPU_DIMS = {"1B": {}, "7B": {}, "short-K": {"k7": {"d": 64}, "k0": {"d": 512}}}
+#: where the GPU check runs each flagged config: the paper's 1B and 7B shapes, and a short-K
+#: one (k7: K = 64, one k-tile; k0: K = N = 512; k6: K = 2F = 512) where the mainloop
+#: between two epilogues is shortest, so the two warpgroups' C loads and epilogues overlap
+#: the most (and the C-load warp runs furthest ahead); for c_load_warp also the smoke
+#: shape, whose few tiles leave most CTAs without a tile and the rest with one (the
+#: pingpong tail and the empty-CTA path of the scheduler and C pipelines)
+FLAG_GPU_DIMS = {
+    "early_c_loads": {"1B": {}, "7B": {}, "short-K": {"k7": {"d": 64}, "k0": {"d": 512}}},
+    "c_load_warp": {"1B": {}, "7B": {}, "short-K": {"k7": {"d": 64}, "k0": {"d": 512}, "k6": {"F": 256}},
+                    "smoke": {}},
+}
+FLAG_CONFIGS = {"early_c_loads": EARLY_C_CONFIGS, "c_load_warp": C_LOAD_WARP_CONFIGS}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tid", ["k7", "k0"])
-def test_early_c_loads_gives_the_same_bits_on_the_gpu(tid):
-    """The flag moves only when C arrives, so every early config must give bit for bit what
-    the same config without it gives, call after call (a wait passing on a stale phase
-    would show as differing bits, or hang)."""
+@pytest.mark.parametrize("flag, tid", [("early_c_loads", "k7"), ("early_c_loads", "k0"),
+                                       ("c_load_warp", "k7"), ("c_load_warp", "k0"), ("c_load_warp", "k6")])
+def test_load_timing_flags_give_the_same_bits_on_the_gpu(flag, tid):
+    """early_c_loads and c_load_warp move only who issues C and when, so every flagged
+    config must give bit for bit what the same config without the flag gives, call after
+    call (a C stage overwritten early or a wait passing on a stale phase would show as
+    differing bits, or hang). Was test_early_c_loads_gives_the_same_bits_on_the_gpu."""
     from epiforge import tasks
     from epiforge.bench.gpu_env import install_precompiled
     from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
@@ -210,13 +224,13 @@ def test_early_c_loads_gives_the_same_bits_on_the_gpu(tid):
     install_precompiled()
     task = tasks.get_task(tid)
     module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
-    paper = {s.name: s.dims() for s in tasks.shape_sets()["paper"]}
-    for name, override in EARLY_C_GPU_DIMS.items():
-        dims = {**paper.get(name, paper["1B"]), **override.get(tid, {})}
+    shapes = {s.name: s.dims() for s in tasks.shape_sets()["paper"]} | {"smoke": tasks.shape_sets()["smoke"][0].dims()}
+    for name, override in FLAG_GPU_DIMS[flag].items():
+        dims = {**shapes.get(name, shapes["1B"]), **override.get(tid, {})}
         inputs = task.make_inputs(dims, seed=7, device="cuda")
-        for early in [c for c in EARLY_C_CONFIGS if c.early_c_loads]:
-            want = module.run(dict(inputs), {}, config=early.for_plain_gemm())
+        for cfg in [c for c in FLAG_CONFIGS[flag] if getattr(c, flag)]:
+            want = module.run(dict(inputs), {}, config=cfg.for_plain_gemm())
             for i in range(10):
-                got = module.run(dict(inputs), {}, config=early)
+                got = module.run(dict(inputs), {}, config=cfg)
                 for k in want:
-                    assert torch.equal(got[k], want[k]), f"{tid} {name} {early.key()} call {i}: {k} differs"
+                    assert torch.equal(got[k], want[k]), f"{tid} {name} {cfg.key()} call {i}: {k} differs"
