@@ -61,7 +61,7 @@ def test_bench_config_args_take_the_c_load_warp_set():
 C_LOAD_SCRIPT = r"""
 import json, subprocess, sys, tempfile
 from pathlib import Path
-import tasks, primitives as P
+from epiforge import primitives as P, tasks
 from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 from epiforge.primitives import lowering
 
