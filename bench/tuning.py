@@ -6,6 +6,7 @@ configs fairly: pass those.
 
     python -m epiforge.bench.tuning bench/results/h200/sweep.json [--write]
     python -m epiforge.bench.tuning bench/results/h200/sweep*.json bench/results/h200/confirm.json --check
+    python -m epiforge.bench.tuning bench/results/h200/c-load-warp.json --pairs _cl    (a flag against its twin)
 """
 
 from __future__ import annotations
@@ -54,6 +55,31 @@ def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, t
     the lowest ratio (config_ratios)."""
     return {task: {shape: min(cfgs.items(), key=lambda kv: kv[1]) for shape, cfgs in shapes.items()}
             for task, shapes in config_ratios(files, what).items()}
+
+
+def flag_pairs(files: list[str], suffix: str) -> list[tuple[str, str, str, list[float | None]]]:
+    """(task, shape, twin config, [per file: the flagged config's time / its twin's]) for
+    every config key ending in `suffix` (a flag's key part, e.g. "_cl") whose twin without
+    it ran in the same row: the median of per-repetition ratios within one interleaved run
+    (eval.stats.paired_ratio), None where a file lacks the pair or their samples."""
+    from epiforge.eval.bench_rows import BenchReport, load_report
+    from epiforge.eval.stats import paired_ratio
+
+    reports = [{(r.task, r.shape): r for r in load_report(f, BenchReport).rows} for f in files]
+    out = []
+    for (task, shape), row in reports[0].items():
+        for key in row.configs:
+            if not key.endswith(suffix):
+                continue
+            twin, ratios = key[:-len(suffix)], []
+            for rows in reports:
+                r = rows.get((task, shape))
+                a = r and r.configs.get(key) and r.configs[key].fused
+                b = r and r.configs.get(twin) and r.configs[twin].fused
+                ok = a and b and a.samples_us and len(a.samples_us) == len(b.samples_us)
+                ratios.append(paired_ratio(a, b).median if ok else None)
+            out.append((task, shape, twin, ratios))
+    return out
 
 
 #: a kernel file's TUNED table, from `TUNED = {` to the closing brace at the line's start
@@ -137,9 +163,24 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="only say where the kernels' TUNED tables differ from these files' picks, and by how much")
     ap.add_argument("--ratios", action="store_true", help="only list every config's time / GEMM-only, fastest first")
+    ap.add_argument("--pairs", metavar="SUFFIX", default=None,
+                    help="only list, per row, each config whose key ends in SUFFIX (a flag, e.g. _cl) over its "
+                         "twin without it, per repetition, one column per file (Markdown)")
     args = ap.parse_args(argv)
-    if args.write + args.check + args.ratios > 1:
-        ap.error("pass one of --write, --check, --ratios")
+    if args.write + args.check + args.ratios + (args.pairs is not None) > 1:
+        ap.error("pass one of --write, --check, --ratios, --pairs")
+    if args.pairs is not None:
+        try:
+            pairs = flag_pairs(args.files, args.pairs)
+        except ValueError as e:
+            ap.error(str(e))
+        if not pairs:
+            ap.error(f"--pairs {args.pairs}: no config key ends in it in {args.files[0]}")
+        print(f"| task | shape | config | " + " | ".join(f"{args.pairs} / without, {Path(f).name}" for f in args.files)
+              + " |\n|---|---|---|" + "---|" * len(args.files))
+        for task, shape, twin, ratios in pairs:
+            print(f"| {task} | {shape} | {twin} | " + " | ".join("-" if r is None else f"{r:.3f}" for r in ratios) + " |")
+        return 0
     try:
         fused, library = best_configs(args.files), best_configs(args.files, "quack_library")
     except ValueError as e:
