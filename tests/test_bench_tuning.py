@@ -315,3 +315,22 @@ def test_a_file_that_is_not_a_result_is_one_line_before_any_gpu_work(tmp_path, c
             main(argv)
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and says in err[-1], err
+
+
+def test_a_flag_is_set_beside_its_twin_repetition_by_repetition(tmp_path, capsys):
+    """--pairs: a flagged config over its twin without the flag, per repetition and per file:
+    the kernel whose median time looks like its twin's but is 10% slower where paired
+    shows 1.1; a row without the twin, or a file without the row, shows none."""
+    row = _row(configs={"a": {"fused": _s(CLOCK)}, "a_cl": {"fused": _s(PAIRED_SLOWER)},
+                        "b_cl": {"fused": _s(PAIRED_FASTER)}}, gemm_cublas=_s(CLOCK))
+    first = _write(tmp_path / "one.json", [row])
+    second = _write(tmp_path / "two.json", [_row(task="k1_gemm_rmsnorm", configs={"a": {"fused": _s(CLOCK)}})])
+    pairs = tuning.flag_pairs([first, second], "_cl")
+    assert [(t, twin) for t, _, twin, _ in pairs] == [("k8_gemm_swiglu", "a"), ("k8_gemm_swiglu", "b")]
+    (_, _, _, (a1, a2)), (_, _, _, (b1, b2)) = pairs
+    assert abs(a1 - 1.1) < 1e-12 and a2 is None and b1 is None and b2 is None
+    assert tuning.main([first, "--pairs", "_cl"]) == 0
+    assert "| k8_gemm_swiglu | 1B | a | 1.100 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        tuning.main([first, "--pairs", "_zz"])
+    assert e.value.code == 2 and "no config key ends in it" in capsys.readouterr().err
