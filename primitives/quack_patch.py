@@ -24,6 +24,19 @@ import cutlass.cute as cute
 from cutlass import const_expr
 
 
+class QuackPatchError(RuntimeError):
+    """quack's source is not the text an editor of this module's expects, or the kernel
+    cannot take the editor's flag."""
+
+
+def mismatch(error: type[QuackPatchError], flag: str, editor: str, what: str) -> QuackPatchError:
+    """The error for quack text that differs from what `editor` (a primitives/ file) edits."""
+    import quack
+
+    return error(f"{flag}: quack {getattr(quack, '__version__', '?')}'s {what} is not the text "
+                 f"{editor} edits (written against quack-kernels 0.6.5); refusing to build")
+
+
 def original_source(fn) -> str:
     """A DSL function's source as quack wrote it (dedented), even after CuTe-DSL swapped
     in its preprocessed code object."""
