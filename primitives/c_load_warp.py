@@ -6,7 +6,35 @@ boundaries, so the C of the next tile is in flight during the current tile's mai
 quack 0.6.5's SM90 kernel issues C only from the consumer's TMA warp, inside its
 epilogue and within the current tile; its SM100 kernel has a dedicated C-load warp
 (gemm_sm100.py, `epi_load_warp_id`). This ports that warp to SM90 with asserted text
-edits (primitives/quack_patch.py), installed on a sub# ---- the edits: (expected text, replacement), each expected exactly once -------------------
+edits (primitives/quack_patch.py), installed on a subclass only when the flag is set:
+
+  GemmSm90.kernel               warp ab_load_warp_id + 1 (idle at 40 registers) runs
+                                `c_load_warp`; the A/B warp opens it (named barrier
+                                EpilogueLoad) once tile 0's A/B loads are issued; the
+                                epilogue gets copy_C=None (it only waits and releases)
+  GemmSm90.make_sched_pipeline  one more consumer warp per CTA of the tile scheduler
+
+The C-load warp walks the scheduler's tiles exactly as the A/B warp does (including the
+extra record pingpong's tail reads) and produces one stream of C pipeline positions in
+tile order: tile j of the CTA's sequence holds positions j*E .. j*E+E-1, which is the
+stream quack's consumers already read (in pingpong each warpgroup skips the peer's E).
+Split-K, varlen and gather_A are refused. Any difference from the quack text these
+edits expect raises CLoadWarpError.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Boolean, const_expr
+
+from epiforge.primitives import quack_patch
+
+
+# ---- the edits: (expected text, replacement), each expected exactly once -------------------
 
 _KERNEL_CONTEXT = (
     # the consumers read one C stream in tile order: the pingpong peer skips c_tile_cnt
@@ -92,34 +120,6 @@ _EPILOGUE_CONTEXT = (
 
 _METHODS: dict[str, object] = {}
 _CLASSES: dict[type, type] = {}
-
-
-class only when the flag is set:
-
-  GemmSm90.kernel               warp ab_load_warp_id + 1 (idle at 40 registers) runs
-                                `c_load_warp`; the A/B warp opens it (named barrier
-                                EpilogueLoad) once tile 0's A/B loads are issued; the
-                                epilogue gets copy_C=None (it only waits and releases)
-  GemmSm90.make_sched_pipeline  one more consumer warp per CTA of the tile scheduler
-
-The C-load warp walks the scheduler's tiles exactly as the A/B warp does (including the
-extra record pingpong's tail reads) and produces one stream of C pipeline positions in
-tile order: tile j of the CTA's sequence holds positions j*E .. j*E+E-1, which is the
-stream quack's consumers already read (in pingpong each warpgroup skips the peer's E).
-Split-K, varlen and gather_A are refused. Any difference from the quack text these
-edits expect raises CLoadWarpError.
-"""
-
-from __future__ import annotations
-
-import functools
-
-import cutlass
-import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-from cutlass import Boolean, const_expr
-
-from epiforge.primitives import quack_patch
 
 
 class CLoadWarpError(quack_patch.QuackPatchError):

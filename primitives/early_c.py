@@ -15,7 +15,34 @@ point, so two of quack's methods get a small, asserted textual edit:
 
 The edited sources are written to a file under the cache dir (CuTe-DSL's preprocessor
 reads a function's source from its file), executed in quack's own module namespace, and
-installed on a sub# ---- the edits: (expected text, replacement), each expected exactly once -------------------
+installed on a subclass of the kernel's class only when the flag is set (`install`, from
+primitives/lowering.py's _setup_attributes hook, when quack's post_init set the flag). Any
+difference from the text these edits expect raises EarlyCError: a quack upgrade cannot
+silently miscompile.
+
+Why it is exact: the C pipeline is one stream of slots in tile order shared by the two
+warpgroups, so the early producer_acquire of position p waits for the peer's release of
+position p - S (its own previous tile's C). An mbarrier parity wait is exact only if the
+waiter is at most one phase ahead, i.e. if position p - 2S is already released. Nothing
+orders the peer's epilogue against this warpgroup's mainloop, so that holds for the first
+early load only if p - 2S lies in a tile this warpgroup already ordered itself after (its
+own previous tile or older): 2S > E. Each later early load then needs a release the
+previous (exact) wait already proved. So the flag needs S > E/2 (5 of 8 sub-tiles on a
+128x128 pingpong tile) and refuses smaller S at trace time.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import const_expr
+
+from epiforge.primitives import quack_patch
+
+
+# ---- the edits: (expected text, replacement), each expected exactly once -------------------
 
 _KERNEL_CONTEXT = (
     # one C slot stream in tile order: each warpgroup skips the peer's c_tile_cnt positions
@@ -97,33 +124,6 @@ _EPILOGUE_EDITS = (
 """,
     ),
 )
-
-
-class of the kernel's class only when the flag is set (`install`, from
-primitives/lowering.py's _setup_attributes hook, when quack's post_init set the flag). Any
-difference from the text these edits expect raises EarlyCError: a quack upgrade cannot
-silently miscompile.
-
-Why it is exact: the C pipeline is one stream of slots in tile order shared by the two
-warpgroups, so the early producer_acquire of position p waits for the peer's release of
-position p - S (its own previous tile's C). An mbarrier parity wait is exact only if the
-waiter is at most one phase ahead, i.e. if position p - 2S is already released. Nothing
-orders the peer's epilogue against this warpgroup's mainloop, so that holds for the first
-early load only if p - 2S lies in a tile this warpgroup already ordered itself after (its
-own previous tile or older): 2S > E. Each later early load then needs a release the
-previous (exact) wait already proved. So the flag needs S > E/2 (5 of 8 sub-tiles on a
-128x128 pingpong tile) and refuses smaller S at trace time.
-"""
-
-from __future__ import annotations
-
-import functools
-
-import cutlass
-import cutlass.cute as cute
-from cutlass import const_expr
-
-from epiforge.primitives import quack_patch
 
 
 class EarlyCError(quack_patch.QuackPatchError):
