@@ -7,12 +7,14 @@
 #   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain (tuned.tar: the new tables)
 #   bench/h200.sh rerun     # the final's command again (final-2.json): how far a rerun moves each ratio
 #   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
+#   bench/h200.sh profile-stalls # Nsight Compute warp-stall reasons: k7 1B/7B and k0 1B fused, fused with the C-load warp, plain GEMM (stalls/)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
 #   bench/h200.sh judge-compare  # epiforge compare of each task at the paper shapes (compare.md, compare.sqlite)
 #   bench/h200.sh judge-compare-all  # epiforge compare --all at the paper shapes, as one command, its wall time kept
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
+#   bench/h200.sh judge-noise    # bench, compare, compare, bench of the same tasks: compare's run-to-run noise beside bench's (noise.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -75,6 +77,25 @@ case "${1:-}" in
     $PY -c "import json; from epiforge.bench.gpu_env import fingerprint; print(json.dumps(fingerprint('bash bench/h200.sh profile')))" \
       > "$STATE/ncu-env.json"
     $PY -m epiforge.bench.ncu_report "$OUT/ncu.txt" --environment "$STATE/ncu-env.json" --out "$OUT/ncu.json"
+    ;;
+  profile-stalls)
+    # issue 16: where the warps wait, before and after the C-load warp: each fused kernel at
+    # its TUNED pick, the same with c_load_warp set, and the plain GEMM at that config (the
+    # stalls the mainloop has anyway). Kernel-wide averages over all warps, one CSV per run.
+    mkdir -p "$OUT/stalls"
+    metrics='gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+    metrics=$metrics,smsp__average_warp_latency_per_inst_issued.ratio,smsp__warps_active.avg.per_cycle_active
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; i()"
+    for run in "k7 1B fused" "k7 1B fused --c-load-warp" "k7 1B gemm" "k7 7B fused" "k7 7B fused --c-load-warp" \
+               "k7 7B gemm" "k0 1B fused" "k0 1B fused --c-load-warp" "k0 1B gemm"; do
+      name=${run// --c-load-warp/-cl}
+      # shellcheck disable=SC2086  # run is three or four words
+      timeout 120 ncu -k regex:cutlass --launch-skip 2 --launch-count 1 --metrics "$metrics" --csv \
+        $PY -m epiforge.bench.profile_one $run > "$OUT/stalls/ncu-${name// /-}.csv" 2>&1 || echo "$run: exit $?"
+    done
+    $PY -c "import json; from epiforge.bench.gpu_env import fingerprint; print(json.dumps(fingerprint('bash bench/h200.sh profile-stalls')))" \
+      > "$OUT/stalls/environment.json"
+    grep -c "stalled" "$OUT"/stalls/ncu-*.csv || true
     ;;
   judge-check)
     mkdir -p "$OUT"
@@ -157,8 +178,34 @@ case "${1:-}" in
       --commit "${EPIFORGE_COMMIT:-unknown}" --command "LEADS='${LEADS:-spin heat:1 heat:3 heat:10}' bash bench/h200.sh judge-lead" \
       --out "$OUT/lead-study.md"
     ;;
+  judge-noise)
+    # issue 12: does compare agree with bench/ within the run-to-run noise? Each harness runs
+    # twice, in the order bench, compare, compare, bench, on the same tasks' expert kernels
+    # (compare without the built baselines: the speed of light is the same in both)
+    mkdir -p "$OUT"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    tasks=${NOISE_TASKS:-k0 k1 k2 k3 k4 k5 k8}
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/noise-bench-1.json" | grep -E "^k[0-9] "
+    stores=()
+    for run in 1 2; do
+      # shellcheck disable=SC2086
+      timeout "${NOISE_COMPARE_TIMEOUT_S:-200}" $PY -m epiforge compare --task $tasks --shapes paper --device gpu \
+        --kernels expert --baselines --store "$OUT/noise-compare-$run.sqlite" > "$OUT/noise-compare-$run.md" \
+        2>> "$OUT/noise.log" || echo "compare run $run: exit $?"
+      stores+=("${EPIFORGE_TIMED_LEAD:-heat:3}=$OUT/noise-compare-$run.sqlite")
+      echo "compare run $run done at $(( $(date +%s) - start )) s"
+    done
+    # shellcheck disable=SC2086
+    $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/noise-bench-2.json" | grep -E "^k[0-9] "
+    $PY -m epiforge.bench.lead_study --lead "${stores[@]}" --bench "$OUT/noise-bench-1.json" "$OUT/noise-bench-2.json" \
+      --commit "${EPIFORGE_COMMIT:-unknown}" --command "NOISE_TASKS='$tasks' bash bench/h200.sh judge-noise" \
+      --out "$OUT/noise.md"
+    echo "judge-noise: $(( $(date +%s) - start )) s"
+    ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise" >&2
     exit 2
     ;;
 esac

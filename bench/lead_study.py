@@ -1,13 +1,17 @@
-"""Which GPU state should the judge time in? compare's runs of the same tasks under each
-timed lead (eval/timing.py Lead: what the GPU does before each synchronized timed call) set
-beside bench/run.py's back-to-back runs of them in the same GPU session, before and after.
+"""Which GPU state should the judge time in, and does compare agree with bench/ within the
+run-to-run noise? compare's runs of the same tasks under each timed lead (eval/timing.py
+Lead: what the GPU does before each synchronized timed call) set beside bench/run.py's
+back-to-back runs of them in the same GPU session, before and after.
 
-    python -m epiforge.bench.lead_study --lead spin=S1.sqlite heat:3=S2.jsonl ... \
+    python -m epiforge.bench.lead_study --lead spin=S1.sqlite heat:3=S2.jsonl heat:3=S3.jsonl ... \
         --bench B1.json B2.json --commit HASH --command "..." --out lead-study.md
 
 Per lead and row: compare's fused / GEMM-only over bench's (1.000: the two harnesses agree),
-with each harness's SM clock; bench's second run over its first is the run-to-run noise the
-agreement is held to. Writes Markdown (and prints each lead's largest disagreement).
+with each harness's SM clock; bench's second run over its first is bench's run-to-run
+noise. A lead named twice or more is that many compare runs: the report then sets compare
+against itself too, and holds the mean of its runs against the mean of bench's runs to the
+larger of the two harnesses' run-to-run changes (the "within the noise" section). Writes
+Markdown (and prints each lead's largest disagreement).
 """
 
 from __future__ import annotations
@@ -38,9 +42,54 @@ def _results(path: Path, commit: str, command: str) -> list:
     return load([path], [commit], command)
 
 
-def study(leads: dict[str, Path], benches: list[Path], commit: str, command: str) -> tuple[list[str], dict]:
-    """(Markdown lines, {lead: largest |compare / bench - 1|}), against the first bench file;
-    with two bench files, "noise" is the largest |second / first - 1| over their rows."""
+def _geomean(values: list[float]) -> float:
+    return statistics.geometric_mean(values)
+
+
+def _self_table(title: str, runs: list[dict], names: list[str]) -> list[str]:
+    """Rows both (all) runs timed: each run's fused / GEMM-only and last / first."""
+    common = sorted(set.intersection(*(set(r) for r in runs)))
+    lines = [title, "", "| task | shape | " + " | ".join(names) + " | last / first |",
+             "|---|---|" + "---|" * (len(names) + 1)]
+    lines += [f"| {t} | {s} | " + " | ".join(f"{r[(t, s)]:.3f}" for r in runs)
+              + f" | {runs[-1][(t, s)] / runs[0][(t, s)]:.3f} |" for t, s in common]
+    return lines + [""]
+
+
+def _largest_change(runs: list[dict]) -> float:
+    """The largest |last / first - 1| over the rows all runs timed."""
+    common = set.intersection(*(set(r) for r in runs))
+    return max((abs(runs[-1][k] / runs[0][k] - 1) for k in common), default=float("nan"))
+
+
+def _within_noise(lead: str, compare_runs: list[dict], bench_runs: list[dict]) -> tuple[list[str], float]:
+    """The mean (geometric) of compare's runs over the mean of bench's, per row, held to the
+    larger of the two harnesses' largest run-to-run changes."""
+    common = sorted(set.intersection(*(set(r) for r in compare_runs + bench_runs)))
+    noise = {"compare": _largest_change(compare_runs),
+             "bench": _largest_change(bench_runs) if len(bench_runs) > 1 else float("nan")}
+    bound = max(v for v in noise.values() if v == v) if any(v == v for v in noise.values()) else float("nan")
+    rows = [(t, s, _geomean([r[(t, s)] for r in compare_runs]), _geomean([r[(t, s)] for r in bench_runs]))
+            for t, s in common]
+    worst = max((abs(c / b - 1) for _, _, c, b in rows), default=float("nan"))
+    outside = [(t, s) for t, s, c, b in rows if abs(c / b - 1) > bound]
+    lines = [f"## lead {lead}: compare ({len(compare_runs)} runs) against bench ({len(bench_runs)} runs), "
+             "within the noise?", "",
+             f"- compare's largest run-to-run change: {noise['compare']:.1%}; bench's: {noise['bench']:.1%}; "
+             f"the bound: {bound:.1%}.",
+             f"- The largest |mean compare / mean bench - 1| over {len(rows)} rows: {worst:.1%}; "
+             f"{len(outside)} row(s) beyond the bound"
+             + (": " + ", ".join(f"{t} {s}" for t, s in outside) if outside else "") + ".", "",
+             "| task | shape | compare (mean) | bench (mean) | compare / bench |", "|---|---|---|---|---|"]
+    lines += [f"| {t} | {s} | {c:.3f} | {b:.3f} | {c / b:.3f} |" for t, s, c, b in rows]
+    return lines + [""], worst - bound
+
+
+def study(leads: dict[str, list[Path]], benches: list[Path], commit: str, command: str) -> tuple[list[str], dict]:
+    """(Markdown lines, {lead: largest |compare / bench - 1|}), each run against the first
+    bench file; with two bench files, "noise" is bench's largest |second / first - 1|; for a
+    lead with several runs, "LEAD beyond the noise" is how far the largest disagreement of
+    the means lies beyond the noise bound (<= 0: within it)."""
     from epiforge.bench.compare_export import agreement, agreement_table
 
     first = _report(benches[0])
@@ -49,28 +98,35 @@ def study(leads: dict[str, Path], benches: list[Path], commit: str, command: str
              "(eval/timing.py `Lead`), over bench/run.py's for the same rows in the first bench run "
              f"({benches[0].name}).", ""]
     worst = {}
+    bench_runs = [_rows(b) for b in benches]
     if len(benches) > 1:
-        a, b = _rows(benches[0]), _rows(benches[1])
-        common = sorted(set(a) & set(b))
-        worst["noise"] = max((abs(b[k] / a[k] - 1) for k in common), default=float("nan"))
-        lines += ["## bench against itself (the run-to-run noise)", "",
-                  "| task | shape | first | second | second / first |", "|---|---|---|---|---|"]
-        lines += [f"| {t} | {s} | {a[(t, s)]:.3f} | {b[(t, s)]:.3f} | {b[(t, s)] / a[(t, s)]:.3f} |"
-                  for t, s in common]
-        lines.append("")
-    for lead, store in leads.items():
-        rows = agreement(_results(store, commit, command), first)
-        worst[lead] = max((abs(r.compare / r.bench - 1) for r in rows), default=float("nan"))
-        med = statistics.median(r.compare / r.bench for r in rows) if rows else float("nan")
-        lines += [f"## lead {lead}: largest disagreement {worst[lead]:.1%}, median compare / bench {med:.3f}", ""]
-        lines += agreement_table(rows, clocks=True)
-        lines.append("")
+        worst["noise"] = _largest_change(bench_runs[:2])
+        lines += _self_table("## bench against itself (the run-to-run noise)", bench_runs[:2], ["first", "second"])
+    for lead, stores in leads.items():
+        runs = []
+        for i, store in enumerate(stores):
+            rows = agreement(_results(store, commit, command), first)
+            runs.append({(r.task, r.shape): r.compare for r in rows})
+            run = f"lead {lead}" + (f", run {i + 1} of {len(stores)}" if len(stores) > 1 else "")
+            worst[run] = max((abs(r.compare / r.bench - 1) for r in rows), default=float("nan"))
+            med = statistics.median(r.compare / r.bench for r in rows) if rows else float("nan")
+            lines += [f"## {run}: largest disagreement {worst[run]:.1%}, median compare / bench {med:.3f}", ""]
+            lines += agreement_table(rows, clocks=True)
+            lines.append("")
+        if len(runs) > 1 and all(runs):
+            lines += _self_table(f"## compare under lead {lead} against itself", runs,
+                                 [f"run {i + 1}" for i in range(len(runs))])
+            verdict, beyond = _within_noise(lead, runs, bench_runs)
+            lines += verdict
+            worst[f"{lead} beyond the noise"] = beyond
     return lines, worst
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lead", nargs="+", required=True, help="LEAD=STORE, one per lead, in the order they ran (a compare store, or its compare_export .jsonl)")
+    ap.add_argument("--lead", nargs="+", required=True,
+                    help="LEAD=STORE, in the order they ran (a compare store, or its compare_export .jsonl); a lead "
+                         "named again is another run of it")
     ap.add_argument("--bench", nargs="+", type=Path, required=True, help="bench/run.py files of the same session")
     ap.add_argument("--commit", required=True)
     ap.add_argument("--command", required=True)
@@ -82,16 +138,20 @@ def main(argv=None) -> int:
         if not sep or not Path(store).is_file():
             print(f"lead_study: {item!r} is not LEAD=STORE with an existing store", file=sys.stderr)
             return 2
-        leads[lead] = Path(store)
+        leads.setdefault(lead, []).append(Path(store))
     try:
         lines, worst = study(leads, args.bench, args.commit, args.command)
     except ValueError as e:  # a bench file or a Results line that is not one
         print(f"lead_study: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     args.out.write_text("\n".join(lines) + "\n")
-    for lead, w in worst.items():
-        print(f"lead {lead}: largest |compare / bench - 1| {w:.1%}" if lead != "noise"
-              else f"bench run-to-run: largest |second / first - 1| {w:.1%}")
+    for what, w in worst.items():
+        if what == "noise":
+            print(f"bench run-to-run: largest |second / first - 1| {w:.1%}")
+        elif what.endswith("beyond the noise"):
+            print(f"{what}: {w:+.1%} ({'within' if w <= 0 else 'outside'} the noise)")
+        else:
+            print(f"{what}: largest |compare / bench - 1| {w:.1%}")
     return 0
 
 

@@ -7,7 +7,8 @@ few times at a paper shape: the process Nsight Compute profiles (bench/h200.sh p
 Every call launches exactly one CuTe-DSL kernel (the fused GEMM; finishers are Triton or
 torch), so skipping the first two of three profiles the third, with warm caches. The
 config is the kernel's own TUNED pick, for all three kinds: the numbers compare like with
-like.
+like. --c-load-warp sets GemmConfig.c_load_warp on that pick (fused and diagnostics; the
+plain GEMM refuses the flag and keeps its twin's config), for before / after profiles.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("scale", help="paper shape name: 1B, 7B or 70B")
     ap.add_argument("what", help="fused, gemm, or a diagnostic's name (bench/quack_library.py DIAGNOSTICS)")
     ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--c-load-warp", action="store_true", help="the TUNED pick with c_load_warp set (its _cl twin)")
     args = ap.parse_args(argv)
 
     from epiforge import tasks
@@ -55,6 +57,8 @@ def main(argv=None) -> int:
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
     a, b = task.gemm_operands(inputs)
     config = P.pick_config(getattr(module, "TUNED", {}), a, b)
+    if args.c_load_warp:
+        config = type(config).model_validate({**config.model_dump(), "c_load_warp": True})
     if args.what == "fused":
         def call():
             return module.run(inputs, prepared, config=config)

@@ -166,7 +166,8 @@ def cmd_compare(args) -> int:
         hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
         device = "gpu" if hopper else "cpu"
     if not args.all:
-        plans = [(tasks.get_task(args.task).name, select_kernels(args.task, args.kernels))]
+        names = list(dict.fromkeys(tasks.get_task(t).name for t in args.task))  # one judge, in the order given
+        plans = [(name, select_kernels(name, args.kernels)) for name in names]
     else:
         plans = []
         for t in tasks.load_catalogue()[0]:
@@ -364,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "CPU; on a Hopper GPU also ONE interleaved run per shape of all of them beside the "
                                    "baselines, so generated / expert is measured repetition by repetition.")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--task", help="a task id or name, e.g. k8")
+    where.add_argument("--task", nargs="+", help="a task id or name, e.g. k8; several are judged in turn by one judge")
     where.add_argument("--all", action="store_true", help="every task")
     p.add_argument("--kernels", nargs="+", default=["expert", "generated"],
                    help="expert | generated | generated:<ID> | generated:backend=<b> | generated:model=<m> | "

@@ -85,6 +85,46 @@ def test_the_lead_study_holds_compare_against_the_first_bench_run(tmp_path):
     assert "| k8_gemm_swiglu | 1B |" in text.split("## bench against itself")[1] and "| 1.020 |" in text
 
 
+def test_repeated_compare_runs_are_held_to_the_larger_run_to_run_change(tmp_path, capsys):
+    """Two heat:3 runs, both 5% (and 5.5%) slower at 7B than the shipped k8 Result, against
+    bench runs that differ by 2% at 1B: the noise bound is 2%, and 7B lies beyond it."""
+    from epiforge.bench import lead_study
+    from epiforge.eval import leaderboard as lb
+    from epiforge.eval.store import ResultStore
+
+    shipped = next(r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert")
+    bench_raw = json.loads((REPO / "bench" / "results" / "h200" / "agree-3-bench.json").read_text())
+    theirs = {r["shape"]: r["fused_over_gemm_only"] for r in bench_raw["rows"] if r["task"] == shipped.task}
+    ours = {s.shape: s.timing.fused_over_gemm_only.median for s in shipped.per_shape if s.timing}
+    stores = []
+    for i, factor in enumerate((1.05, 1.055)):
+        run = shipped.model_copy(deep=True)
+        for s in run.per_shape:
+            if s.shape == "7B":
+                s.timing.fused_over_gemm_only.median *= factor
+        ResultStore(tmp_path / f"run{i}.sqlite").add(run)
+        stores.append(f"heat:3={tmp_path / f'run{i}.sqlite'}")
+    moved = json.loads(json.dumps(bench_raw))
+    next(r for r in moved["rows"] if r["task"] == shipped.task and r["shape"] == "1B")["fused_over_gemm_only"] *= 1.02
+    (tmp_path / "b1.json").write_text(json.dumps(bench_raw))
+    (tmp_path / "b2.json").write_text(json.dumps(moved))
+    out = tmp_path / "study.md"
+    assert lead_study.main(["--lead", *stores, "--bench", str(tmp_path / "b1.json"), str(tmp_path / "b2.json"),
+                            "--commit", "abc", "--command", "test", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## lead heat:3, run 1 of 2" in text and "## lead heat:3, run 2 of 2" in text
+    assert "## compare under lead heat:3 against itself" in text
+    section = text.split("within the noise?")[1]
+    assert "compare's largest run-to-run change: 0.5%; bench's: 2.0%; the bound: 2.0%." in section
+    mean = {s: (ours[s] * (1.05 * 1.055) ** 0.5 if s == "7B" else ours[s])
+            / (theirs[s] * (1.02 ** 0.5 if s == "1B" else 1)) for s in ours}
+    beyond = sorted(s for s in ours if abs(mean[s] - 1) > 0.02)
+    assert "7B" in beyond
+    assert f"largest |mean compare / mean bench - 1| over 3 rows: {max(abs(m - 1) for m in mean.values()):.1%}" in section
+    assert f"{len(beyond)} row(s) beyond the bound" in section
+    assert "outside the noise" in capsys.readouterr().out
+
+
 def test_the_lead_study_refuses_a_store_that_is_not_there(tmp_path, capsys):
     from epiforge.bench import lead_study
 
