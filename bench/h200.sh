@@ -7,7 +7,7 @@
 #   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain (tuned.tar: the new tables)
 #   bench/h200.sh rerun     # the final's command again (final-2.json): how far a rerun moves each ratio
 #   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
-#   bench/h200.sh profile-stalls # Nsight Compute warp-stall reasons: k7 1B/7B and k0 1B fused, fused with the C-load warp, plain GEMM (stalls/)
+#   bench/h200.sh profile-stalls # Nsight Compute warp-stall reasons: k7 1B/7B and k0 1B fused, fused with the C-load warp, plain GEMM (stalls.txt, stalls.json)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
@@ -81,21 +81,25 @@ case "${1:-}" in
   profile-stalls)
     # issue 16: where the warps wait, before and after the C-load warp: each fused kernel at
     # its TUNED pick, the same with c_load_warp set, and the plain GEMM at that config (the
-    # stalls the mainloop has anyway). Kernel-wide averages over all warps, one CSV per run.
-    mkdir -p "$OUT/stalls"
+    # stalls the mainloop has anyway). Kernel-wide averages over all warps; the CSVs go into
+    # one file (the device returns few files): stalls.txt, then stalls.json by ncu_report
+    mkdir -p "$OUT" "$STATE/stalls"
     metrics='gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
     metrics=$metrics,smsp__average_warp_latency_per_inst_issued.ratio,smsp__warps_active.avg.per_cycle_active
     $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; i()"
+    rm -f "$STATE"/stalls/ncu-*.csv
     for run in "k7 1B fused" "k7 1B fused --c-load-warp" "k7 1B gemm" "k7 7B fused" "k7 7B fused --c-load-warp" \
                "k7 7B gemm" "k0 1B fused" "k0 1B fused --c-load-warp" "k0 1B gemm"; do
       name=${run// --c-load-warp/-cl}
       # shellcheck disable=SC2086  # run is three or four words
       timeout 120 ncu -k regex:cutlass --launch-skip 2 --launch-count 1 --metrics "$metrics" --csv \
-        $PY -m epiforge.bench.profile_one $run > "$OUT/stalls/ncu-${name// /-}.csv" 2>&1 || echo "$run: exit $?"
+        $PY -m epiforge.bench.profile_one $run > "$STATE/stalls/ncu-${name// /-}.csv" 2>&1 || echo "$run: exit $?"
     done
+    (cd "$STATE/stalls" && tail -n +1 ncu-*.csv) > "$OUT/stalls.txt"
     $PY -c "import json; from epiforge.bench.gpu_env import fingerprint; print(json.dumps(fingerprint('bash bench/h200.sh profile-stalls')))" \
-      > "$OUT/stalls/environment.json"
-    grep -c "stalled" "$OUT"/stalls/ncu-*.csv || true
+      > "$STATE/stalls/environment.json"
+    $PY -m epiforge.bench.ncu_report "$OUT/stalls.txt" --stalls --environment "$STATE/stalls/environment.json" \
+      --out "$OUT/stalls.json"
     ;;
   judge-check)
     mkdir -p "$OUT"

@@ -3,6 +3,13 @@ scale, what), the profiled kernel's metrics, and each run against the plain quac
 the same task at the same config (time, DRAM bytes, DRAM and SM throughput).
 
     python -m epiforge.bench.ncu_report ncu.txt --out bench/results/h200/ncu.json
+    python -m epiforge.bench.ncu_report stalls.txt --stalls --out bench/results/h200/stalls/stalls.json
+
+--stalls reads bench/h200.sh profile-stalls' output instead: per run the warp-stall reasons
+(smsp__average_warps_issue_stalled_<reason>_per_issue_active: warps stalled for that reason
+per issued instruction, averaged over every warp of the kernel, producer and consumer alike)
+and the time, each beside the plain GEMM's; a "<what>-cl" run (the C-load warp) also beside
+its "<what>" twin.
 
 ncu locks the clocks (to base, by default) while it profiles, so these times are not the
 power-capped ones bench.run measures; they show what the kernel costs with the power cap
@@ -19,14 +26,19 @@ import re
 import sys
 from pathlib import Path
 
-_HEADER = re.compile(r"^==> .*ncu-(k\d+)-([0-9]+B)-(\w+)\.csv <==$")
+_HEADER = re.compile(r"^==> .*ncu-(k\d+)-([0-9]+B)-([\w-]+)\.csv <==$")
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
            "dram__throughput.avg.pct_of_peak_sustained_elapsed", "sm__throughput.avg.pct_of_peak_sustained_elapsed")
 
 
-def parse(text: str) -> dict[tuple[str, str, str], dict]:
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+TIME = "gpu__time_duration.sum"
+
+
+def parse(text: str, wanted=lambda metric: metric in METRICS, required=METRICS) -> dict[tuple[str, str, str], dict]:
     """{(task, scale, what): {"kernel": name, metric: value}} from `tail -n +1 ncu-*.csv`
-    output (a "==> file <==" line before each run's CSV rows)."""
+    output (a "==> file <==" line before each run's CSV rows): the metrics `wanted` keeps,
+    each run with every `required` one."""
     runs: dict[tuple[str, str, str], dict] = {}
     current = None
     for line in text.splitlines():
@@ -37,13 +49,13 @@ def parse(text: str) -> dict[tuple[str, str, str], dict]:
         if current is None or not line.startswith('"'):
             continue
         row = next(csv.reader(io.StringIO(line)))
-        if len(row) < 15 or row[12] not in METRICS:
+        if len(row) < 15 or not wanted(row[12]):
             continue
         current["kernel"] = row[4]
         current[row[12]] = float(row[14].replace(",", ""))
     if not runs:
         raise ValueError("no ncu runs in it (expected '==> .../ncu-<task>-<scale>-<what>.csv <==' headers)")
-    missing = [" ".join(k) for k, v in runs.items() if any(m not in v for m in METRICS)]
+    missing = [" ".join(k) for k, v in runs.items() if any(m not in v for m in required)]
     if missing:
         raise ValueError(f"no complete metrics for: {', '.join(missing)} (did ncu fail? see its output)")
     return runs
@@ -74,15 +86,51 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stalls(runs: dict) -> list[dict]:
+    """Per run: time and each stall reason, beside the plain GEMM of its task and scale and,
+    for a "-cl" run, beside its twin without the C-load warp."""
+    rows = []
+    for (task, scale, what), m in sorted(runs.items()):
+        reasons = {STALL.match(k).group(1): v for k, v in m.items() if STALL.match(k)}
+        row = {"task": task, "scale": scale, "what": what, "kernel": m["kernel"], "time_ns": m[TIME],
+               "stalls": reasons}
+        for label, other in (("gemm", runs.get((task, scale, "gemm"))),
+                             ("twin", runs.get((task, scale, what[:-3])) if what.endswith("-cl") else None)):
+            if other:
+                row[f"time_over_{label}"] = m[TIME] / other[TIME]
+                row[f"stalls_minus_{label}"] = {r: v - other.get(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio", 0.0)
+                                                 for r, v in reasons.items()}
+        rows.append(row)
+    if not any(r["stalls"] for r in rows):
+        raise ValueError("no warp-stall metrics in it (expected smsp__average_warps_issue_stalled_*)")
+    return rows
+
+
+def stalls_markdown(rows: list[dict], top: int = 6) -> str:
+    """The reasons that are largest anywhere, per run (warps stalled per issued instruction)."""
+    worst = sorted({r for row in rows for r in row["stalls"]},
+                   key=lambda r: -max(row["stalls"].get(r, 0.0) for row in rows))[:top]
+    lines = ["| task | scale | run | time / plain GEMM | time / twin | " + " | ".join(worst) + " |",
+             "|---|---|---|---|---|" + "---|" * len(worst)]
+    for row in rows:
+        twin = f"{row['time_over_twin']:.3f}" if "time_over_twin" in row else ""
+        lines.append(f"| {row['task']} | {row['scale']} | {row['what']} | {row.get('time_over_gemm', float('nan')):.3f} | "
+                     f"{twin} | " + " | ".join(f"{row['stalls'].get(r, float('nan')):.2f}" for r in worst) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("ncu_text", help="bench/h200.sh profile's ncu.txt")
     ap.add_argument("--environment", default=None,
                     help="a JSON file with the run's environment (bench.gpu_env.fingerprint), written beside ncu.txt")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--stalls", action="store_true", help="bench/h200.sh profile-stalls' output: warp-stall reasons")
     args = ap.parse_args(argv)
     try:
-        rows = compare(parse(Path(args.ncu_text).read_text()))
+        text = Path(args.ncu_text).read_text()
+        rows = (stalls(parse(text, lambda m: m == TIME or bool(STALL.match(m)), (TIME,))) if args.stalls
+                else compare(parse(text)))
         env = json.loads(Path(args.environment).read_text()) if args.environment else None
     except (OSError, ValueError) as e:
         ap.error(str(e))
@@ -90,7 +138,7 @@ def main(argv=None) -> int:
 
     Path(args.out).write_text(report_json({"environment": env, "profiler": "Nsight Compute (ncu), clocks locked by ncu",
                                            "rows": rows}))
-    print(markdown(rows))
+    print(stalls_markdown(rows) if args.stalls else markdown(rows))
     return 0
 
 
