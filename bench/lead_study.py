@@ -17,6 +17,7 @@ Markdown (and prints each lead's largest disagreement).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -42,10 +43,6 @@ def _results(path: Path, commit: str, command: str) -> list:
     return load([path], [commit], command)
 
 
-def _geomean(values: list[float]) -> float:
-    return statistics.geometric_mean(values)
-
-
 def _self_table(title: str, runs: list[dict], names: list[str]) -> list[str]:
     """Rows both (all) runs timed: each run's fused / GEMM-only and last / first."""
     common = sorted(set.intersection(*(set(r) for r in runs)))
@@ -68,9 +65,9 @@ def _within_noise(lead: str, compare_runs: list[dict], bench_runs: list[dict]) -
     common = sorted(set.intersection(*(set(r) for r in compare_runs + bench_runs)))
     noise = {"compare": _largest_change(compare_runs),
              "bench": _largest_change(bench_runs) if len(bench_runs) > 1 else float("nan")}
-    bound = max(v for v in noise.values() if v == v) if any(v == v for v in noise.values()) else float("nan")
-    rows = [(t, s, _geomean([r[(t, s)] for r in compare_runs]), _geomean([r[(t, s)] for r in bench_runs]))
-            for t, s in common]
+    bound = max((v for v in noise.values() if not math.isnan(v)), default=float("nan"))
+    rows = [(t, s, statistics.geometric_mean([r[(t, s)] for r in compare_runs]),
+             statistics.geometric_mean([r[(t, s)] for r in bench_runs])) for t, s in common]
     worst = max((abs(c / b - 1) for _, _, c, b in rows), default=float("nan"))
     outside = [(t, s) for t, s, c, b in rows if abs(c / b - 1) > bound]
     lines = [f"## lead {lead}: compare ({len(compare_runs)} runs) against bench ({len(bench_runs)} runs), "

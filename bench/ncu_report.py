@@ -33,6 +33,7 @@ METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.
 
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 TIME = "gpu__time_duration.sum"
+WARPS_ACTIVE = "smsp__warps_active.avg.per_cycle_active"  # warps resident per scheduler per active cycle
 
 
 def parse(text: str, wanted=lambda metric: metric in METRICS, required=METRICS) -> dict[tuple[str, str, str], dict]:
@@ -86,20 +87,26 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_stalls(text: str) -> dict[tuple[str, str, str], dict]:
+    """parse() of profile-stalls' output: {run: {"kernel", TIME, "stalls": {reason: value}}}."""
+    runs = parse(text, lambda metric: metric in (TIME, WARPS_ACTIVE) or bool(STALL.match(metric)), (TIME,))
+    return {run: {"kernel": m["kernel"], TIME: m[TIME], "warps_active_per_cycle": m.get(WARPS_ACTIVE),
+                  "stalls": {STALL.match(k).group(1): v for k, v in m.items() if STALL.match(k)}}
+            for run, m in runs.items()}
+
+
 def stalls(runs: dict) -> list[dict]:
-    """Per run: time and each stall reason, beside the plain GEMM of its task and scale and,
-    for a "-cl" run, beside its twin without the C-load warp."""
+    """Per run of parse_stalls: time and each stall reason, beside the plain GEMM of its task
+    and scale and, for a "-cl" run, beside its twin without the C-load warp."""
     rows = []
     for (task, scale, what), m in sorted(runs.items()):
-        reasons = {STALL.match(k).group(1): v for k, v in m.items() if STALL.match(k)}
         row = {"task": task, "scale": scale, "what": what, "kernel": m["kernel"], "time_ns": m[TIME],
-               "stalls": reasons}
+               "warps_active_per_cycle": m["warps_active_per_cycle"], "stalls": m["stalls"]}
         for label, other in (("gemm", runs.get((task, scale, "gemm"))),
                              ("twin", runs.get((task, scale, what[:-3])) if what.endswith("-cl") else None)):
             if other:
                 row[f"time_over_{label}"] = m[TIME] / other[TIME]
-                row[f"stalls_minus_{label}"] = {r: v - other.get(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio", 0.0)
-                                                 for r, v in reasons.items()}
+                row[f"stalls_minus_{label}"] = {r: v - other["stalls"].get(r, 0.0) for r, v in m["stalls"].items()}
         rows.append(row)
     if not any(r["stalls"] for r in rows):
         raise ValueError("no warp-stall metrics in it (expected smsp__average_warps_issue_stalled_*)")
@@ -110,12 +117,13 @@ def stalls_markdown(rows: list[dict], top: int = 6) -> str:
     """The reasons that are largest anywhere, per run (warps stalled per issued instruction)."""
     worst = sorted({r for row in rows for r in row["stalls"]},
                    key=lambda r: -max(row["stalls"].get(r, 0.0) for row in rows))[:top]
-    lines = ["| task | scale | run | time / plain GEMM | time / twin | " + " | ".join(worst) + " |",
-             "|---|---|---|---|---|" + "---|" * len(worst)]
+    lines = ["| task | scale | run | time / plain GEMM | time / twin | warps active / cycle | " + " | ".join(worst) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(worst)]
     for row in rows:
         twin = f"{row['time_over_twin']:.3f}" if "time_over_twin" in row else ""
+        active = row["warps_active_per_cycle"]
         lines.append(f"| {row['task']} | {row['scale']} | {row['what']} | {row.get('time_over_gemm', float('nan')):.3f} | "
-                     f"{twin} | " + " | ".join(f"{row['stalls'].get(r, float('nan')):.2f}" for r in worst) + " |")
+                     f"{twin} | {'' if active is None else f'{active:.2f}'} | " + " | ".join(f"{row['stalls'].get(r, float('nan')):.2f}" for r in worst) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -129,8 +137,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         text = Path(args.ncu_text).read_text()
-        rows = (stalls(parse(text, lambda m: m == TIME or bool(STALL.match(m)), (TIME,))) if args.stalls
-                else compare(parse(text)))
+        rows = stalls(parse_stalls(text)) if args.stalls else compare(parse(text))
         env = json.loads(Path(args.environment).read_text()) if args.environment else None
     except (OSError, ValueError) as e:
         ap.error(str(e))

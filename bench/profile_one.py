@@ -58,7 +58,10 @@ def main(argv=None) -> int:
     a, b = task.gemm_operands(inputs)
     config = P.pick_config(getattr(module, "TUNED", {}), a, b)
     if args.c_load_warp:
-        config = type(config).model_validate({**config.model_dump(), "c_load_warp": True})
+        try:
+            config = type(config).model_validate({**config.model_dump(), "c_load_warp": True})
+        except ValueError as e:  # e.g. a pick with early_c_loads, which excludes it
+            ap.error(f"--c-load-warp: {config.key()} cannot take it: {str(e).splitlines()[-1]}")
     if args.what == "fused":
         def call():
             return module.run(inputs, prepared, config=config)
