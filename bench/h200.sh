@@ -14,7 +14,7 @@
 #   bench/h200.sh judge-compare  # epiforge compare of each task at the paper shapes (compare.md, compare.sqlite)
 #   bench/h200.sh judge-compare-all  # epiforge compare --all at the paper shapes, as one command, its wall time kept
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
-#   bench/h200.sh judge-noise    # bench, compare, compare, bench of the same tasks: compare's run-to-run noise beside bench's (noise.md)
+#   bench/h200.sh judge-noise    # bench, compare under each of NOISE_LEADS for NOISE_ROUNDS rounds, bench, of the same tasks: compare's run-to-run noise beside bench's (noise.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -183,28 +183,34 @@ case "${1:-}" in
       --out "$OUT/lead-study.md"
     ;;
   judge-noise)
-    # issue 12: does compare agree with bench/ within the run-to-run noise? Each harness runs
-    # twice, in the order bench, compare, compare, bench, on the same tasks' expert kernels
-    # (compare without the built baselines: the speed of light is the same in both)
+    # issue 12: does compare agree with bench/ within the run-to-run noise? bench, then each
+    # lead's compare once per round (NOISE_LEADS, interleaved: heat:3 heat:10 heat:3 heat:10),
+    # then bench again, on the same tasks' expert kernels (compare without the built
+    # baselines: the speed of light is the same in both)
     mkdir -p "$OUT"
     $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     tasks=${NOISE_TASKS:-k0 k1 k2 k3 k4 k5 k8}
+    leads=${NOISE_LEADS:-${EPIFORGE_TIMED_LEAD:-heat:3}}
     start=$(date +%s)
     # shellcheck disable=SC2086
     $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/noise-bench-1.json" | grep -E "^k[0-9] "
     stores=()
-    for run in 1 2; do
-      # shellcheck disable=SC2086
-      timeout "${NOISE_COMPARE_TIMEOUT_S:-200}" $PY -m epiforge compare --task $tasks --shapes paper --device gpu \
-        --kernels expert --baselines --store "$OUT/noise-compare-$run.sqlite" > "$OUT/noise-compare-$run.md" \
-        2>> "$OUT/noise.log" || echo "compare run $run: exit $?"
-      stores+=("${EPIFORGE_TIMED_LEAD:-heat:3}=$OUT/noise-compare-$run.sqlite")
-      echo "compare run $run done at $(( $(date +%s) - start )) s"
+    for run in $(seq 1 "${NOISE_ROUNDS:-2}"); do
+      for lead in $leads; do
+        name="noise-compare-${lead//:/-}-$run"
+        # shellcheck disable=SC2086
+        EPIFORGE_TIMED_LEAD=$lead timeout "${NOISE_COMPARE_TIMEOUT_S:-200}" $PY -m epiforge compare --task $tasks \
+          --shapes paper --device gpu --kernels expert --baselines --store "$OUT/$name.sqlite" > "$OUT/$name.md" \
+          2>> "$OUT/noise.log" || echo "compare $lead run $run: exit $?"
+        stores+=("$lead=$OUT/$name.sqlite")
+        echo "compare $lead run $run done at $(( $(date +%s) - start )) s"
+      done
     done
     # shellcheck disable=SC2086
     $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/noise-bench-2.json" | grep -E "^k[0-9] "
     $PY -m epiforge.bench.lead_study --lead "${stores[@]}" --bench "$OUT/noise-bench-1.json" "$OUT/noise-bench-2.json" \
-      --commit "${EPIFORGE_COMMIT:-unknown}" --command "NOISE_TASKS='$tasks' bash bench/h200.sh judge-noise" \
+      --commit "${EPIFORGE_COMMIT:-unknown}" \
+      --command "NOISE_TASKS='$tasks' NOISE_LEADS='$leads' NOISE_ROUNDS=${NOISE_ROUNDS:-2} bash bench/h200.sh judge-noise" \
       --out "$OUT/noise.md"
     echo "judge-noise: $(( $(date +%s) - start )) s"
     ;;

@@ -82,6 +82,17 @@ def _within_noise(lead: str, compare_runs: list[dict], bench_runs: list[dict]) -
     return lines + [""], worst - bound
 
 
+def _check_lead(lead: str, store: Path, results: list) -> None:
+    """A store named for a lead must have been timed under it (the judge records the lead it
+    timed under in each Result's environment); otherwise ValueError naming both."""
+    from epiforge.eval.timing import Lead
+
+    want = Lead.parse(lead).describe()
+    seen = {r.environment.get("timed_lead") for r in results if r.device == "cuda"} - {None}
+    if seen - {want}:
+        raise ValueError(f"{store.name} was timed under {', '.join(sorted(seen))}, not under {lead} ({want})")
+
+
 def study(leads: dict[str, list[Path]], benches: list[Path], commit: str, command: str) -> tuple[list[str], dict]:
     """(Markdown lines, {lead: largest |compare / bench - 1|}), each run against the first
     bench file; with two bench files, "noise" is bench's largest |second / first - 1|; for a
@@ -102,7 +113,9 @@ def study(leads: dict[str, list[Path]], benches: list[Path], commit: str, comman
     for lead, stores in leads.items():
         runs = []
         for i, store in enumerate(stores):
-            rows = agreement(_results(store, commit, command), first)
+            results = _results(store, commit, command)
+            _check_lead(lead, store, results)
+            rows = agreement(results, first)
             runs.append({(r.task, r.shape): r.compare for r in rows})
             run = f"lead {lead}" + (f", run {i + 1} of {len(stores)}" if len(stores) > 1 else "")
             worst[run] = max((abs(r.compare / r.bench - 1) for r in rows), default=float("nan"))

@@ -66,7 +66,9 @@ def test_the_lead_study_holds_compare_against_the_first_bench_run(tmp_path):
     for s in slower.per_shape:
         if s.shape == "7B":
             s.timing.fused_over_gemm_only.median *= 1.05
-    ResultStore(tmp_path / "spin.sqlite").add(shipped)
+    spun = shipped.model_copy(deep=True)
+    spun.environment["timed_lead"] = Lead.parse("spin").describe()  # the shipped Result was timed under heat:3
+    ResultStore(tmp_path / "spin.sqlite").add(spun)
     ResultStore(tmp_path / "heat.sqlite").add(slower)
     moved = json.loads(json.dumps(bench_raw))
     row = next(r for r in moved["rows"] if r["task"] == shipped.task and r["shape"] == "1B")
@@ -123,6 +125,24 @@ def test_repeated_compare_runs_are_held_to_the_larger_run_to_run_change(tmp_path
     assert f"largest |mean compare / mean bench - 1| over 3 rows: {max(abs(m - 1) for m in mean.values()):.1%}" in section
     assert f"{len(beyond)} row(s) beyond the bound" in section
     assert "outside the noise" in capsys.readouterr().out
+
+
+def test_the_lead_study_refuses_a_store_named_for_another_lead(tmp_path, capsys):
+    """The shipped k8 Result was timed under heat:3: named heat:10, its store is refused in
+    one line that says which lead it was timed under."""
+    from epiforge.bench import lead_study
+    from epiforge.eval import leaderboard as lb
+    from epiforge.eval.store import ResultStore
+
+    shipped = next(r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert")
+    assert shipped.environment["timed_lead"] == Lead.parse("heat:3").describe()
+    ResultStore(tmp_path / "s.sqlite").add(shipped)
+    bench = REPO / "bench" / "results" / "h200" / "agree-3-bench.json"
+    args = ["--bench", str(bench), "--commit", "c", "--command", "x", "--out", str(tmp_path / "o.md")]
+    assert lead_study.main(["--lead", f"heat:10={tmp_path / 's.sqlite'}", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "s.sqlite was timed under 3 ms" in err and "not under heat:10" in err
+    assert lead_study.main(["--lead", f"heat:3={tmp_path / 's.sqlite'}", *args]) == 0
 
 
 def test_the_lead_study_refuses_a_store_that_is_not_there(tmp_path, capsys):
