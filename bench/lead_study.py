@@ -76,7 +76,9 @@ def _within_noise(lead: str, compare_runs: list[dict], bench_runs: list[dict]) -
              f"the bound: {bound:.1%}.",
              f"- The largest |mean compare / mean bench - 1| over {len(rows)} rows: {worst:.1%}; "
              f"{len(outside)} row(s) beyond the bound"
-             + (": " + ", ".join(f"{t} {s}" for t, s in outside) if outside else "") + ".", "",
+             + (": " + ", ".join(f"{t} {s}" for t, s in outside) if outside else "") + ".",
+             f"- The median mean compare / mean bench: "
+             f"{statistics.median(c / b for _, _, c, b in rows) if rows else float('nan'):.3f}.", "",
              "| task | shape | compare (mean) | bench (mean) | compare / bench |", "|---|---|---|---|---|"]
     lines += [f"| {t} | {s} | {c:.3f} | {b:.3f} | {c / b:.3f} |" for t, s, c, b in rows]
     return lines + [""], worst - bound

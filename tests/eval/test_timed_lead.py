@@ -124,6 +124,7 @@ def test_repeated_compare_runs_are_held_to_the_larger_run_to_run_change(tmp_path
     assert "7B" in beyond
     assert f"largest |mean compare / mean bench - 1| over 3 rows: {max(abs(m - 1) for m in mean.values()):.1%}" in section
     assert f"{len(beyond)} row(s) beyond the bound" in section
+    assert f"The median mean compare / mean bench: {sorted(mean.values())[1]:.3f}." in section
     assert "outside the noise" in capsys.readouterr().out
 
 
