@@ -529,6 +529,8 @@ def print_replay(report, say=print) -> None:
             f"in {report.steps} steps: {verdict}")
     for d in report.divergences:
         say("  diverges: " + d.line())
+    if report.differences:
+        say("  tools that answered otherwise than in the recording (the harness changed since; not verdicts):")
     for d in report.differences:
         say("  differs: " + d.line())
     for w in report.warnings:

@@ -24,9 +24,15 @@ class Divergence:
     what: str  # e.g. "run_check (cpu, smoke)" or "read_doc"
     recorded: str
     replayed: str
+    recorded_text: str = ""  # for a tool result: the first line of each answer, so the line says why
+    replayed_text: str = ""
 
     def line(self) -> str:
-        return f"step {self.step}: {self.what}: recorded {self.recorded}, now {self.replayed}"
+        def answer(state, text):
+            return f"{state} ({text!r})" if text else state
+
+        return (f"step {self.step}: {self.what}: recorded {answer(self.recorded, self.recorded_text)}, "
+                f"now {answer(self.replayed, self.replayed_text)}")
 
 
 @dataclass
@@ -132,8 +138,15 @@ def diverging(recorded: list, replayed: list, upto_step: int | None = None) -> t
     for key in sorted(set(rec_res) | set(new_res)):
         a, b = rec_res.get(key), new_res.get(key)
         if a is None or b is None or a.is_error != b.is_error:
-            def state(r):
-                return "not run" if r is None else "error" if r.is_error else "ok"
-
-            others.append(Divergence(key[0], (a or b).name, state(a), state(b)))
+            others.append(Divergence(key[0], (a or b).name, _state(a), _state(b), _first_line(a), _first_line(b)))
     return sorted(verdicts, key=lambda d: d.step), sorted(others, key=lambda d: d.step)
+
+
+def _state(result: ToolResult | None) -> str:
+    return "not run" if result is None else "error" if result.is_error else "ok"
+
+
+def _first_line(result: ToolResult | None, width: int = 90) -> str:
+    """The first line of a tool's answer, cut to `width` characters ("" for none)."""
+    line = (result.content.strip().splitlines() or [""])[0] if result is not None else ""
+    return line if len(line) <= width else line[: width - 3] + "..."

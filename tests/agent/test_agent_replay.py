@@ -53,6 +53,30 @@ def test_a_tampered_recording_is_reported_where_it_diverges(recorded, tmp_path, 
     assert recorded.read_text().splitlines() == lines  # the recording is only read
 
 
+def test_a_tool_that_answers_otherwise_is_shown_with_both_answers(recorded, tmp_path, said):
+    """A recorded write_kernel answer turned into an error: the replay still reproduces (no
+    verdict changed), and the difference names the step and both answers' first lines."""
+    from epiforge.agent.cli import print_replay
+
+    out = []
+    for line in recorded.read_text().splitlines():
+        e = json.loads(line)
+        if e["event"] == "tool_result" and e["step"] == 1 and e["name"] == "write_kernel":
+            e["is_error"], e["content"] = True, "refused: a forged answer\nsecond line"
+        out.append(json.dumps(e))
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("\n".join(out) + "\n")
+    report = replay(tampered, log_dir=tmp_path / "replays", workspace=tmp_path / "ws", say=said.say)
+    assert report.reproduced and report.divergences == []
+    (d,) = report.differences
+    assert d.step == 1 and d.what == "write_kernel" and (d.recorded, d.replayed) == ("error", "ok")
+    assert d.recorded_text == "refused: a forged answer" and d.replayed_text.startswith("wrote kernel.py")
+    lines = []
+    print_replay(report, say=lines.append)
+    assert "not verdicts" in lines[1]
+    assert lines[2].startswith("  differs: step 1: write_kernel: recorded error ('refused: a forged answer'), now ok ('wrote kernel.py")
+
+
 def test_fork_continues_with_a_live_backend(recorded, tmp_path, openai_key, said):
     with Loopback("openai", [Reply("my own fix", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])],
                   model="local-model") as server:
