@@ -151,7 +151,10 @@ def fastest_gemms(row, n: int = 3) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
-    ap.add_argument("--scales", nargs="*", default=None, help="paper shape names: 1B 7B 70B")
+    ap.add_argument("--shape-set", default="paper",
+                    help="the tasks/shapes.toml set to run (default paper; e.g. llama1b, LLaMA-3.2-1B's GEMMs as "
+                         "bench/training.py runs them)")
+    ap.add_argument("--scales", nargs="*", default=None, help="shape names within the set (paper: 1B 7B 70B)")
     ap.add_argument("--configs", nargs="*", default=None,
                     help="indexes into bench.configs.CANDIDATES, config keys, or a bench.configs.CONFIG_SETS name")
     ap.add_argument("--tuned", action="store_true", help="time each kernel at its own tuned config only (no sweep)")
@@ -185,6 +188,14 @@ def main(argv=None) -> int:
         ap.error(str(e))
 
     from epiforge import tasks
+
+    shape_rows = tasks.shape_sets().get(args.shape_set)
+    if shape_rows is None:
+        ap.error(f"--shape-set {args.shape_set!r}: not in tasks/shapes.toml ({', '.join(tasks.shape_sets())})")
+    unknown = set(args.scales or ()) - {x.name for x in shape_rows}
+    if unknown:
+        ap.error(f"--scales {' '.join(sorted(unknown))}: not in the {args.shape_set} set "
+                 f"({' '.join(x.name for x in shape_rows)})")
     from epiforge.bench.configs import CANDIDATES, config_args
     from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
     from epiforge.eval.baselines import unfused_fn
@@ -225,7 +236,7 @@ def main(argv=None) -> int:
         compiled_ref = None
         if args.compile:
             compiled_ref = torch.compile(unfused_fn(task), dynamic=True)
-        for shape in tasks.shape_sets()["paper"]:
+        for shape in shape_rows:
             if args.scales and shape.name not in args.scales:
                 continue
             t0 = time.monotonic()

@@ -93,3 +93,27 @@ def test_every_committed_gpu_check_file_loads_as_a_check_report(name):
 def test_a_bench_file_is_not_a_check_report():
     with pytest.raises(ValueError, match=r"final.json: not a bench.check_gpu result"):
         CheckReport.load(RESULTS / "final.json")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--shape-set", "nope"], "--shape-set 'nope': not in tasks/shapes.toml"),
+    (["--shape-set", "llama1b", "--scales", "1B"], "--scales 1B: not in the llama1b set (llama1b)"),
+])
+def test_bench_run_refuses_a_shape_set_or_scale_it_does_not_have(argv, line, capsys, tmp_path):
+    """bench/run.py --shape-set picks a tasks/shapes.toml set; a bad one, or a scale outside it,
+    is one line before any GPU work (nothing written)."""
+    from epiforge.bench import run
+
+    with pytest.raises(SystemExit) as stop:
+        run.main([*argv, "--out", str(tmp_path / "out.json")])
+    assert stop.value.code == 2 and line in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_the_llama1b_set_is_llama_3_2_1b_as_the_training_benchmark_runs_it():
+    from epiforge import tasks
+    from epiforge.bench.training import BATCH, MODEL_1B, SEQ
+
+    (row,) = tasks.shape_sets()["llama1b"]
+    assert (row.M, row.seq, row.d, row.F, row.V, row.head_dim) == (
+        BATCH * SEQ, SEQ, MODEL_1B.layer.d, MODEL_1B.layer.ffn, MODEL_1B.vocab, MODEL_1B.layer.head_dim)
