@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from epiforge.eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, static_stage
+from epiforge.eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, pick_dtypes, static_stage
 from epiforge.eval.isolation import run_judge
 from epiforge.eval.kernel import HUMAN_DIR, KernelError, expert_kernel, generated_kernels, read_kernel, resolve_kernel
 from epiforge.eval.result import Outcome, RatioStat, Result
@@ -147,12 +147,13 @@ def compare(task_name: str, kernels: list[tuple[str, Path]], **kw) -> Comparison
 
 def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str = "cpu", shapes: str = "smoke",
                 seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 30,
-                baselines: list[str] = (), on_stage=None, on_done=None) -> list[Comparison]:
+                baselines: list[str] = (), dtype=None, on_stage=None, on_done=None) -> list[Comparison]:
     """compare() of several tasks, [(task, kernels)], judged one after another by ONE judge
     process (eval/judge.py, a job per task): what every judge pays once (CUDA, cuBLAS,
     Inductor's, Liger's and quack's first builds) is paid once. The static stage runs
     here, per kernel, on each source read once. baselines: registry names
-    (eval/baselines.py) timed beside the standard ones on a GPU. on_stage(task, stage)
+    (eval/baselines.py) timed beside the standard ones on a GPU. dtype: as evaluate's
+    (eval.evaluation.pick_dtypes), for every task. on_stage(task, stage)
     hears each stage; on_done(Comparison) gets each task's as soon as it is settled, in
     the order given. A judge that ends without a verdict (it crashed, or ran out of time)
     costs that one task its verdict: the tasks after it go to a new judge."""
@@ -166,6 +167,7 @@ def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str 
     todo = []
     for task_name, kernels in plans:
         dev, task = check_arguments(task_name, device, shapes)
+        dtypes = pick_dtypes(task, dtype)
         plan = _Plan(task.name, kernels, dev, shapes)
         for label, path in kernels:
             source = path.read_bytes()
@@ -183,7 +185,7 @@ def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str 
             plan.job = {"task": task.name, "device": dev, "shapes": shapes, "kernels": plan.judged,
                         "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
                         "memory_limit_gib": 16, "hidden_shapes": True, "timing": True, "runner_env": runner_env,
-                        "baselines": list(baselines),
+                        "baselines": list(baselines), "dtypes": dtypes,
                         "timeout_s": float(timeout_s or DEFAULT_TIMEOUT_S[dev] * len(plan.judged))}
         todo.append(plan)
     shown = 0

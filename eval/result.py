@@ -93,6 +93,7 @@ class ShapeResult(BaseModel):
 
     shape: str
     dims: dict[str, int]
+    dtype: str = Field("bfloat16", description="the precision the task ran in at this shape (Task.at)")
     outcome: Outcome
     outputs: list[OutputCheck] = []
     message: str = ""
@@ -162,6 +163,6 @@ def worst_element(per_shape: list[ShapeResult]) -> dict | None:
                 continue
             ratio = float("inf") if c.problem == "nonfinite" or not c.allowed else (c.max_error or 0) / c.allowed
             if ratio > score:
-                best, score = {"shape": s.shape, "output": c.name, "problem": c.problem, "index": c.worst_index,
+                best, score = {"shape": s.shape, "dtype": s.dtype, "output": c.name, "problem": c.problem, "index": c.worst_index,
                                "got": c.got, "expected": c.expected, "max_error": c.max_error, "allowed": c.allowed}, ratio
     return best
