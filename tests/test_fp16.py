@@ -1,0 +1,224 @@
+"""A task in several precisions (tasks/AUTHORING.md "Precisions"): `dtypes` and
+`dtype = "precision"` tensors resolve per run (Task.at), inputs carry the run's precision,
+the allowance comes from the reference in that precision by the same rule, every precision
+is judged, and a kernel that computes or stores bf16 when asked for fp16 is rejected."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from epiforge import tasks
+from epiforge.eval import evaluate
+from epiforge.eval.result import Result
+from epiforge.tasks.spec import TaskError, load_task_file
+from epiforge.tasks.tolerance import check_output
+
+REPO = Path(__file__).resolve().parent.parent
+CATALOGUE = tasks.load_catalogue()[0]
+SMOKE = tasks.shape_sets()["smoke"][0].dims()
+
+SPEC = """
+id = "x9"
+name = "x9_scale"
+title = "GEMM with a row scale"
+description = "out = rstd * (a @ w^T)"
+launches = ["gemm"]
+{dtypes}
+
+[gemm]
+m = "M"
+n = "d"
+k = "d"
+a = "a"
+b = "w"
+
+[[inputs]]
+name = "a"
+shape = ["M", "d"]
+dtype = "precision"
+description = "activations"
+
+[[inputs]]
+name = "w"
+shape = ["d", "d"]
+dtype = "{w_dtype}"
+description = "weight"
+
+[[inputs]]
+name = "rstd"
+shape = ["M"]
+dtype = "float32"
+description = "row scale"
+
+[[outputs]]
+name = "out"
+shape = ["M", "d"]
+dtype = "precision"
+description = "rstd * (a @ w^T)"
+"""
+
+REFERENCE = """
+import torch
+from epiforge.tasks import common
+
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
+    M, d = dims["M"], dims["d"]
+    return {"a": common.normal((M, d), gen, device, dtype=dtype), "w": common.linear_weight(d, d, gen, device, dtype=dtype),
+            "rstd": common.normal((M,), gen, device, dtype=torch.float32)}
+
+def reference(inputs, dims, mm=torch.matmul):
+    return {"out": inputs["rstd"][:, None] * mm(inputs["a"], inputs["w"].T)}
+"""
+
+
+def write_task(root: Path, dtypes='dtypes = ["bfloat16", "float16"]', w_dtype="precision", extra="") -> Path:
+    folder = root / "x9_scale"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "task.toml").write_text(extra + SPEC.format(dtypes=dtypes, w_dtype=w_dtype))
+    (folder / "reference.py").write_text(REFERENCE)
+    return folder / "task.toml"
+
+
+def test_precision_tensors_take_the_runs_dtype_and_the_others_stay(tmp_path):
+    task = load_task_file(write_task(tmp_path))
+    assert task.dtypes == ["bfloat16", "float16"] and task.precision == "bfloat16"
+    dtype = {t.name: t.dtype for t in [*task.inputs, *task.outputs]}
+    assert dtype == {"a": "bfloat16", "w": "bfloat16", "rstd": "float32", "out": "bfloat16"}
+    half = task.at("float16")
+    assert half.precision == "float16"
+    assert {t.name: t.dtype for t in [*half.inputs, *half.outputs]} == {
+        "a": "float16", "w": "float16", "rstd": "float32", "out": "float16"}
+    assert task.at("bfloat16") is task and task.inputs[0].dtype == "bfloat16"  # at() leaves the task as it was
+    inputs = half.make_inputs(SMOKE, seed=1)  # make_inputs is handed dtype=float16
+    assert inputs["a"].dtype == torch.float16 and inputs["rstd"].dtype == torch.float32
+    with pytest.raises(TaskError, match="runs in bfloat16, float16, not float32"):
+        task.at("float32")
+
+
+def test_a_task_that_says_nothing_runs_in_bf16_only(tmp_path):
+    task = load_task_file(write_task(tmp_path, dtypes=""))
+    assert task.dtypes == ["bfloat16"] and task.precision == "bfloat16"
+    assert [t.dtype for t in task.inputs] == ["bfloat16", "bfloat16", "float32"]
+    with pytest.raises(TaskError, match="runs in bfloat16, not float16"):
+        task.at("float16")
+    # every catalogue task without a dtypes line would be bf16-only; the shipped ones list both
+    assert all(t.dtypes == ["bfloat16", "float16"] for t in CATALOGUE)
+
+
+@pytest.mark.parametrize("dtypes, w_dtype, extra, message", [
+    ('dtypes = ["bfloat16", "float16"]', "bfloat16", "", "a (a) and b (w) must have one dtype"),
+    ('dtypes = ["bfloat16", "bfloat16"]', "precision", "", "lists a precision twice"),
+    ('dtypes = ["float32"]', "precision", "", "dtypes.0"),
+    ('dtypes = []', "precision", "", "dtypes"),
+    ('dtypes = ["bfloat16", "float16"]', "precision", 'precision = "float16"\n', "precision: not a task.toml key"),
+])
+def test_bad_precision_specs_are_one_line(tmp_path, dtypes, w_dtype, extra, message):
+    path = write_task(tmp_path, dtypes=dtypes, w_dtype=w_dtype, extra=extra)
+    with pytest.raises(TaskError) as e:
+        load_task_file(path)
+    assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_several_precisions_need_a_tensor_that_follows_them(tmp_path):
+    path = write_task(tmp_path, w_dtype="bfloat16")
+    path.write_text(path.read_text().replace('dtype = "precision"', 'dtype = "bfloat16"'))
+    with pytest.raises(TaskError, match='no tensor has dtype = "precision"'):
+        load_task_file(path)
+
+
+@pytest.mark.parametrize("task", [t for t in CATALOGUE if "float16" in t.dtypes], ids=lambda t: t.id)
+def test_fp16_inputs_carry_fp16_precision(task):
+    """Drawn in fp16, not bf16 values widened: else a kernel computing in bf16 would lose nothing."""
+    half = task.at("float16")
+    inputs = half.make_inputs(SMOKE, seed=2)
+    for spec in half.inputs:
+        t = inputs[spec.name]
+        assert t.dtype == spec.torch_dtype
+        if spec.follows_precision:
+            assert t.dtype == torch.float16
+            assert not torch.equal(t.to(torch.bfloat16).to(torch.float16), t), f"{spec.name} holds only bf16 values"
+
+
+def _k1(dtype: str, seed: int = 4):
+    task = tasks.get_task("k1").at(dtype)
+    inputs = task.make_inputs(SMOKE, seed=seed)
+    exact = task.reference(inputs, SMOKE, exact=True)["out"]
+    lowprec = task.reference(inputs, SMOKE, exact=False)["out"]
+    return task, inputs, exact, lowprec
+
+
+def test_fp16_allowance_comes_from_the_fp16_reference_by_the_same_rule():
+    task, inputs, exact, lowprec = _k1("float16")
+    h, w, rstd = inputs["h"], inputs["w"], inputs["rstd"]
+    # what an honest fused kernel computes, written out here: float32 products and epilogue, one fp16 rounding
+    honest = (rstd[:, None] * (h.float() @ w.float().T)).to(torch.float16)
+    truth = rstd.double()[:, None] * (h.double() @ w.double().T)
+    assert torch.equal(lowprec, honest) and torch.allclose(exact, truth, rtol=0, atol=1e-12)
+    spec = task.outputs[0]
+    check = check_output(spec, honest, exact, lowprec)
+    assert check.ok
+    assert check.allowed == pytest.approx(2.0 * (honest.double() - truth).abs().max().item() + 1e-6, rel=1e-9)
+    # fp16 has 3 more significant bits than bf16: its allowance is about 8 times tighter
+    _, _, exact_bf, low_bf = _k1("bfloat16")
+    bf = check_output(tasks.get_task("k1").outputs[0], low_bf, exact_bf, low_bf)
+    assert 4 < bf.allowed / check.allowed < 16
+
+
+def test_an_output_computed_in_bf16_fails_the_fp16_rule():
+    task, inputs, exact, lowprec = _k1("float16")
+    h, w, rstd = inputs["h"], inputs["w"], inputs["rstd"]
+    via_bf16 = (rstd[:, None] * (h.bfloat16().float() @ w.bfloat16().float().T)).to(torch.float16)
+    rounded_bf16 = lowprec.to(torch.bfloat16).to(torch.float16)
+    spec = task.outputs[0]
+    for out in (via_bf16, rounded_bf16):
+        assert check_output(spec, out, exact, lowprec).problem == "tolerance"
+    assert check_output(spec, lowprec.to(torch.bfloat16), exact, lowprec).problem == "dtype"
+
+
+def _kernel(task: str) -> str:
+    return (REPO / "human_kernels" / f"{tasks.get_task(task).name}.py").read_text()
+
+
+# kernels written for bf16 that silently stay there (casts are allowed only in prepare())
+CHEATS = {
+    # k0 with its norm weight rounded to bf16 once, in prepare(): h = x * weight loses fp16's last bits
+    "weight_in_bf16": ("k0", lambda src: src.replace(
+        "\ndef run(", '\ndef prepare(consts):\n    return {"nw": consts["norm_weight"].bfloat16()}\n\n\ndef run(').replace(
+        'weight=inputs["norm_weight"]', 'weight=prepared["nw"]'), "INCORRECT_NUMERICS"),
+    # k1 storing D in bf16 whatever its inputs are
+    "stores_bf16": ("k1", lambda src: src.replace("import primitives as P", "import torch\nimport primitives as P").replace(
+        'out = row_scale(inputs["h"], inputs["w"],', 'out = row_scale(inputs["h"], inputs["w"], dtypes={"D": torch.bfloat16},'),
+        "INCORRECT_DTYPE"),
+}
+
+
+@pytest.mark.parametrize("name", CHEATS)
+def test_a_kernel_that_works_in_bf16_when_asked_for_fp16_is_rejected(tmp_path, name):
+    task, edit, outcome = CHEATS[name]
+    src = edit(_kernel(task))
+    assert src != _kernel(task)
+    path = tmp_path / f"{task}_{name}.py"
+    path.write_text(src)
+    bf16 = evaluate(task, path, device="cpu", shapes="smoke", seed=3, dtype="bfloat16", hidden_shapes=False)
+    assert bf16.outcome.value == "PASSED", bf16.message  # in bf16 the cheat is the honest kernel
+    both = evaluate(task, path, device="cpu", shapes="smoke", seed=3, hidden_shapes=False)  # every precision
+    assert both.outcome.value == outcome, both.message
+    assert "in float16" in both.message
+    assert [s.dtype for s in both.per_shape] == ["bfloat16", "bfloat16", "float16"]  # stopped at fp16's first shape
+
+
+def test_a_precision_the_task_does_not_list_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "epiforge", "eval", "--task", "k1", "--kernel", "human",
+                          "--dtype", "float32"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["epiforge: --dtype 'float32': k1_gemm_rmsnorm runs in bfloat16, float16 (or all)"]
+
+
+def test_shipped_results_read_as_bf16():
+    lines = (REPO / "eval" / "data" / "h200-compare.jsonl").read_text().splitlines()
+    results = [Result.model_validate(json.loads(x)) for x in lines if x.strip()]
+    assert results and all(s.dtype == "bfloat16" for r in results for s in r.per_shape)
