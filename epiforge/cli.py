@@ -72,7 +72,8 @@ def cmd_tasks_show(args) -> int:
     say(f"{task.name} ({task.id}): {task.title}\n", "bold")
     say(task.description.strip() + "\n")
     say(f"GEMM: D ({task.gemm.m} x {task.gemm.n}) = A ({task.gemm.m} x {task.gemm.k}) @ B; launches: {', '.join(task.launches)}")
-    say(f"precisions: {', '.join(task.dtypes)} (a kernel is judged in each; \"precision\" below is the run's)")
+    say(f"precisions: {', '.join(task.dtypes)} (judged in {task.dtypes[0]} unless --dtype names others; "
+        "\"precision\" below is the run's)")
     for title, specs in (("inputs", task.inputs), ("outputs", task.outputs)):
         say(f"\n{title}", "bold")
         for t in specs:
@@ -332,6 +333,14 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def add_dtype_flag(p: argparse.ArgumentParser) -> None:
+    """--dtype, the precisions a kernel is judged in (eval.evaluation.pick_dtypes)."""
+    p.add_argument("--dtype", default=None, metavar="PRECISIONS",
+                   help="the precisions to judge in: bfloat16 | bf16, float16 | fp16, a comma list of them, or all "
+                        "(every one the task lists, `tasks show`); default: the task's first, bfloat16. On a GPU "
+                        "only the first named is timed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="epiforge", description="LLM-written fused GEMM epilogues, proved right and fast.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -354,9 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None,
                    help="the whole evaluation's limit in seconds (default: 600 on a CPU, 900 on a GPU)")
     p.add_argument("--compile", action="store_true", help="on a CPU, also cross-compile every epilogue for sm_90a")
-    p.add_argument("--dtype", default=None,
-                   help="the precisions to judge in: all (default: every one the task lists, `tasks show`), "
-                        "bfloat16 | bf16, float16 | fp16, or a comma list; on a GPU the first is timed")
+    add_dtype_flag(p)
     p.add_argument("--store", default=None, help="also record the result in this SQLite file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
@@ -366,9 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
     p.add_argument("--shapes", default="smoke")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default=None,
-                   help="the precisions to judge in: all (default: every one the task lists, `tasks show`), "
-                        "bfloat16 | bf16, float16 | fp16, or a comma list; on a GPU the first is timed")
+    add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compile)
 
@@ -400,9 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "first timed run (eval/warm.py; otherwise the judge builds each task's as it comes to it). Measured on the "
                         "H200 (2026-12-02) it did not pay: ~200 s ahead, and the judges' warmup stage stayed "
                         "8-18 s per task")
-    p.add_argument("--dtype", default=None,
-                   help="the precisions to judge in: all (default: every one the task lists, `tasks show`), "
-                        "bfloat16 | bf16, float16 | fp16, or a comma list; on a GPU the first is timed")
+    add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
 

@@ -42,9 +42,12 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 def pick_dtypes(task, dtype=None) -> list[str]:
-    """The precisions to judge `task` in: None or "all" every one it lists (its `dtypes`),
-    else the named ones ("float16", "bf16,fp16" or a list); ValueError (one line) otherwise."""
-    if dtype is None or dtype == "all":
+    """The precisions to judge `task` in, in order: None its first (its default, bfloat16 for
+    every shipped task), "all" every one it lists (its `dtypes`), else the named ones
+    ("float16", "bf16,fp16" or a list); ValueError (one line) otherwise."""
+    if dtype is None:
+        return [task.dtypes[0]]
+    if dtype == "all":
         return list(task.dtypes)
     names = dtype.split(",") if isinstance(dtype, str) else list(dtype)
     picked = []
@@ -55,7 +58,7 @@ def pick_dtypes(task, dtype=None) -> list[str]:
         if full not in picked:
             picked.append(full)
     if not picked:
-        raise ValueError(f"--dtype: no precision named; {task.name} runs in {', '.join(task.dtypes)}")
+        raise ValueError(f"--dtype: no precision named; {task.name} runs in {', '.join(task.dtypes)} (or all)")
     return picked
 
 
@@ -85,8 +88,9 @@ def evaluate(
     timeout_s: the whole evaluation's limit (default 600 s on a CPU, 900 s on a GPU).
     memory_limit_gib: the runner's CPU address-space limit (CPU runs); gpu_memory_gib: its
     share of the GPU. timing=False (GPU): numerics and launches only, nothing timed.
-    dtype: the precisions to judge in (pick_dtypes; default every one the task lists); on
-    a GPU only the first is timed, the others get numerics and the launch check.
+    dtype: the precisions to judge in (pick_dtypes; default the task's first, "all" every
+    one it lists); on a GPU only the first is timed, the others get numerics and the
+    launch check.
     static_checks=False and hidden_shapes=False are for the evaluator's
     own tests of the layers behind them (tests/exploits); never turn them off for a real
     candidate. on_stage(name) hears each stage as it starts. Raises ValueError / TaskError

@@ -4,6 +4,7 @@ the allowance comes from the reference in that precision by the same rule, every
 is judged, and a kernel that computes or stores bf16 when asked for fp16 is rejected."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 
 from epiforge import tasks
 from epiforge.eval import evaluate
+from epiforge.eval.evaluation import pick_dtypes
 from epiforge.eval.result import Result
 from epiforge.tasks.spec import TaskError, load_task_file
 from epiforge.tasks.tolerance import check_output
@@ -179,6 +181,17 @@ def test_an_output_computed_in_bf16_fails_the_fp16_rule():
     assert check_output(spec, lowprec.to(torch.bfloat16), exact, lowprec).problem == "dtype"
 
 
+def test_an_expert_kernel_passes_in_fp16_through_the_judge_and_builds_for_sm90a():
+    """k7 (a packed-pair epilogue, two outputs) as a user runs it in fp16 only: the judge's
+    numerics at every shape, hidden ones too, and its GEMMs cross-compiled for fp16 operands.
+    The other experts pass the fp16 rule in process (tests/test_tolerance.py)."""
+    r = evaluate("k7", "human", device="cpu", shapes="smoke", seed=6, dtype="fp16", compile=True)
+    assert r.outcome.value == "PASSED", r.message + r.stderr_tail
+    assert "in float16" in r.message
+    assert [(s.dtype, s.hidden) for s in r.per_shape] == [("float16", h) for h in (False, False, True, True)]
+    assert r.compiled and all(c["ok"] for c in r.compiled), r.compiled
+
+
 def _kernel(task: str) -> str:
     return (REPO / "human_kernels" / f"{tasks.get_task(task).name}.py").read_text()
 
@@ -203,12 +216,26 @@ def test_a_kernel_that_works_in_bf16_when_asked_for_fp16_is_rejected(tmp_path, n
     assert src != _kernel(task)
     path = tmp_path / f"{task}_{name}.py"
     path.write_text(src)
-    bf16 = evaluate(task, path, device="cpu", shapes="smoke", seed=3, dtype="bfloat16", hidden_shapes=False)
-    assert bf16.outcome.value == "PASSED", bf16.message  # in bf16 the cheat is the honest kernel
-    both = evaluate(task, path, device="cpu", shapes="smoke", seed=3, hidden_shapes=False)  # every precision
+    default = evaluate(task, path, device="cpu", shapes="smoke", seed=3, hidden_shapes=False)
+    assert default.outcome.value == "PASSED", default.message  # in bf16 the cheat is the honest kernel
+    assert [s.dtype for s in default.per_shape] == ["bfloat16", "bfloat16"]  # by default bf16 only
+    both = evaluate(task, path, device="cpu", shapes="smoke", seed=3, hidden_shapes=False, dtype="all")
     assert both.outcome.value == outcome, both.message
     assert "in float16" in both.message
     assert [s.dtype for s in both.per_shape] == ["bfloat16", "bfloat16", "float16"]  # stopped at fp16's first shape
+
+
+def test_dtype_picks_precisions_in_order_and_defaults_to_the_first():
+    k1 = tasks.get_task("k1")
+    assert pick_dtypes(k1) == ["bfloat16"]
+    assert pick_dtypes(k1, "all") == ["bfloat16", "float16"]
+    assert pick_dtypes(k1, "fp16") == pick_dtypes(k1, "float16") == pick_dtypes(k1, "half") == ["float16"]
+    assert pick_dtypes(k1, "fp16, bf16,float16") == ["float16", "bfloat16"]  # as named, each once
+    assert pick_dtypes(k1, ["bf16"]) == ["bfloat16"]
+    for bad, says in (("float32", "--dtype 'float32': k1_gemm_rmsnorm runs in bfloat16, float16 (or all)"),
+                      (",", "--dtype '': k1_gemm_rmsnorm runs in"), ([], "--dtype: no precision named")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            pick_dtypes(k1, bad)
 
 
 def test_a_precision_the_task_does_not_list_is_one_line():

@@ -25,12 +25,9 @@ def test_expert_kernel_passes_on_the_gpu(task):
     r = evaluate(task, "human", device="gpu", shapes="smoke", seed=5, reps=20)
     assert r.outcome.value == "PASSED", f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
     assert r.stage == "done" and r.environment.get("gpu") and r.ranked and not r.provisional
-    # in each precision the task lists: the named shapes, then two hidden ones
-    precisions = tasks.get_task(task).dtypes
-    assert [(s.dtype, s.hidden) for s in r.per_shape] == [(p, h) for p in precisions for h in (False, False, True, True)]
-    for s in [s for s in r.per_shape if not s.hidden and s.dtype != precisions[0]]:
-        assert s.launches and "GemmMod" in s.launches[0] and s.timing is None  # launch-checked, timed in the first only
-    for s in [s for s in r.per_shape if not s.hidden and s.dtype == precisions[0]]:
+    # by default in the task's first precision: the named shapes, then two hidden ones
+    assert [(s.dtype, s.hidden) for s in r.per_shape] == [("bfloat16", h) for h in (False, False, True, True)]
+    for s in [s for s in r.per_shape if not s.hidden]:
         assert s.trials == 2 and s.launches and "GemmMod" in s.launches[0]
         t = s.timing
         assert t.kernel.n == 20 and t.kernel.median_us > 0 and t.baselines["gemm_only"].median_us > 0
@@ -41,6 +38,17 @@ def test_expert_kernel_passes_on_the_gpu(task):
         # the judge sampled the GPU's clocks through the timed phase (eval/clocks.py)
         assert t.kernel.clocks.absent is None and t.kernel.clocks.sm_mhz_median > 500
         assert t.baselines["cublas"].clocks == t.kernel.clocks
+
+
+@pytest.mark.parametrize("dtype, timed", [("all", "bfloat16"), ("float16", "float16")])
+def test_every_precision_asked_for_is_launch_checked_and_the_first_is_timed(dtype, timed):
+    r = evaluate("k7", "human", device="gpu", shapes="smoke", seed=5, reps=20, dtype=dtype)
+    assert r.outcome.value == "PASSED", f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
+    precisions = ["bfloat16", "float16"] if dtype == "all" else ["float16"]
+    assert [(s.dtype, s.hidden) for s in r.per_shape] == [(p, h) for p in precisions for h in (False, False, True, True)]
+    for s in [s for s in r.per_shape if not s.hidden]:
+        assert s.launches and "GemmMod" in s.launches[0]
+        assert (s.timing is not None) == (s.dtype == timed), (s.dtype, s.message)
 
 
 @pytest.mark.slow
