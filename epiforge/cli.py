@@ -110,7 +110,7 @@ def cmd_eval(args) -> int:
         con = _console()
         color = "green" if result.passed else "red"
         tag = " (provisional: CPU emulator only; a Hopper GPU run makes it final)" if result.provisional else ""
-        precisions = ", ".join(dict.fromkeys(s.dtype for s in result.per_shape)) or "-"
+        precisions = ", ".join(result.dtypes)
         con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes} + a hidden shape; {precisions}): "
                   f"[{color}]{result.outcome.value}[/{color}]{tag} (stage: {result.stage})", markup=True,
                   highlight=False)
@@ -144,7 +144,8 @@ def cmd_compile(args) -> int:
                       dtype=args.dtype)
     compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
     if args.json:
-        print(json.dumps({"task": result.task, "kernel": result.kernel, "outcome": result.outcome.value,
+        print(json.dumps({"task": result.task, "kernel": result.kernel, "dtypes": result.dtypes,
+                          "outcome": result.outcome.value,
                           "message": result.message, "compiled": result.compiled,
                           "compiled_ok": compiled_ok}, indent=1))
     else:
@@ -251,7 +252,7 @@ def render_comparison(cmp) -> str:
             t = s.timing if s else None
             sol = f"{t.fraction_of_speed_of_light:.3f}" if t else "-"
             speedups = [_ratio_cell(t.speedup.get(b) if t else None, "x") for b in shown]
-            vs = cmp.versus(label, "expert", s.shape) if s and label != "expert" else None
+            vs = cmp.versus(label, "expert", s.shape, s.dtype) if s and label != "expert" else None
             where = (f"{s.shape} ({s.dtype})" if s.dtype != "bfloat16" or len(cmp_dtypes) > 1 else s.shape) if s else "-"
             lines.append("| " + " | ".join([label, r.track, outcome, build, where, sol, *speedups,
                                             _ratio_cell(vs, "")]) + " |")

@@ -43,10 +43,15 @@ class Comparison(BaseModel):
     def by_label(self, label: str) -> Result | None:
         return next((r for lab, r in zip(self.labels, self.results) if lab == label), None)
 
-    def versus(self, label: str, other: str, shape: str) -> RatioStat | None:
-        """label's time / other's, repetition by repetition in the one run (None: not timed)."""
-        r = self.by_label(label)
-        s = next((s for s in (r.per_shape if r else []) if s.shape == shape and s.timing), None)
+    def versus(self, label: str, other: str, shape: str, dtype: str | None = None) -> RatioStat | None:
+        """label's time / other's at `shape` in `dtype` (default: label's Result's), repetition by
+        repetition in the one run. None: not timed there, or the two Results are keyed on
+        different precisions (a bf16 row is never paired with an fp16 one)."""
+        r, o = self.by_label(label), self.by_label(other)
+        if r is None or o is None or r.dtype != o.dtype:
+            return None
+        want = dtype or r.dtype
+        s = next((s for s in r.per_shape if s.shape == shape and s.dtype == want and s.timing), None)
         stat = s.timing.speedup.get(f"kernel:{other}") if s else None  # other_i / label_i
         if stat is None:
             return None
@@ -172,7 +177,7 @@ def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str 
         for label, path in kernels:
             source = path.read_bytes()
             base = dict(task=task.name, kernel=str(path), kernel_sha256=hashlib.sha256(source).hexdigest(),
-                        device=dev, shapes=shapes, environment={"python": platform.python_version()})
+                        device=dev, shapes=shapes, dtypes=dtypes, environment={"python": platform.python_version()})
             text = source.decode(errors="replace")
             early = static_stage(task, path, text, base, True)
             if isinstance(early, Result):

@@ -105,7 +105,8 @@ def evaluate(
     except OSError as e:
         raise KernelError(f"{path}: cannot read: {e.strerror}") from None
     base = dict(task=task.name, kernel=str(kernel), kernel_sha256=hashlib.sha256(source).hexdigest(), device=device,
-                shapes=shapes, environment={"python": platform.python_version(), "machine": platform.machine()})
+                shapes=shapes, dtypes=dtypes,
+                environment={"python": platform.python_version(), "machine": platform.machine()})
     text = source.decode(errors="replace")
     early = static_stage(task, path, text, base, static_checks)
     if isinstance(early, Result):

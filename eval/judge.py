@@ -131,6 +131,9 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
         channel.stage(name)
 
     task = get_task(request["task"])
+    precisions = request.get("dtypes") or [task.precision]
+    for c in cands:
+        c.base["dtypes"] = precisions  # what the Result is keyed on (eval.result.Result.dtype: the first)
     is_hidden = False
     try:
         at("load")
@@ -152,7 +155,6 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
                 c.finish(Outcome(f.outcome), f.message)
         named = shape_sets()[request["shapes"]]
         hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
-        precisions = request.get("dtypes") or [task.precision]
         # every shape (named, then hidden) in each precision, in this order; a job's place is
         # its seed index, so the first precision's seeds are those of a one-precision run
         jobs = [(p, shape, j >= len(named)) for p in precisions for j, shape in enumerate([*named, *hidden])]

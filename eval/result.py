@@ -8,6 +8,7 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from epiforge.eval.stats import Timing, paired_ratio
+from epiforge.tasks.spec import Precision
 from epiforge.tasks.tolerance import OutputCheck
 
 
@@ -93,7 +94,8 @@ class ShapeResult(BaseModel):
 
     shape: str
     dims: dict[str, int]
-    dtype: str = Field("bfloat16", description="the precision the task ran in at this shape (Task.at)")
+    dtype: Precision = Field("bfloat16", description="the precision the task ran in at this shape (Task.at); "
+                                                     "rows from before fp16 have none: bfloat16")
     outcome: Outcome
     outputs: list[OutputCheck] = []
     message: str = ""
@@ -118,6 +120,9 @@ class Result(BaseModel):
     session: str | None = None
     device: str
     shapes: str = Field(description="shape set name: smoke | paper")
+    dtypes: list[Precision] = Field(["bfloat16"], min_length=1,
+                                    description="the precisions judged, in order (--dtype); the first is `dtype`. "
+                                                "Rows from before fp16 have none: bfloat16")
     outcome: Outcome
     message: str = Field("", description="one line: why it failed, or what passed")
     stderr_tail: str = ""
@@ -142,6 +147,12 @@ class Result(BaseModel):
     @property
     def provisional(self) -> bool:
         return self.passed and self.device == "cpu"
+
+    @computed_field(description="the precision this Result is keyed on (the store, the leaderboard, compare's "
+                                "versus): the first judged, the only one timed on a GPU")
+    @property
+    def dtype(self) -> str:
+        return self.dtypes[0]
 
     @property
     def timed(self) -> bool:

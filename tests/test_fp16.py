@@ -189,6 +189,7 @@ def test_an_expert_kernel_passes_in_fp16_through_the_judge_and_builds_for_sm90a(
     assert r.outcome.value == "PASSED", r.message + r.stderr_tail
     assert "in float16" in r.message
     assert [(s.dtype, s.hidden) for s in r.per_shape] == [("float16", h) for h in (False, False, True, True)]
+    assert r.dtypes == ["float16"]  # keyed on fp16: the store and the leaderboard keep it apart from bf16
     assert r.compiled and all(c["ok"] for c in r.compiled), r.compiled
 
 
@@ -218,10 +219,10 @@ def test_a_kernel_that_works_in_bf16_when_asked_for_fp16_is_rejected(tmp_path, n
     path.write_text(src)
     default = evaluate(task, path, device="cpu", shapes="smoke", seed=3, hidden_shapes=False)
     assert default.outcome.value == "PASSED", default.message  # in bf16 the cheat is the honest kernel
-    assert [s.dtype for s in default.per_shape] == ["bfloat16", "bfloat16"]  # by default bf16 only
+    assert [s.dtype for s in default.per_shape] == ["bfloat16", "bfloat16"] and default.dtypes == ["bfloat16"]
     both = evaluate(task, path, device="cpu", shapes="smoke", seed=3, hidden_shapes=False, dtype="all")
     assert both.outcome.value == outcome, both.message
-    assert "in float16" in both.message
+    assert "in float16" in both.message and both.dtypes == ["bfloat16", "float16"] and both.dtype == "bfloat16"
     assert [s.dtype for s in both.per_shape] == ["bfloat16", "bfloat16", "float16"]  # stopped at fp16's first shape
 
 
@@ -238,6 +239,13 @@ def test_dtype_picks_precisions_in_order_and_defaults_to_the_first():
             pick_dtypes(k1, bad)
 
 
+def test_a_kernel_stopped_before_the_judge_is_keyed_on_the_precision_asked_for(tmp_path):
+    path = tmp_path / "k1_broken.py"
+    path.write_text("TASK = 'k1_gemm_rmsnorm'\ndef run(inputs, prepared:\n")
+    r = evaluate("k1", path, device="cpu", dtype="fp16")
+    assert r.outcome.value == "COMPILE_ERROR" and r.stage == "static" and r.dtypes == ["float16"]
+
+
 def test_a_precision_the_task_does_not_list_is_one_line():
     out = subprocess.run([sys.executable, "-m", "epiforge", "eval", "--task", "k1", "--kernel", "human",
                           "--dtype", "float32"], capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -245,7 +253,10 @@ def test_a_precision_the_task_does_not_list_is_one_line():
     assert out.stderr.strip().splitlines() == ["epiforge: --dtype 'float32': k1_gemm_rmsnorm runs in bfloat16, float16 (or all)"]
 
 
-def test_shipped_results_read_as_bf16():
-    lines = (REPO / "eval" / "data" / "h200-compare.jsonl").read_text().splitlines()
-    results = [Result.model_validate(json.loads(x)) for x in lines if x.strip()]
-    assert results and all(s.dtype == "bfloat16" for r in results for s in r.per_shape)
+def test_shipped_results_from_before_fp16_read_as_bf16():
+    for path in sorted((REPO / "eval" / "data").glob("*.jsonl")):
+        raw = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        assert raw and not any("dtypes" in r or any("dtype" in s for s in r["per_shape"]) for r in raw)  # they say nothing
+        results = [Result.model_validate(r) for r in raw]
+        assert all(r.dtypes == ["bfloat16"] and r.dtype == "bfloat16" for r in results), path
+        assert all(s.dtype == "bfloat16" for r in results for s in r.per_shape), path
