@@ -1,10 +1,14 @@
 """A task in several precisions (tasks/AUTHORING.md "Precisions"): `dtypes` and
 `dtype = "precision"` tensors resolve per run (Task.at), inputs carry the run's precision,
-the allowance comes from the reference in that precision by the same rule, every precision
-is judged, and a kernel that computes or stores bf16 when asked for fp16 is rejected."""
+the allowance comes from the reference in that precision by the same rule, the first
+precision is judged by default and the others when --dtype names them, a kernel that
+computes or stores bf16 when asked for fp16 is rejected, and results from before fp16 read
+as bf16. (The store, leaderboard and compare keying: tests/eval/test_store.py,
+tests/test_leaderboard.py, tests/eval/test_compare.py, tests/test_compare_export.py.)"""
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,65 +27,19 @@ REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = tasks.load_catalogue()[0]
 SMOKE = tasks.shape_sets()["smoke"][0].dims()
 
-SPEC = """
-id = "x9"
-name = "x9_scale"
-title = "GEMM with a row scale"
-description = "out = rstd * (a @ w^T)"
-launches = ["gemm"]
-{dtypes}
-
-[gemm]
-m = "M"
-n = "d"
-k = "d"
-a = "a"
-b = "w"
-
-[[inputs]]
-name = "a"
-shape = ["M", "d"]
-dtype = "precision"
-description = "activations"
-
-[[inputs]]
-name = "w"
-shape = ["d", "d"]
-dtype = "{w_dtype}"
-description = "weight"
-
-[[inputs]]
-name = "rstd"
-shape = ["M"]
-dtype = "float32"
-description = "row scale"
-
-[[outputs]]
-name = "out"
-shape = ["M", "d"]
-dtype = "precision"
-description = "rstd * (a @ w^T)"
-"""
-
-REFERENCE = """
-import torch
-from epiforge.tasks import common
-
-def make_inputs(dims, gen, device, dtype=torch.bfloat16):
-    M, d = dims["M"], dims["d"]
-    return {"a": common.normal((M, d), gen, device, dtype=dtype), "w": common.linear_weight(d, d, gen, device, dtype=dtype),
-            "rstd": common.normal((M,), gen, device, dtype=torch.float32)}
-
-def reference(inputs, dims, mm=torch.matmul):
-    return {"out": inputs["rstd"][:, None] * mm(inputs["a"], inputs["w"].T)}
-"""
+#: k1's folder: a shipped task in both precisions (h, w, out follow the run's; rstd is float32)
+K1 = tasks.get_task("k1").folder
+BOTH = 'dtypes = ["bfloat16", "float16"]'
+W_FOLLOWS = 'name = "w"\nshape = ["3*d", "d"]\ndtype = "precision"'
 
 
-def write_task(root: Path, dtypes='dtypes = ["bfloat16", "float16"]', w_dtype="precision", extra="") -> Path:
-    folder = root / "x9_scale"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "task.toml").write_text(extra + SPEC.format(dtypes=dtypes, w_dtype=w_dtype))
-    (folder / "reference.py").write_text(REFERENCE)
+def write_task(root: Path, edit=lambda text: text) -> Path:
+    """k1's task folder copied under root, its task.toml `edit`ed; returns that task.toml."""
+    folder = root / K1.name
+    shutil.copytree(K1, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    spec = (K1 / "task.toml").read_text()
+    assert BOTH in spec and W_FOLLOWS in spec  # what the edits below rewrite
+    (folder / "task.toml").write_text(edit(spec))
     return folder / "task.toml"
 
 
@@ -89,47 +47,41 @@ def test_precision_tensors_take_the_runs_dtype_and_the_others_stay(tmp_path):
     task = load_task_file(write_task(tmp_path))
     assert task.dtypes == ["bfloat16", "float16"] and task.precision == "bfloat16"
     dtype = {t.name: t.dtype for t in [*task.inputs, *task.outputs]}
-    assert dtype == {"a": "bfloat16", "w": "bfloat16", "rstd": "float32", "out": "bfloat16"}
+    assert dtype == {"h": "bfloat16", "w": "bfloat16", "rstd": "float32", "out": "bfloat16"}
     half = task.at("float16")
     assert half.precision == "float16"
     assert {t.name: t.dtype for t in [*half.inputs, *half.outputs]} == {
-        "a": "float16", "w": "float16", "rstd": "float32", "out": "float16"}
+        "h": "float16", "w": "float16", "rstd": "float32", "out": "float16"}
     assert task.at("bfloat16") is task and task.inputs[0].dtype == "bfloat16"  # at() leaves the task as it was
     inputs = half.make_inputs(SMOKE, seed=1)  # make_inputs is handed dtype=float16
-    assert inputs["a"].dtype == torch.float16 and inputs["rstd"].dtype == torch.float32
+    assert inputs["h"].dtype == torch.float16 and inputs["rstd"].dtype == torch.float32
     with pytest.raises(TaskError, match="runs in bfloat16, float16, not float32"):
         task.at("float32")
 
 
 def test_a_task_that_says_nothing_runs_in_bf16_only(tmp_path):
-    task = load_task_file(write_task(tmp_path, dtypes=""))
+    task = load_task_file(write_task(tmp_path, lambda text: text.replace(BOTH, "")))
     assert task.dtypes == ["bfloat16"] and task.precision == "bfloat16"
-    assert [t.dtype for t in task.inputs] == ["bfloat16", "bfloat16", "float32"]
+    assert [t.dtype for t in task.inputs] == ["bfloat16", "float32", "bfloat16"]
     with pytest.raises(TaskError, match="runs in bfloat16, not float16"):
         task.at("float16")
-    # every catalogue task without a dtypes line would be bf16-only; the shipped ones list both
+    # a task without a dtypes line is bf16-only; the shipped ones list both
     assert all(t.dtypes == ["bfloat16", "float16"] for t in CATALOGUE)
 
 
-@pytest.mark.parametrize("dtypes, w_dtype, extra, message", [
-    ('dtypes = ["bfloat16", "float16"]', "bfloat16", "", "a (a) and b (w) must have one dtype"),
-    ('dtypes = ["bfloat16", "bfloat16"]', "precision", "", "lists a precision twice"),
-    ('dtypes = ["float32"]', "precision", "", "dtypes.0"),
-    ('dtypes = []', "precision", "", "dtypes"),
-    ('dtypes = ["bfloat16", "float16"]', "precision", 'precision = "float16"\n', "precision: not a task.toml key"),
-])
-def test_bad_precision_specs_are_one_line(tmp_path, dtypes, w_dtype, extra, message):
-    path = write_task(tmp_path, dtypes=dtypes, w_dtype=w_dtype, extra=extra)
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace(W_FOLLOWS, W_FOLLOWS.replace("precision", "bfloat16")), "a (h) and b (w) must have one dtype"),
+    (lambda t: t.replace(BOTH, 'dtypes = ["bfloat16", "bfloat16"]'), "lists a precision twice"),
+    (lambda t: t.replace(BOTH, 'dtypes = ["float32"]'), "dtypes.0"),
+    (lambda t: t.replace(BOTH, "dtypes = []"), "dtypes"),
+    (lambda t: 'precision = "float16"\n' + t, "precision: not a task.toml key"),
+    (lambda t: t.replace('dtype = "precision"', 'dtype = "bfloat16"'), 'no tensor has dtype = "precision"'),
+], ids=["a-and-b-differ", "twice", "not-16-bit", "none", "precision-key", "nothing-follows"])
+def test_bad_precision_specs_are_one_line(tmp_path, edit, message):
+    path = write_task(tmp_path, edit)
     with pytest.raises(TaskError) as e:
         load_task_file(path)
     assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
-
-
-def test_several_precisions_need_a_tensor_that_follows_them(tmp_path):
-    path = write_task(tmp_path, w_dtype="bfloat16")
-    path.write_text(path.read_text().replace('dtype = "precision"', 'dtype = "bfloat16"'))
-    with pytest.raises(TaskError, match='no tensor has dtype = "precision"'):
-        load_task_file(path)
 
 
 @pytest.mark.parametrize("task", [t for t in CATALOGUE if "float16" in t.dtypes], ids=lambda t: t.id)
