@@ -122,7 +122,8 @@ class Pack:
             task=self.task, inputs=self.task.inputs, outputs=self.task.outputs, scalars=self.task.scalars,
             docs=inside, more_docs=outside, all_docs=self.docs, examples=self.prompt_examples(),
             other_examples=sorted(self.examples, key=task_order), stub=kernel_stub(self.task),
-            finishers=_finishers(self.task), smoke=_smoke_dims(), **extra,
+            finishers=_finishers(self.task), smoke=_smoke_dims(), dtype_shown=lambda t: dtype_shown(self.task, t),
+            **extra,
         ).strip() + "\n"
 
     def system_prompt(self, **extra) -> str:
@@ -202,6 +203,16 @@ def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None,
         else:
             kept[name] = source
     return out_docs, kept, withheld, stopped
+
+
+def dtype_shown(task, spec) -> str:
+    """A tensor's dtype as the prompt names it: a fixed one as it is; a `precision` one as
+    the precision judged (the task's first by default, its others when a run asks)."""
+    if not spec.follows_precision:
+        return spec.dtype
+    others = [d for d in task.dtypes if d != task.dtypes[0]]
+    return (f"precision (the one judged: {task.dtypes[0]} by default"
+            + (f", {' or '.join(others)} when asked" if others else "") + ")")
 
 
 def kernel_stub(task) -> str:

@@ -36,21 +36,21 @@ FLASHINFER_UNRECORDED = "0.7.2.post1 (what ../shared/gpu/stage-flashinfer instal
 
 def load(stores: list[Path], commits: list[str], command: str) -> list:
     """The Results of the stores, kernel paths repo-relative; a task and kernel compared in
-    a later store replaces the earlier Result (one Result per task and kernel file).
+    a later store replaces the earlier Result (one Result per task, kernel file and precision).
     commits: one per store, or one for all."""
     from epiforge.eval.store import ResultStore
 
     if len(commits) not in (1, len(stores)):
         raise SystemExit("compare_export: give one --commit, or one per store")
-    latest: dict[tuple[str, str], object] = {}
+    latest: dict[tuple[str, str, str], object] = {}
     for store, commit in zip(stores, commits * len(stores) if len(commits) == 1 else commits):
         for row in ResultStore(store).rows()[::-1]:  # rows() is newest first
             r = row.result
             kernel = Path(r.kernel)
             rel = next((str(kernel.relative_to(p)) for p in (REPO, *kernel.parents)
                         if kernel.is_relative_to(p) and (REPO / kernel.relative_to(p)).is_file()), kernel.name)
-            latest.pop((r.task, rel), None)  # re-inserted: the order is the latest run's
-            latest[(r.task, rel)] = r.model_copy(update={
+            latest.pop((r.task, rel, r.dtype), None)  # re-inserted: the order is the latest run's
+            latest[(r.task, rel, r.dtype)] = r.model_copy(update={
                 "kernel": rel, "environment": {**r.environment, "commit": commit, "command": command},
                 "stderr_tail": scrub_paths(r.stderr_tail)})
     return list(latest.values())
@@ -68,14 +68,14 @@ def _repo_relative(path: Path) -> str:
 
 
 def comparisons(results: list) -> list:
-    """One Comparison per task, expert first, in the order the tasks were run."""
+    """One Comparison per task and precision, expert first, in the order the tasks were run."""
     from epiforge.eval.compare import Comparison
 
-    by_task: dict[str, list] = {}
+    by_task: dict[tuple[str, str], list] = {}
     for r in results:
-        by_task.setdefault(r.task, []).append(r)
+        by_task.setdefault((r.task, r.dtype), []).append(r)
     cmps = []
-    for task, rs in by_task.items():
+    for (task, _), rs in by_task.items():
         rs = sorted(rs, key=lambda r: r.track != "expert")
         labels = ["expert" if r.track == "expert" else f"generated:{Path(r.kernel).stem}" if r.track == "generated"
                   else Path(r.kernel).stem for r in rs]
@@ -98,11 +98,12 @@ class Agreement(NamedTuple):
 
 def agreement(results: list, bench) -> list[Agreement]:
     """An Agreement for each expert row of the Results that the bench file (an
-    eval.bench_rows.BenchReport) has too."""
+    eval.bench_rows.BenchReport) has too: bf16 Results only, the precision bench/run.py
+    times (each task's first)."""
     theirs = {(row.task, row.shape): row for row in bench.rows if row.fused is not None}
     rows = []
     for r in results:
-        if r.track != "expert":
+        if r.track != "expert" or r.dtype != "bfloat16":
             continue
         for s in r.per_shape:
             row = theirs.get((r.task, s.shape))

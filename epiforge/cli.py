@@ -72,11 +72,14 @@ def cmd_tasks_show(args) -> int:
     say(f"{task.name} ({task.id}): {task.title}\n", "bold")
     say(task.description.strip() + "\n")
     say(f"GEMM: D ({task.gemm.m} x {task.gemm.n}) = A ({task.gemm.m} x {task.gemm.k}) @ B; launches: {', '.join(task.launches)}")
+    say(f"precisions: {', '.join(task.dtypes)} (judged in {task.dtypes[0]} unless --dtype names others; "
+        "\"precision\" below is the run's)")
     for title, specs in (("inputs", task.inputs), ("outputs", task.outputs)):
         say(f"\n{title}", "bold")
         for t in specs:
             tag = " (constant)" if getattr(t, "constant", False) else ""
-            say(f"  {t.name}: [{', '.join(t.shape)}] {t.dtype}{tag}: {t.description}  ({t.layout})")
+            dtype = f"precision ({' | '.join(task.dtypes)})" if t.follows_precision else t.dtype
+            say(f"  {t.name}: [{', '.join(t.shape)}] {dtype}{tag}: {t.description}  ({t.layout})")
     for s in task.scalars:
         say(f"  scalar {s.name} = {s.value}: {s.description}")
     say("\ntolerance: max|out - ref| <= factor * max|ref_lowprec - ref| + atol per output, the RMS error likewise:")
@@ -96,7 +99,7 @@ def cmd_eval(args) -> int:
     from epiforge.eval import evaluate
 
     result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
-                      timeout_s=args.timeout, compile=args.compile)
+                      timeout_s=args.timeout, compile=args.compile, dtype=args.dtype)
     if args.store:
         from epiforge.eval.store import ResultStore
 
@@ -107,7 +110,8 @@ def cmd_eval(args) -> int:
         con = _console()
         color = "green" if result.passed else "red"
         tag = " (provisional: CPU emulator only; a Hopper GPU run makes it final)" if result.provisional else ""
-        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes} + a hidden shape): "
+        precisions = ", ".join(result.dtypes)
+        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes} + a hidden shape; {precisions}): "
                   f"[{color}]{result.outcome.value}[/{color}]{tag} (stage: {result.stage})", markup=True,
                   highlight=False)
         con.print(result.message, markup=False)
@@ -119,13 +123,13 @@ def cmd_eval(args) -> int:
                       f"allowed {w['allowed']}", markup=False)
         for s in result.per_shape:
             if s.hidden:
-                con.print(f"  hidden shape: {s.outcome.value}", markup=False)
+                con.print(f"  hidden shape ({s.dtype}): {s.outcome.value}", markup=False)
             if s.timing:  # only timed kernels show a speed; IMPLAUSIBLE ones are quarantined
                 t = s.timing
                 tag = " (quarantined: implausible)" if s.outcome.value == "IMPLAUSIBLE" else ""
                 over = t.fused_over_gemm_only
                 ci = f" (95% interval {over.ci_low:.3f}-{over.ci_high:.3f})" if over.ci_low is not None else ""
-                con.print(f"  {s.shape}: {t.kernel.median_us:.1f} us = {over.median:.3f}x GEMM-only{ci}, "
+                con.print(f"  {s.shape} ({s.dtype}): {t.kernel.median_us:.1f} us = {over.median:.3f}x GEMM-only{ci}, "
                           f"{t.speedup['eager'].median:.2f}x faster than eager PyTorch{tag}", markup=False)
         if not result.passed and result.stderr_tail:
             con.print("[dim]--- stderr (tail) ---[/dim]")
@@ -136,10 +140,12 @@ def cmd_eval(args) -> int:
 def cmd_compile(args) -> int:
     from epiforge.eval import evaluate
 
-    result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed)
+    result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed,
+                      dtype=args.dtype)
     compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
     if args.json:
-        print(json.dumps({"task": result.task, "kernel": result.kernel, "outcome": result.outcome.value,
+        print(json.dumps({"task": result.task, "kernel": result.kernel, "dtypes": result.dtypes,
+                          "outcome": result.outcome.value,
                           "message": result.message, "compiled": result.compiled,
                           "compiled_ok": compiled_ok}, indent=1))
     else:
@@ -216,7 +222,7 @@ def cmd_compare(args) -> int:
         kernels_of = {name: len(kernels) for name, kernels in plans}
         progress.update(job, description=f"{plans[0][0]}: {kernels_of[plans[0][0]]} kernel(s) on {device}")
         compare_all(plans, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu", reps=args.reps,
-                    baselines=args.baselines, on_done=done,
+                    baselines=args.baselines, dtype=args.dtype, on_done=done,
                     on_stage=lambda name, st: progress.update(job, description=f"{name}: {st}"))
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in comparisons], indent=1))
@@ -237,6 +243,7 @@ def render_comparison(cmp) -> str:
             *(f"x {b} (95%)" for b in shown), "vs expert (time, 95%)"]
     lines = [f"## {cmp.task} on {'the GPU' if cmp.device == 'cuda' else 'the CPU'} ({cmp.shapes} shapes)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cmp_dtypes = {s.dtype for _, r in results for s in r.per_shape}
     for label, r in results:
         build = ("-" if not r.compiled else "ok" if all(c.get("ok") for c in r.compiled) else "FAILED")
         outcome = r.outcome.value + (" (provisional)" if r.provisional else "")
@@ -245,8 +252,9 @@ def render_comparison(cmp) -> str:
             t = s.timing if s else None
             sol = f"{t.fraction_of_speed_of_light:.3f}" if t else "-"
             speedups = [_ratio_cell(t.speedup.get(b) if t else None, "x") for b in shown]
-            vs = cmp.versus(label, "expert", s.shape) if s and label != "expert" else None
-            lines.append("| " + " | ".join([label, r.track, outcome, build, s.shape if s else "-", sol, *speedups,
+            vs = cmp.versus(label, "expert", s.shape, s.dtype) if s and label != "expert" else None
+            where = (f"{s.shape} ({s.dtype})" if s.dtype != "bfloat16" or len(cmp_dtypes) > 1 else s.shape) if s else "-"
+            lines.append("| " + " | ".join([label, r.track, outcome, build, where, sol, *speedups,
                                             _ratio_cell(vs, "")]) + " |")
         if not r.passed:
             lines.append(f"|  |  | {r.message[:160].replace('|', '/')} |" + "  |" * (len(head) - 3))
@@ -326,6 +334,14 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def add_dtype_flag(p: argparse.ArgumentParser) -> None:
+    """--dtype, the precisions a kernel is judged in (eval.evaluation.pick_dtypes)."""
+    p.add_argument("--dtype", default=None, metavar="PRECISIONS",
+                   help="the precisions to judge in: bfloat16 | bf16, float16 | fp16, a comma list of them, or all "
+                        "(every one the task lists, `tasks show`); default: the task's first, bfloat16. On a GPU "
+                        "only the first named is timed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="epiforge", description="LLM-written fused GEMM epilogues, proved right and fast.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -348,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None,
                    help="the whole evaluation's limit in seconds (default: 600 on a CPU, 900 on a GPU)")
     p.add_argument("--compile", action="store_true", help="on a CPU, also cross-compile every epilogue for sm_90a")
+    add_dtype_flag(p)
     p.add_argument("--store", default=None, help="also record the result in this SQLite file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
@@ -357,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
     p.add_argument("--shapes", default="smoke")
     p.add_argument("--seed", type=int, default=0)
+    add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compile)
 
@@ -388,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "first timed run (eval/warm.py; otherwise the judge builds each task's as it comes to it). Measured on the "
                         "H200 (2026-12-02) it did not pay: ~200 s ahead, and the judges' warmup stage stayed "
                         "8-18 s per task")
+    add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from epiforge.eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, static_stage
+from epiforge.eval.evaluation import DEFAULT_TIMEOUT_S, check_arguments, pick_dtypes, static_stage
 from epiforge.eval.isolation import run_judge
 from epiforge.eval.kernel import HUMAN_DIR, KernelError, expert_kernel, generated_kernels, read_kernel, resolve_kernel
 from epiforge.eval.result import Outcome, RatioStat, Result
@@ -43,10 +43,15 @@ class Comparison(BaseModel):
     def by_label(self, label: str) -> Result | None:
         return next((r for lab, r in zip(self.labels, self.results) if lab == label), None)
 
-    def versus(self, label: str, other: str, shape: str) -> RatioStat | None:
-        """label's time / other's, repetition by repetition in the one run (None: not timed)."""
-        r = self.by_label(label)
-        s = next((s for s in (r.per_shape if r else []) if s.shape == shape and s.timing), None)
+    def versus(self, label: str, other: str, shape: str, dtype: str | None = None) -> RatioStat | None:
+        """label's time / other's at `shape` in `dtype` (default: label's Result's), repetition by
+        repetition in the one run. None: not timed there, or the two Results are keyed on
+        different precisions (a bf16 row is never paired with an fp16 one)."""
+        r, o = self.by_label(label), self.by_label(other)
+        if r is None or o is None or r.dtype != o.dtype:
+            return None
+        want = dtype or r.dtype
+        s = next((s for s in r.per_shape if s.shape == shape and s.dtype == want and s.timing), None)
         stat = s.timing.speedup.get(f"kernel:{other}") if s else None  # other_i / label_i
         if stat is None:
             return None
@@ -147,12 +152,13 @@ def compare(task_name: str, kernels: list[tuple[str, Path]], **kw) -> Comparison
 
 def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str = "cpu", shapes: str = "smoke",
                 seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 30,
-                baselines: list[str] = (), on_stage=None, on_done=None) -> list[Comparison]:
+                baselines: list[str] = (), dtype=None, on_stage=None, on_done=None) -> list[Comparison]:
     """compare() of several tasks, [(task, kernels)], judged one after another by ONE judge
     process (eval/judge.py, a job per task): what every judge pays once (CUDA, cuBLAS,
     Inductor's, Liger's and quack's first builds) is paid once. The static stage runs
     here, per kernel, on each source read once. baselines: registry names
-    (eval/baselines.py) timed beside the standard ones on a GPU. on_stage(task, stage)
+    (eval/baselines.py) timed beside the standard ones on a GPU. dtype: as evaluate's
+    (eval.evaluation.pick_dtypes), for every task. on_stage(task, stage)
     hears each stage; on_done(Comparison) gets each task's as soon as it is settled, in
     the order given. A judge that ends without a verdict (it crashed, or ran out of time)
     costs that one task its verdict: the tasks after it go to a new judge."""
@@ -166,11 +172,12 @@ def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str 
     todo = []
     for task_name, kernels in plans:
         dev, task = check_arguments(task_name, device, shapes)
+        dtypes = pick_dtypes(task, dtype)
         plan = _Plan(task.name, kernels, dev, shapes)
         for label, path in kernels:
             source = path.read_bytes()
             base = dict(task=task.name, kernel=str(path), kernel_sha256=hashlib.sha256(source).hexdigest(),
-                        device=dev, shapes=shapes, environment={"python": platform.python_version()})
+                        device=dev, shapes=shapes, dtypes=dtypes, environment={"python": platform.python_version()})
             text = source.decode(errors="replace")
             early = static_stage(task, path, text, base, True)
             if isinstance(early, Result):
@@ -183,7 +190,7 @@ def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str 
             plan.job = {"task": task.name, "device": dev, "shapes": shapes, "kernels": plan.judged,
                         "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
                         "memory_limit_gib": 16, "hidden_shapes": True, "timing": True, "runner_env": runner_env,
-                        "baselines": list(baselines),
+                        "baselines": list(baselines), "dtypes": dtypes,
                         "timeout_s": float(timeout_s or DEFAULT_TIMEOUT_S[dev] * len(plan.judged))}
         todo.append(plan)
     shown = 0

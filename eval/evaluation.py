@@ -37,6 +37,31 @@ def check_arguments(task_name: str, device: str, shapes: str):
     return device, task
 
 
+#: what --dtype accepts besides the names themselves
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def pick_dtypes(task, dtype=None) -> list[str]:
+    """The precisions to judge `task` in, in order: None its first (its default, bfloat16 for
+    every shipped task), "all" every one it lists (its `dtypes`), else the named ones
+    ("float16", "bf16,fp16" or a list); ValueError (one line) otherwise."""
+    if dtype is None:
+        return [task.dtypes[0]]
+    if dtype == "all":
+        return list(task.dtypes)
+    names = dtype.split(",") if isinstance(dtype, str) else list(dtype)
+    picked = []
+    for name in (n.strip() for n in names):
+        full = DTYPE_ALIASES.get(name, name)
+        if full not in task.dtypes:
+            raise ValueError(f"--dtype {name!r}: {task.name} runs in {', '.join(task.dtypes)} (or all)")
+        if full not in picked:
+            picked.append(full)
+    if not picked:
+        raise ValueError(f"--dtype: no precision named; {task.name} runs in {', '.join(task.dtypes)} (or all)")
+    return picked
+
+
 def evaluate(
     task_name: str,
     kernel: str | Path,
@@ -52,6 +77,7 @@ def evaluate(
     reps: int = 50,
     hidden_shapes: bool = True,
     timing: bool = True,
+    dtype=None,
     on_stage=None,
 ) -> Result:
     """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`.
@@ -62,11 +88,15 @@ def evaluate(
     timeout_s: the whole evaluation's limit (default 600 s on a CPU, 900 s on a GPU).
     memory_limit_gib: the runner's CPU address-space limit (CPU runs); gpu_memory_gib: its
     share of the GPU. timing=False (GPU): numerics and launches only, nothing timed.
+    dtype: the precisions to judge in (pick_dtypes; default the task's first, "all" every
+    one it lists); on a GPU only the first is timed, the others get numerics and the
+    launch check.
     static_checks=False and hidden_shapes=False are for the evaluator's
     own tests of the layers behind them (tests/exploits); never turn them off for a real
     candidate. on_stage(name) hears each stage as it starts. Raises ValueError / TaskError
     / KernelError (one line) for bad arguments; everything about the kernel is the Result."""
     device, task = check_arguments(task_name, device, shapes)
+    dtypes = pick_dtypes(task, dtype)
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"the timeout must be a positive number of seconds, got {timeout_s}")
     path = resolve_kernel(str(kernel), task.name)
@@ -75,7 +105,8 @@ def evaluate(
     except OSError as e:
         raise KernelError(f"{path}: cannot read: {e.strerror}") from None
     base = dict(task=task.name, kernel=str(kernel), kernel_sha256=hashlib.sha256(source).hexdigest(), device=device,
-                shapes=shapes, environment={"python": platform.python_version(), "machine": platform.machine()})
+                shapes=shapes, dtypes=dtypes,
+                environment={"python": platform.python_version(), "machine": platform.machine()})
     text = source.decode(errors="replace")
     early = static_stage(task, path, text, base, static_checks)
     if isinstance(early, Result):
@@ -90,7 +121,7 @@ def evaluate(
                "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
                "gpu_memory_gib": gpu_memory_gib, "memory_limit_gib": memory_limit_gib,
                "static_checks": bool(static_checks), "hidden_shapes": bool(hidden_shapes), "timing": bool(timing),
-               "runner_env": runner_env}
+               "runner_env": runner_env, "dtypes": dtypes}
     run = run_judge(request, timeout_s=timeout, on_stage=on_stage)
     return _from_judge(run, base, timeout)
 
@@ -150,4 +181,4 @@ def _from_judge(run, base: dict, timeout: float) -> Result:
                   message=f"the judge ended without a verdict ({why}) during {run.stage}")
 
 
-__all__ = ["evaluate", "KernelError", "TaskError"]
+__all__ = ["evaluate", "pick_dtypes", "KernelError", "TaskError"]

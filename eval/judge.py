@@ -131,6 +131,9 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
         channel.stage(name)
 
     task = get_task(request["task"])
+    precisions = request.get("dtypes") or [task.precision]
+    for c in cands:
+        c.base["dtypes"] = precisions  # what the Result is keyed on (eval.result.Result.dtype: the first)
     is_hidden = False
     try:
         at("load")
@@ -152,30 +155,38 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
                 c.finish(Outcome(f.outcome), f.message)
         named = shape_sets()[request["shapes"]]
         hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
-        # numerics at every shape (named, then hidden) before anything is timed: a kernel
-        # that fails anywhere never shows a speed, and no GPU time is spent timing it
-        for i, shape in enumerate([*named, *hidden]):
-            is_hidden = i >= len(named)
+        # every shape (named, then hidden) in each precision, in this order; a job's place is
+        # its seed index, so the first precision's seeds are those of a one-precision run
+        jobs = [(p, shape, j >= len(named)) for p in precisions for j, shape in enumerate([*named, *hidden])]
+        # numerics at every shape before anything is timed: a kernel that fails anywhere
+        # never shows a speed, and no GPU time is spent timing it
+        for i, (p, shape, is_hidden) in enumerate(jobs):
             at("numerics")
             for c in [c for c in cands if c.live]:
-                c.per_shape.append(check_shape(task, c.kp, shape, request["seed"], i, device, hidden=is_hidden))
-                res = c.per_shape[-1]
+                res = check_shape(task.at(p), c.kp, shape, request["seed"], i, device, hidden=is_hidden)
+                c.per_shape.append(res.model_copy(update={"dtype": p}))
                 if res.outcome != Outcome.PASSED:
-                    c.finish(res.outcome, f"{res.shape}: {res.message}")
+                    c.finish(res.outcome, f"{res.shape}{_in(p, precisions)}: {res.message}")
         is_hidden = False
-        for i, shape in enumerate(named if device == "cuda" else []):
+        # on a GPU: the launch check in every precision, timing in the first only (one
+        # precision per Result's speed numbers)
+        for i, (p, shape, hid) in enumerate(jobs if device == "cuda" else []):
             group = {c.label: (c.kp, c.per_shape[i]) for c in cands if c.live}
-            if group:
-                run_timed_stages(task, group, shape, request["seed"], i, stage=at, ceilings=ceilings,
-                                 reps=request.get("reps", 50), shapes_name=request["shapes"], device=device,
-                                 timed=request.get("timing", True), baselines=request.get("baselines", []))
+            if hid or not group:
+                continue
+            timed = request.get("timing", True) and p == precisions[0]
+            run_timed_stages(task.at(p), group, shape, request["seed"], i, stage=at, ceilings=ceilings,
+                             reps=request.get("reps", 50), shapes_name=request["shapes"], device=device,
+                             timed=timed, baselines=request.get("baselines", []))
             for c in [c for c in cands if c.live]:
                 res = c.per_shape[i]
                 if res.outcome != Outcome.PASSED:
-                    c.finish(res.outcome, f"{res.shape}: {res.message}")
+                    c.finish(res.outcome, f"{res.shape}{_in(p, precisions)}: {res.message}")
+                elif not timed and request.get("timing", True):
+                    res.message = res.message.replace("asked for numerics and launches only", f"only {precisions[0]} is timed")
         at("done")
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device))
+            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device, precisions))
     except TaskCodeError as e:  # the task's reference.py failed: the task's fault, not a kernel's
         traceback.print_exc()
         detail = mask_numbers(e.detail) if is_hidden else e.detail  # it may quote the hidden shape's sizes
@@ -226,13 +237,20 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
             raise KernelFailure("RUNTIME_ERROR", f"CUDA does not start in the runner: {loaded.get('why')}")
 
 
-def _passed_message(per_shape: list[ShapeResult], device: str) -> str:
+def _in(precision: str, precisions: list[str]) -> str:
+    """ " in float16" where a run has several precisions (a failure names its own)."""
+    return f" in {precision}" if len(precisions) > 1 or precision != "bfloat16" else ""
+
+
+def _passed_message(per_shape: list[ShapeResult], device: str, precisions: list[str]) -> str:
     shown = [r for r in per_shape if not r.hidden]
-    msg = (f"all {len(shown)} shapes within tolerance ({shown[0].trials if shown else 0} trials each)"
-           + (f", and {len(per_shape) - len(shown)} hidden shape(s)" if len(per_shape) > len(shown) else ""))
+    n, hid = len(shown) // len(precisions), (len(per_shape) - len(shown)) // len(precisions)
+    where = f" in {' and '.join(precisions)}" if _in(precisions[0], precisions) else ""
+    msg = (f"all {n} shapes within tolerance{where} ({shown[0].trials if shown else 0} trials each)"
+           + (f", and {hid} hidden shape(s)" if hid else ""))
     if device == "cuda":
         ratios = ", ".join(f"{r.shape} {r.timing.fused_over_gemm_only.median:.3f}" for r in shown if r.timing)
-        msg += f"; fused / GEMM-only: {ratios}"
+        msg += f"; fused / GEMM-only{where and f' (in {precisions[0]})'}: {ratios}"
     return msg
 
 

@@ -5,7 +5,10 @@ A track is where a kernel came from: "expert" (human_kernels/), "generated:<back
 (an agent session's kernel), or "candidate" (any other file). Only Results that are
 `ranked` (PASSED, timed on a GPU, not quarantined) enter the tables; quarantined
 (IMPLAUSIBLE) and provisional (CPU-only) ones are listed apart. Of several ranked Results of
-one task and track the best (lowest worst fused / GEMM-only) stands for the cell.
+one task and track the best (lowest worst fused / GEMM-only) stands for the cell. Every
+cell is of one precision (the Result's dtype, the one it was timed in): each precision
+present gets a table of its own, bfloat16 first, and a bf16 Result never stands beside or
+is compared with an fp16 one.
 
 Every number comes from a Result's ShapeTiming, i.e. from ratios taken repetition by
 repetition within one interleaved run. Generated / expert is too where `epiforge compare`
@@ -27,6 +30,7 @@ from pathlib import Path
 from epiforge.eval.baselines import REPORTED
 from epiforge.eval.result import NOT_THE_KERNELS_FAULT, Result
 from epiforge.tasks import id_of, task_order
+from epiforge.tasks.spec import PRECISIONS
 from epiforge.eval.machine import DATA_DIR, REPO, expert_kernel  # noqa: F401 (REPO: for callers naming files relative to it)
 
 #: the H200 Results shipped with the repo: `epiforge compare --shapes paper` of every task
@@ -55,6 +59,11 @@ class Cell:
     track: str
     result: Result  # the best ranked Result of this task and track
 
+    @property
+    def dtype(self) -> str:
+        """The precision of the cell's timings (its Result's dtype)."""
+        return self.result.dtype
+
     def shapes(self):
         return [s for s in self.result.per_shape if s.timing is not None and not s.hidden]
 
@@ -81,24 +90,29 @@ class Board:
     cells: list[Cell] = field(default_factory=list)
     apart: list[tuple[str, Result]] = field(default_factory=list)  # (why, result): quarantined, provisional
     failed: list[Result] = field(default_factory=list)
-    unsolved: dict[tuple[str, str], str] = field(default_factory=dict)  # (task, track) -> an outcome, nothing ranked
+    unsolved: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (task, track, dtype) -> an outcome, nothing ranked
     sources: list[str] = field(default_factory=list)
     agents: list["AgentRow"] = field(default_factory=list)
 
     def tracks(self) -> list[str]:
         order = {"expert": 0, "candidate": 2}
-        found = {c.track for c in self.cells} | {track for _, track in self.unsolved}
+        found = {c.track for c in self.cells} | {track for _, track, _ in self.unsolved}
         return sorted(found, key=lambda t: (order.get(t, 1), t))
 
-    def cell(self, task: str, track: str) -> Cell | None:
-        return next((c for c in self.cells if c.task == task and c.track == track), None)
+    def dtypes(self) -> list[str]:
+        """The precisions of the cells and unsolved rows, in the catalogue's order (bf16 first)."""
+        found = {c.dtype for c in self.cells} | {dtype for _, _, dtype in self.unsolved}
+        return sorted(found, key=lambda d: (PRECISIONS.index(d) if d in PRECISIONS else len(PRECISIONS), d))
 
-    def fast_p(self, track: str, baseline: str, p: float) -> tuple[int, int]:
-        """(shapes of the track's correct cells at least p times faster than the baseline,
-        shapes of the track's cells timed against that baseline)."""
+    def cell(self, task: str, track: str, dtype: str = "bfloat16") -> Cell | None:
+        return next((c for c in self.cells if (c.task, c.track, c.dtype) == (task, track, dtype)), None)
+
+    def fast_p(self, track: str, baseline: str, p: float, dtype: str = "bfloat16") -> tuple[int, int]:
+        """(shapes of the track's correct cells in `dtype` at least p times faster than the
+        baseline, shapes of those cells timed against that baseline)."""
         hit = total = 0
         for c in self.cells:
-            if c.track != track:
+            if c.track != track or c.dtype != dtype:
                 continue
             for s in c.shapes():
                 if baseline in s.timing.speedup:
@@ -109,7 +123,7 @@ class Board:
 
 def build(results: list[Result], agents: list["AgentRow"] | None = None, sources: list[str] | None = None) -> Board:
     board = Board(sources=list(sources or []), agents=list(agents or []))
-    best: dict[tuple[str, str], Result] = {}
+    best: dict[tuple[str, str, str], Result] = {}
     for r in results:
         if r.provisional:
             board.apart.append(("provisional: passed on the CPU emulator only", r))
@@ -118,14 +132,14 @@ def build(results: list[Result], agents: list["AgentRow"] | None = None, sources
         elif r.outcome in NOT_THE_KERNELS_FAULT:
             board.apart.append(("the task's own code failed, not the kernel: " + r.message[:120].replace("|", "/"), r))
         elif r.ranked:
-            key = (r.task, track_of(r))
+            key = (r.task, track_of(r), r.dtype)
             if key not in best or _worst(r) < _worst(best[key]):
                 best[key] = r
         else:
             board.failed.append(r)
-    board.cells = [Cell(task, track, r) for (task, track), r in sorted(best.items())]
+    board.cells = [Cell(task, track, r) for (task, track, _), r in sorted(best.items())]
     for r in board.failed:
-        board.unsolved.setdefault((r.task, track_of(r)), r.outcome.value)
+        board.unsolved.setdefault((r.task, track_of(r), r.dtype), r.outcome.value)
     for key in best:
         board.unsolved.pop(key, None)
     return board
@@ -223,39 +237,48 @@ def render_markdown(board: Board) -> str:
         lines += ["No ranked results yet: a Result is ranked once it PASSED and was timed on a Hopper GPU "
                   "(`epiforge eval --device gpu --store FILE`, `epiforge compare`).", ""]
     else:
-        lines += _tasks_table(board)
+        for dtype in board.dtypes():
+            lines += _tasks_table(board, dtype)
     lines += _agents_table(board)
     if board.apart:
         lines += ["## Not ranked", "", "| task | track | outcome | why |", "|---|---|---|---|"]
-        lines += [f"| {r.task} | {track_of(r)} | {r.outcome.value} | {why} |" for why, r in board.apart]
+        lines += [f"| {r.task} | {track_of(r)}{_in(r.dtype)} | {r.outcome.value} | {why} |" for why, r in board.apart]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _tasks_table(board: Board) -> list[str]:
-    present = [b for b in BASELINE_COLUMNS if any(c.speedup_geomean(b) is not None for c in board.cells)]
+def _in(dtype: str) -> str:
+    """ " (float16)" beside a row of any precision but the default one."""
+    return "" if dtype == "bfloat16" else f" ({dtype})"
+
+
+def _tasks_table(board: Board, dtype: str) -> list[str]:
+    """The tasks x tracks table of the cells in one precision, and its fast_p."""
+    cells = [c for c in board.cells if c.dtype == dtype]
+    unsolved = {(t, track): why for (t, track, d), why in board.unsolved.items() if d == dtype}
+    present = [b for b in BASELINE_COLUMNS if any(c.speedup_geomean(b) is not None for c in cells)]
     shapes = []
-    for c in board.cells:
+    for c in cells:
         for s in c.shapes():
             if s.shape not in shapes:
                 shapes.append(s.shape)
-    gpu = sorted({c.result.environment.get("gpu", "?") for c in board.cells})
-    out = [f"## Tasks x tracks ({', '.join(gpu)}, {' / '.join(shapes)})", "",
+    gpu = sorted({c.result.environment.get("gpu", "?") for c in cells})
+    out = [f"## Tasks x tracks in {dtype} ({', '.join(gpu) or 'nothing ranked'}, {' / '.join(shapes) or '-'})", "",
            "| task | track | correct | fraction of the speed of light | "
            + " | ".join(f"x {b} (geomean)" for b in present) + " | generated / expert |",
            "|---|---|---|---|" + "---|" * len(present) + "---|"]
-    tasks = sorted({c.task for c in board.cells} | {t for t, _ in board.unsolved}, key=lambda t: task_order(id_of(t)))
+    tasks = sorted({c.task for c in cells} | {t for t, _ in unsolved}, key=lambda t: task_order(id_of(t)))
     stale: list[str] = []
     for task in tasks:
-        expert = board.cell(task, "expert")
+        expert = board.cell(task, "expert", dtype)
         for track in ["expert", *(t for t in board.tracks() if t != "expert")]:  # an empty expert track shows too
-            c = board.cell(task, track)
+            c = board.cell(task, track, dtype)
             if c is None:
-                if track == "expert" and (task, track) not in board.unsolved and expert_kernel(task) is None:
+                if track == "expert" and (task, track) not in unsolved and expert_kernel(task) is None:
                     out.append(f"| {id_of(task)} | expert | none: the task has no expert kernel | - | "
                                + " | ".join("-" for _ in present) + " | - |")
-                elif (task, track) in board.unsolved:
-                    out.append(f"| {id_of(task)} | {track} | no ({board.unsolved[task, track]}) | - | "
+                elif (task, track) in unsolved:
+                    out.append(f"| {id_of(task)} | {track} | no ({unsolved[task, track]}) | - | "
                                + " | ".join("-" for _ in present) + " | - |")
                 continue
             by_shape = {s.shape: s.timing for s in c.shapes()}
@@ -290,7 +313,7 @@ def _tasks_table(board: Board) -> list[str]:
             "|---|---|" + "---|" * len(FAST_P)]
     for track in board.tracks():
         for b in present:
-            counts = [board.fast_p(track, b, p) for p in FAST_P]
+            counts = [board.fast_p(track, b, p, dtype) for p in FAST_P]
             if counts[0][1]:
                 out.append(f"| {track} | {b} | " + " | ".join(f"{h}/{t}" for h, t in counts) + " |")
     out.append("")

@@ -47,19 +47,21 @@ def plot_speed_of_light(board: Board) -> str | None:
         for s in c.shapes():
             if s.shape not in shapes:
                 shapes.append(s.shape)
-    tracks = board.tracks()
+    dtypes = board.dtypes()  # a series per track and precision: a bf16 bar never stands for an fp16 one
+    series = [(track, dtype) for dtype in dtypes for track in board.tracks()]
     labels = sorted({c.task for c in cells}, key=lambda t: task_order(id_of(t)))
-    width = 0.8 / max(1, len(tracks) * len(shapes))
-    for ti, track in enumerate(tracks):
+    width = 0.8 / max(1, len(series) * len(shapes))
+    for ti, (track, dtype) in enumerate(series):
+        name = track if len(dtypes) == 1 else f"{track} {dtype}"
         for si, shape in enumerate(shapes):
             xs, ys = [], []
             for i, task in enumerate(labels):
-                c = board.cell(task, track)
+                c = board.cell(task, track, dtype)
                 t = next((s.timing for s in (c.shapes() if c else []) if s.shape == shape), None)
                 if t is not None:
                     xs.append(i + (ti * len(shapes) + si) * width - 0.4 + width / 2)
                     ys.append(t.fraction_of_speed_of_light)
-            ax.bar(xs, ys, width=width, label=f"{track} {shape}")
+            ax.bar(xs, ys, width=width, label=f"{name} {shape}")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(labels)), [id_of(t) for t in labels])
     ax.set_ylim(0, 1.1)
@@ -75,9 +77,10 @@ def plot_generated_vs_expert(board: Board) -> str | None:
         if not track.startswith("generated"):
             continue
         for c in board.cells:
-            expert = board.cell(c.task, "expert")
+            expert = board.cell(c.task, "expert", c.dtype)
             if c.track == track and expert is not None:
-                pairs.append((1 / expert.worst_over_sol, 1 / c.worst_over_sol, id_of(c.task), track))
+                name = id_of(c.task) + ("" if c.dtype == "bfloat16" else f" {c.dtype}")
+                pairs.append((1 / expert.worst_over_sol, 1 / c.worst_over_sol, name, track))
     if not pairs:
         return None
     plt, fig, ax = _figure("Generated against expert (worst fraction of the speed of light per task)")

@@ -8,6 +8,7 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from epiforge.eval.stats import Timing, paired_ratio
+from epiforge.tasks.spec import Precision
 from epiforge.tasks.tolerance import OutputCheck
 
 
@@ -93,6 +94,8 @@ class ShapeResult(BaseModel):
 
     shape: str
     dims: dict[str, int]
+    dtype: Precision = Field("bfloat16", description="the precision the task ran in at this shape (Task.at); "
+                                                     "rows from before fp16 have none: bfloat16")
     outcome: Outcome
     outputs: list[OutputCheck] = []
     message: str = ""
@@ -117,6 +120,9 @@ class Result(BaseModel):
     session: str | None = None
     device: str
     shapes: str = Field(description="shape set name: smoke | paper")
+    dtypes: list[Precision] = Field(["bfloat16"], min_length=1,
+                                    description="the precisions judged, in order (--dtype); the first is `dtype`. "
+                                                "Rows from before fp16 have none: bfloat16")
     outcome: Outcome
     message: str = Field("", description="one line: why it failed, or what passed")
     stderr_tail: str = ""
@@ -142,6 +148,12 @@ class Result(BaseModel):
     def provisional(self) -> bool:
         return self.passed and self.device == "cpu"
 
+    @computed_field(description="the precision this Result is keyed on (the store, the leaderboard, compare's "
+                                "versus): the first judged, the only one timed on a GPU")
+    @property
+    def dtype(self) -> str:
+        return self.dtypes[0]
+
     @property
     def timed(self) -> bool:
         return any(s.timing for s in self.per_shape)
@@ -162,6 +174,6 @@ def worst_element(per_shape: list[ShapeResult]) -> dict | None:
                 continue
             ratio = float("inf") if c.problem == "nonfinite" or not c.allowed else (c.max_error or 0) / c.allowed
             if ratio > score:
-                best, score = {"shape": s.shape, "output": c.name, "problem": c.problem, "index": c.worst_index,
+                best, score = {"shape": s.shape, "dtype": s.dtype, "output": c.name, "problem": c.problem, "index": c.worst_index,
                                "got": c.got, "expected": c.expected, "max_error": c.max_error, "allowed": c.allowed}, ratio
     return best

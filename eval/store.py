@@ -5,10 +5,12 @@
     store.rows(task="k1_gemm_rmsnorm")         # StoredResults (id, recorded_at, the Result), newest first
 
 Tables: `evaluations` (task, kernel hash, track, backend/model when generated, shapes,
-outcome, stage, message, errors, worst element, environment fingerprint, the whole Result
+precision (the Result's dtype: what it was timed in, the first judged), outcome, stage, message, errors, worst element, environment fingerprint, the whole Result
 as JSON, summary speed columns) and `shape_timings` (per shape: median, IQR and n of the
 kernel, the GEMM-only baseline, fused / GEMM-only, the fraction of GEMM-only time, the
-speedup against each baseline, the roofline floor). IMPLAUSIBLE results keep their timings
+speedup against each baseline, the roofline floor; the timings are in the evaluation's
+precision). A store of schema 2 (before fp16) gains the precision column on opening, its
+rows bfloat16, as their Results read. IMPLAUSIBLE results keep their timings
 (quarantined) but are never `ranked`; the leaderboard (eval/leaderboard.py) ranks.
 
 Concurrency: WAL journal (readers never block the writer), a busy timeout, and each add()
@@ -32,7 +34,9 @@ from epiforge.eval.machine import STATE_DIR
 DEFAULT_PATH = STATE_DIR / "results.sqlite"  # git-ignored
 ENV_PATH = "EPIFORGE_RESULTS"
 BUSY_TIMEOUT_MS = 30_000
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: what opening a store of an older schema adds to it (its rows keep their values)
+MIGRATIONS = {2: "ALTER TABLE evaluations ADD COLUMN dtype TEXT NOT NULL DEFAULT 'bfloat16'"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -49,6 +53,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
     session TEXT,
     device TEXT NOT NULL,
     shapes TEXT NOT NULL,
+    dtype TEXT NOT NULL DEFAULT 'bfloat16',
     outcome TEXT NOT NULL,
     stage TEXT,
     message TEXT,
@@ -65,6 +70,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
 );
 CREATE INDEX IF NOT EXISTS evaluations_task ON evaluations (task, outcome);
 CREATE INDEX IF NOT EXISTS evaluations_kernel ON evaluations (kernel_sha256);
+CREATE INDEX IF NOT EXISTS evaluations_task_dtype ON evaluations (task, dtype);
 CREATE TABLE IF NOT EXISTS shape_timings (
     evaluation_id INTEGER NOT NULL REFERENCES evaluations (id) ON DELETE CASCADE,
     shape TEXT NOT NULL,
@@ -100,10 +106,12 @@ class ResultStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connect() as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
-                if version not in (0, SCHEMA_VERSION):
+                if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
                     raise StoreError(f"{self.path}: written by another epiforge (store schema {version}, this one reads "
                                      f"{SCHEMA_VERSION}); move it aside or name another file")
                 db.execute("PRAGMA journal_mode=WAL")
+                if version in MIGRATIONS:
+                    db.execute(MIGRATIONS[version])
                 db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except (sqlite3.Error, OSError) as e:
@@ -129,7 +137,7 @@ class ResultStore:
             "started_at": result.started_at, "task": result.task, "kernel": result.kernel,
             "kernel_sha256": result.kernel_sha256, "track": result.track, "author": result.author,
             "backend": result.backend, "model": result.model, "session": result.session,
-            "device": result.device, "shapes": result.shapes, "outcome": result.outcome.value, "stage": result.stage,
+            "device": result.device, "shapes": result.shapes, "dtype": result.dtype, "outcome": result.outcome.value, "stage": result.stage,
             "message": result.message, "stderr_tail": result.stderr_tail,
             "violations": json.dumps(result.violations), "worst": json.dumps(result.worst),
             "timed": int(result.timed), "ranked": int(result.ranked),
@@ -163,11 +171,14 @@ class ResultStore:
 
     # ---- reading -----------------------------------------------------------------------
 
-    def rows(self, task: str | None = None, outcome: str | None = None, limit: int | None = None) -> list[StoredResult]:
-        """The stored Results, newest first."""
+    def rows(self, task: str | None = None, outcome: str | None = None, limit: int | None = None,
+             dtype: str | None = None) -> list[StoredResult]:
+        """The stored Results, newest first; dtype: only those keyed on that precision."""
         sql, args = "SELECT id, recorded_at, result FROM evaluations WHERE 1=1", []
         if task:
             sql, args = sql + " AND task = ?", [*args, task]
+        if dtype:
+            sql, args = sql + " AND dtype = ?", [*args, dtype]
         if outcome:
             sql, args = sql + " AND outcome = ?", [*args, outcome]
         sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")

@@ -23,13 +23,13 @@ def normal(shape, gen, device, std=1.0, dtype=torch.bfloat16) -> torch.Tensor:
     return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
 
 
-def linear_weight(n_out: int, n_in: int, gen, device) -> torch.Tensor:
+def linear_weight(n_out: int, n_in: int, gen, device, dtype=torch.bfloat16) -> torch.Tensor:
     """nn.Linear layout (out, in), std 1/sqrt(in)."""
-    return normal((n_out, n_in), gen, device, std=1.0 / math.sqrt(n_in))
+    return normal((n_out, n_in), gen, device, std=1.0 / math.sqrt(n_in), dtype=dtype)
 
 
-def norm_weight(n: int, gen, device) -> torch.Tensor:
-    return normal((n,), gen, device, std=0.1, dtype=torch.float32).add_(1.0).to(torch.bfloat16)
+def norm_weight(n: int, gen, device, dtype=torch.bfloat16) -> torch.Tensor:
+    return normal((n,), gen, device, std=0.1, dtype=torch.float32).add_(1.0).to(dtype)
 
 
 def rstd_of(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -38,12 +38,13 @@ def rstd_of(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(xf.pow(2).mean(-1) + eps)
 
 
-def deferred_rmsnorm_input(m: int, d: int, gen, device, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a GEMM after a deferred RMSNorm reads: h = x * norm_weight (bf16) and the rows'
-    real rstd (float32), from a residual stream x ~ N(0, 1)."""
-    x = normal((m, d), gen, device)
-    nw = norm_weight(d, gen, device)
-    return (x.float() * nw.float()).bfloat16(), rstd_of(x, eps)
+def deferred_rmsnorm_input(m: int, d: int, gen, device, eps: float = 1e-6,
+                           dtype=torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a GEMM after a deferred RMSNorm reads: h = x * norm_weight (in `dtype`) and the
+    rows' real rstd (float32), from a residual stream x ~ N(0, 1) (held in `dtype`)."""
+    x = normal((m, d), gen, device, dtype=dtype)
+    nw = norm_weight(d, gen, device, dtype=dtype)
+    return (x.float() * nw.float()).to(dtype), rstd_of(x, eps)
 
 
 def positions(m: int, seq: int, device) -> torch.Tensor:
@@ -72,7 +73,7 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a @ b.to(torch.float64)
     if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16) and b.dtype == a.dtype:
         return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()  # the CPU has no mm with out_dtype; bf16 products are exact in float32
+    return a.float() @ b.float()  # the CPU has no mm with out_dtype; bf16 and fp16 products are exact in float32
 
 
 def swiglu_interleaved(z: torch.Tensor) -> torch.Tensor:

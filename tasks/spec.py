@@ -39,6 +39,11 @@ DTYPES = {
     "int64": torch.int64,
 }
 DTypeName = Literal["bfloat16", "float16", "float32", "int32", "int64"]
+#: the precisions a task may run in (its `dtypes`); a tensor written `dtype = "precision"`
+#: in task.toml takes the one of the run (Task.at), every other tensor keeps its dtype
+PRECISIONS = ("bfloat16", "float16")
+Precision = Literal["bfloat16", "float16"]
+PRECISION = "precision"
 #: symbols a shape may use (the columns of tasks/shapes.toml)
 DIMENSIONS = ("M", "seq", "d", "F", "V", "head_dim")
 
@@ -91,6 +96,8 @@ class TensorSpec(_Strict):
     description: str
     layout: str = "row-major, contiguous"
     constant: bool = Field(False, description="weight-like: fixed across steps; a kernel's prepare() may read it")
+    follows_precision: bool = Field(False, description='dtype = "precision" in task.toml: the run\'s precision, '
+                                                       "one of the task's dtypes (dtype holds the one resolved)")
 
     @field_validator("shape")
     @classmethod
@@ -188,7 +195,66 @@ class Task(_Strict):
     outputs: list[OutputSpec] = Field(min_length=1)
     launches: list[str] = Field(min_length=1, description="the fused GEMM plus named finishing steps")
     reference_dtype: Literal["float64", "float32"] = "float64"
+    dtypes: list[Precision] = Field(["bfloat16"], min_length=1,
+                                    description="the precisions the task runs in, the first its default")
+    precision: Precision = Field("bfloat16", description="the precision this Task is resolved to (Task.at); "
+                                                         "set by the loader, not in task.toml")
     folder: Path = Field(exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_precision(cls, data):
+        """Each `dtype = "precision"` tensor takes the first of `dtypes` (Task.at gives the others)."""
+        if not isinstance(data, dict):
+            return data
+        if "precision" in data:
+            raise ValueError('precision: not a task.toml key; list the precisions in dtypes and write '
+                             'dtype = "precision" on the tensors that follow them')
+        dtypes = data.get("dtypes", ["bfloat16"])
+        first = dtypes[0] if isinstance(dtypes, list) and dtypes and dtypes[0] in PRECISIONS else "bfloat16"
+        data = {**data, "precision": first}
+        for group in ("inputs", "outputs"):
+            rows = data.get(group)
+            if not isinstance(rows, list):
+                continue
+            resolved = []
+            for row in rows:
+                if isinstance(row, dict) and "follows_precision" in row:
+                    raise ValueError(f'{group}: follows_precision is not a task.toml key; write dtype = "precision"')
+                if isinstance(row, dict) and row.get("dtype") == PRECISION:
+                    row = {**row, "dtype": first, "follows_precision": True}
+                resolved.append(row)
+            data[group] = resolved
+        return data
+
+    @model_validator(mode="after")
+    def _precisions(self):
+        if len(set(self.dtypes)) != len(self.dtypes):
+            raise ValueError(f"dtypes: {self.dtypes} lists a precision twice")
+        if len(self.dtypes) > 1 and not self.follows_precision:
+            raise ValueError(f'dtypes: {self.dtypes} lists several precisions but no tensor has dtype = "precision"')
+        a, b = (next((t for t in self.inputs if t.name == getattr(self.gemm, r)), None) for r in ("a", "b"))
+        if a is not None and b is not None and (a.dtype, a.follows_precision) != (b.dtype, b.follows_precision):
+            raise ValueError(f"gemm: a ({a.name}) and b ({b.name}) must have one dtype: both \"precision\" or both the same")
+        return self
+
+    @property
+    def follows_precision(self) -> bool:
+        """Some tensor takes the run's precision (so make_inputs is handed it)."""
+        return any(t.follows_precision for t in [*self.inputs, *self.outputs])
+
+    def at(self, precision: str) -> "Task":
+        """This task in one of its dtypes: each `dtype = "precision"` tensor takes it."""
+        if precision not in self.dtypes:
+            raise TaskError(f"{self.name} runs in {', '.join(self.dtypes)}, not {precision}")
+        if precision == self.precision:
+            return self
+
+        def resolve(specs):
+            return [t.model_copy(update={"dtype": precision}) if t.follows_precision else t for t in specs]
+
+        return self.model_copy(update={"precision": precision, "inputs": resolve(self.inputs),
+                                       "outputs": resolve(self.outputs)})
 
     @field_validator("launches")
     @classmethod
@@ -275,9 +341,11 @@ class Task(_Strict):
         return {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
 
     def make_inputs(self, dims: dict[str, int], seed: int, device: str | torch.device = "cpu") -> dict:
-        """Fresh inputs (tensors and scalars) for one shape, reproducible from the seed."""
+        """Fresh inputs (tensors and scalars) for one shape, reproducible from the seed; a task
+        with `dtype = "precision"` tensors hands make_inputs `dtype=` (this Task's precision)."""
         gen = torch.Generator(device=device).manual_seed(seed)
-        inputs = self._call("make_inputs", dims, gen, torch.device(device))
+        kw = {"dtype": DTYPES[self.precision]} if self.follows_precision else {}
+        inputs = self._call("make_inputs", dims, gen, torch.device(device), **kw)
         for s in self.scalars:
             inputs[s.name] = s.value
         self._check_io(inputs, self.inputs, dims, "make_inputs")
@@ -355,6 +423,7 @@ class Task(_Strict):
             "launches": self.launches,
             "tolerance": {o.name: o.tolerance.model_dump() for o in self.outputs},
             "reference_dtype": self.reference_dtype,
+            "dtypes": self.dtypes,
             "shapes": shapes,
             "flops": {k: [s["flops"] for s in v] for k, v in shapes.items()},
             "bytes": {k: [s["bytes"] for s in v] for k, v in shapes.items()},

@@ -1,6 +1,6 @@
 """bench/compare_export.py: compare stores from GPU calls -> one file of Results (repo-relative
 kernel paths, the commit and command recorded, a later store's Result replacing an earlier
-one of the same task and kernel) and its Markdown tables."""
+one of the same task, kernel and precision) and its Markdown tables."""
 
 import json
 
@@ -21,15 +21,18 @@ def test_stores_become_one_result_per_task_and_kernel(tmp_path):
         first.add(r.model_copy(update={"kernel": str(REPO / r.kernel)}))
     again = k1.model_copy(update={"kernel": "/elsewhere/checkout/" + k1.kernel, "message": "the second run"})
     second.add(again)
+    second.add(k1.model_copy(update={"dtypes": ["float16"], "message": "in fp16"}))  # another precision: kept beside
     out, md = tmp_path / "r.jsonl", tmp_path / "r.md"
     assert compare_export.main([str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite"), "--commit", "c1", "c2",
                                 "--command", "bash bench/h200.sh judge-compare", "--jsonl", str(out),
                                 "--markdown", str(md)]) == 0
     got = [Result.model_validate_json(line) for line in out.read_text().splitlines()]
     # k1 twice (two stores), once in the file: the later store's
-    assert sorted((r.task, r.track) for r in got) == sorted((r.task, r.track) for r in [*k8, k1])
-    k1_out = next(r for r in got if r.task == "k1_gemm_rmsnorm")
+    assert sorted((r.task, r.track, r.dtype) for r in got) == sorted(
+        [*((r.task, r.track, "bfloat16") for r in [*k8, k1]), ("k1_gemm_rmsnorm", "expert", "float16")])
+    k1_out = next(r for r in got if r.task == "k1_gemm_rmsnorm" and r.dtype == "bfloat16")
     assert k1_out.message == "the second run" and k1_out.environment["commit"] == "c2"
+    assert len([c for c in compare_export.comparisons(got) if c.task == "k1_gemm_rmsnorm"]) == 2  # one per precision
     assert all(not r.kernel.startswith("/") and (REPO / r.kernel).is_file() for r in got)
     text = md.read_text()
     assert "## k8_gemm_swiglu on the GPU" in text and "## k1_gemm_rmsnorm on the GPU" in text

@@ -1,5 +1,7 @@
 """The expert track on a CPU: every kernel PASSES through the emulator via the CLI, and
-every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed)."""
+every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed), in
+bf16, the default precision (in fp16: tests/test_fp16.py through the judge, tests/test_tolerance.py
+in process)."""
 
 import json
 import random
@@ -48,6 +50,7 @@ def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
     result = json.loads(out.stdout)
     assert result["outcome"] == "PASSED", f"seed {seed}: " + result["message"] + result["stderr_tail"]
     assert result["track"] == "expert" and result["author"]
+    assert {s["dtype"] for s in result["per_shape"]} == {"bfloat16"}  # by default the task's first precision only
     checks = [c for s in result["per_shape"] for c in s["outputs"]]
     assert checks and all(c["max_error"] <= c["allowed"] for c in checks)
     assert result["compiled"] and all(c["ok"] for c in result["compiled"]), result["compiled"]

@@ -46,11 +46,31 @@ def test_only_ranked_results_make_cells_and_the_best_stands_for_a_cell():
                                                          ("k1_gemm_rmsnorm", "generated:anthropic/m")]
     assert board.cell("k1_gemm_rmsnorm", "expert").result is fast
     assert sorted(why.split(":")[0] for why, _ in board.apart) == ["provisional", "quarantined"]
-    assert board.unsolved == {("k2_gemm_rmsnorm_swiglu", "expert"): "INCORRECT_NUMERICS"}
+    assert board.unsolved == {("k2_gemm_rmsnorm_swiglu", "expert", "bfloat16"): "INCORRECT_NUMERICS"}
     text = lb.render_markdown(board)
     assert "| k1 | expert | yes | 0.95 |" in text and "| k2 | expert | no (INCORRECT_NUMERICS) |" in text
     assert "2.000 (each run's speed of light)" in text  # generated / expert: 2.10 / 1.05
     assert "## Not ranked" in text and "provisional" in text
+
+
+def test_each_precision_is_ranked_apart_and_generated_meets_the_expert_of_its_own():
+    bf16 = result(times=((105, 100, 150),))
+    fp16 = result(dtypes=["float16"], times=((120, 100, 150),))  # slower: still its precision's cell
+    gen = result(track="generated", backend="anthropic", model="m", dtypes=["float16"], times=((240, 100, 300),))
+    board = lb.build([bf16, fp16, gen])
+    assert board.dtypes() == ["bfloat16", "float16"]
+    assert board.cell("k1_gemm_rmsnorm", "expert").result is bf16
+    assert board.cell("k1_gemm_rmsnorm", "expert", "float16").result is fp16
+    assert board.cell("k1_gemm_rmsnorm", "generated:anthropic/m") is None
+    assert board.fast_p("expert", "torch_compile", 1.2) == (1, 1)  # bf16: 150 / 105
+    assert board.fast_p("expert", "torch_compile", 1.2, "float16") == (1, 1)  # 150 / 120
+    assert board.fast_p("generated:anthropic/m", "torch_compile", 1.0, "float16") == (1, 1)  # 300 / 240
+    text = lb.render_markdown(board)
+    first, second = text.split("## Tasks x tracks in float16")
+    assert "## Tasks x tracks in bfloat16" in first and "| k1 | expert | yes | 0.95 |" in first
+    assert "generated:anthropic/m | yes" not in first
+    assert "| k1 | expert | yes | 0.83 |" in second
+    assert "2.000 (each run's speed of light)" in second  # 2.40 / 1.20: fp16's expert, not bf16's (2.286)
 
 
 def test_fast_p_counts_shapes_and_states_the_denominator():

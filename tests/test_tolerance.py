@@ -2,7 +2,9 @@
 GEMM accumulation and epilogue, one rounding per output; tasks/spec.py Tolerance), so:
 every reference's outputs are rounded exactly once; reductions taken from bf16-rounded
 values and 0.1% systematic errors in float32 outputs, which the old reference (the unfused
-bf16 pipeline) let through, are rejected; every expert kernel still passes."""
+bf16 pipeline) let through, are rejected; every expert kernel still passes. Each holds in
+every precision a task lists (bf16, fp16): the same rule, the allowance from the reference
+in that precision."""
 
 import json
 
@@ -16,27 +18,31 @@ from epiforge.tasks.spec import ShapeSet
 from epiforge.tasks.tolerance import check_output
 
 CATALOGUE = tasks.load_catalogue()[0]
+#: every task in every precision it lists (Task.at), bf16 under the task's id
+PRECISE = [pytest.param(t.at(p), id=t.id if p == "bfloat16" else f"{t.id}-{p}") for t in CATALOGUE for p in t.dtypes]
 SMOKE = tasks.shape_sets()["smoke"]
 MID = ShapeSet(name="mid", M=2048, seq=1024, d=1024, F=2816, V=8192, head_dim=128)
 
 
-def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
-    """bf16's unit in the last place at |x| (8 significant bits)."""
-    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0**-126))) - 7)
+def ulp(x: torch.Tensor, dtype: str = "bfloat16") -> torch.Tensor:
+    """The unit in the last place at |x| of bf16 (8 significant bits, normal down to 2^-126)
+    or fp16 (11 bits, normal down to 2^-14, subnormals spaced 2^-24)."""
+    bits, tiny = {"bfloat16": (8, 2.0**-126), "float16": (11, 2.0**-14)}[dtype]
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(tiny))) - (bits - 1))
 
 
 def rounding_problems(task, exact: dict, lowprec: dict) -> list[str]:
     """Where the low-precision reference is not one rounding of a float32 computation: a
-    bf16 output more than half an ulp (plus float32 noise) from the exact value, or a
+    16-bit output more than half an ulp (plus float32 noise) from the exact value, or a
     float32 output off by more than float32 noise (an input of its reduction was rounded)."""
     problems = []
     for o in task.outputs:
         e, low = exact[o.name].double(), lowprec[o.name].double()
         err = (low - e).abs()
-        if o.dtype == "bfloat16":
+        if o.dtype in ("bfloat16", "float16"):
             # the float32 computation's own error is ~1e-6 of the largest value: more than a
             # fraction of an ulp only where |e| is small; a second rounding adds up to half an ulp
-            excess = err - 0.5 * ulp_bf16(e) * (1 + 2**-6) - 1e-5 * e.abs().max()
+            excess = err - 0.5 * ulp(e, o.dtype) * (1 + 2**-6) - 1e-5 * e.abs().max()
             if excess.max() > 0:
                 problems.append(f"{o.name}: {excess.max().item():.3g} over half an ulp")
         else:
@@ -46,7 +52,7 @@ def rounding_problems(task, exact: dict, lowprec: dict) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("task", CATALOGUE, ids=lambda t: t.id)
+@pytest.mark.parametrize("task", PRECISE)
 def test_lowprec_reference_rounds_each_output_once(task):
     for shape in SMOKE:
         dims = shape.dims()
@@ -58,12 +64,12 @@ def test_lowprec_reference_rounds_each_output_once(task):
             assert lowprec[o.name].dtype == o.torch_dtype
 
 
-@pytest.mark.parametrize("task", CATALOGUE, ids=lambda t: t.id)
+@pytest.mark.parametrize("task", PRECISE)
 def test_a_reference_that_rounds_its_gemm_is_caught(task, monkeypatch):
-    """The check above has teeth: with the GEMM's result rounded to bf16 (what `@` on bf16
-    operands does), some output of every task is off by more than one rounding."""
+    """The check above has teeth: with the GEMM's result rounded to the operands' 16-bit
+    dtype (what `@` on them does), some output of every task is off by more than one rounding."""
     fused = common.mm
-    monkeypatch.setattr(common, "mm", lambda a, b: fused(a, b) if a.dtype == torch.float64 else fused(a, b).bfloat16())
+    monkeypatch.setattr(common, "mm", lambda a, b: fused(a, b) if a.dtype == torch.float64 else fused(a, b).to(a.dtype))
     dims = SMOKE[0].dims()
     inputs = task.make_inputs(dims, seed=5)
     problems = rounding_problems(task, task.reference(inputs, dims, exact=True), task.reference(inputs, dims, exact=False))
@@ -167,7 +173,7 @@ def test_rounded_reductions_and_systematic_errors_are_rejected(cheat, shape):
 # ---- the expert kernels pass ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task", [t for t in CATALOGUE if expert_kernel(t.name)], ids=lambda t: t.id)
+@pytest.mark.parametrize("task", [p for p in PRECISE if expert_kernel(p.values[0].name)])
 def test_expert_kernels_pass_the_rule_in_process(task, record_property):
     module = tolerance_margins.load_expert(task)
     for shape in SMOKE:

@@ -3,13 +3,13 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d = dims["M"], dims["d"]
     return {
-        "a": common.normal((M, d), gen, device),
-        "w_o": common.linear_weight(d, d, gen, device),
-        "residual": common.normal((M, d), gen, device),
-        "norm_weight": common.norm_weight(d, gen, device),
+        "a": common.normal((M, d), gen, device, dtype=dtype),
+        "w_o": common.linear_weight(d, d, gen, device, dtype=dtype),
+        "residual": common.normal((M, d), gen, device, dtype=dtype),
+        "norm_weight": common.norm_weight(d, gen, device, dtype=dtype),
     }
 
 

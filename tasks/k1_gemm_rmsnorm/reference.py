@@ -3,13 +3,13 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d = dims["M"], dims["d"]
-    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device)
+    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device, dtype=dtype)
     return {
         "h": h,
         "rstd": rstd,
-        "w": common.linear_weight(3 * d, d, gen, device),
+        "w": common.linear_weight(3 * d, d, gen, device, dtype=dtype),
     }
 
 

@@ -3,13 +3,13 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d, F = dims["M"], dims["d"], dims["F"]
-    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device)
+    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device, dtype=dtype)
     return {
         "h": h,
         "rstd": rstd,
-        "w_gu": common.linear_weight(2 * F, d, gen, device),
+        "w_gu": common.linear_weight(2 * F, d, gen, device, dtype=dtype),
     }
 
 

@@ -3,11 +3,11 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d = dims["M"], dims["d"]
     return {
-        "a": common.normal((M, d), gen, device),
-        "w_qkv": common.linear_weight(3 * d, d, gen, device),
+        "a": common.normal((M, d), gen, device, dtype=dtype),
+        "w_qkv": common.linear_weight(3 * d, d, gen, device, dtype=dtype),
         "positions": common.positions(M, dims["seq"], device),
         "inv_freq": common.rope_inv_freq(dims["head_dim"], device),
     }

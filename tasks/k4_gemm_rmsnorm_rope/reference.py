@@ -4,13 +4,13 @@ from epiforge.tasks import common
 from epiforge.tasks.k3_gemm_rope.reference import rotate
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d = dims["M"], dims["d"]
-    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device)
+    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device, dtype=dtype)
     return {
         "h": h,
         "rstd": rstd,
-        "w_qkv": common.linear_weight(3 * d, d, gen, device),
+        "w_qkv": common.linear_weight(3 * d, d, gen, device, dtype=dtype),
         "positions": common.positions(M, dims["seq"], device),
         "inv_freq": common.rope_inv_freq(dims["head_dim"], device),
     }

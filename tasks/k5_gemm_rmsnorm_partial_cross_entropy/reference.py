@@ -5,10 +5,10 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d, V = dims["M"], dims["d"], dims["V"]
-    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device)
-    w = (common.normal((V, d), gen, device, dtype=torch.float32) * (3.0 / math.sqrt(d))).bfloat16()
+    h, rstd = common.deferred_rmsnorm_input(M, d, gen, device, dtype=dtype)
+    w = (common.normal((V, d), gen, device, dtype=torch.float32) * (3.0 / math.sqrt(d))).to(dtype)
     return {
         "h": h,
         "rstd": rstd,

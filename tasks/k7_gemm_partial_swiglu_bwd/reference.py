@@ -3,12 +3,12 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d, F = dims["M"], dims["d"], dims["F"]
     return {
-        "dout": common.normal((M, d), gen, device, std=1e-2),
-        "w_down": common.linear_weight(d, F, gen, device),
-        "z": common.normal((M, 2 * F), gen, device),
+        "dout": common.normal((M, d), gen, device, std=1e-2, dtype=dtype),
+        "w_down": common.linear_weight(d, F, gen, device, dtype=dtype),
+        "z": common.normal((M, 2 * F), gen, device, dtype=dtype),
     }
 
 

@@ -3,9 +3,9 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d, F = dims["M"], dims["d"], dims["F"]
-    return {"a": common.normal((M, d), gen, device), "w_gu": common.linear_weight(2 * F, d, gen, device)}
+    return {"a": common.normal((M, d), gen, device, dtype=dtype), "w_gu": common.linear_weight(2 * F, d, gen, device, dtype=dtype)}
 
 
 def reference(inputs, dims, mm=torch.matmul):

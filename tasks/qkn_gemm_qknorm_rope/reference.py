@@ -3,13 +3,13 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d, hd = dims["M"], dims["d"], dims["head_dim"]
     return {
-        "a": common.normal((M, d), gen, device),
-        "w_qk": common.linear_weight(2 * d, d, gen, device),
-        "q_norm_weight": common.norm_weight(hd, gen, device),
-        "k_norm_weight": common.norm_weight(hd, gen, device),
+        "a": common.normal((M, d), gen, device, dtype=dtype),
+        "w_qk": common.linear_weight(2 * d, d, gen, device, dtype=dtype),
+        "q_norm_weight": common.norm_weight(hd, gen, device, dtype=dtype),
+        "k_norm_weight": common.norm_weight(hd, gen, device, dtype=dtype),
         "positions": common.positions(M, dims["seq"], device),
         "inv_freq": common.rope_inv_freq(hd, device),
     }

@@ -81,6 +81,16 @@ def test_the_real_pack_and_task_prompt_render():
     assert len(p.prompt_examples()) == 2
 
 
+def test_precision_tensors_are_shown_as_the_precision_judged_not_as_bf16():
+    p = build_pack(tasks.get_task("k1"))
+    prompt = p.task_prompt(speed_target=1.05)
+    judged = "precision (the one judged: bfloat16 by default, float16 when asked)"
+    assert f"- `h` [M, d] {judged}: " in prompt and f"- `out` [M, 3*d] {judged}: " in prompt
+    assert "- `rstd` [M] float32: " in prompt  # a fixed dtype stays as it is
+    assert "] bfloat16" not in prompt and "float16 too when a run asks for it" in prompt
+    assert "comes in the precision being judged: bf16 by default,\n  fp16 too" in p.system_prompt(speed_target=1.05)
+
+
 def test_generated_kernels_are_stamped_and_never_overwritten(tmp_path):
     source = 'import primitives as P\n\nTASK = "k1_gemm_rmsnorm"\nMODEL = "made up by the model"\n\n\ndef run(inputs, prepared, config=None):\n    return {}\n'
     path = write_generated(source, "k1_gemm_rmsnorm", "S1", "openai", 'qwen "coder"', tmp_path)

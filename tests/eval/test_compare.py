@@ -79,6 +79,10 @@ def test_kernels_timed_together_have_per_repetition_ratios_to_each_other(tmp_pat
                      results=[_as_result(res["expert"]), _as_result(res["gen"])])
     vs = cmp.versus("gen", "expert", "smoke-a")  # gen_i / expert_i over the 7 repetitions
     assert vs.median == pytest.approx(e.speedup["kernel:gen"].median) and vs.ci_low <= vs.median <= vs.ci_high
+    # a Result keyed on another precision is never paired: not with the expert's bf16 row, not at fp16's shape
+    half = cmp.results[1].model_copy(update={"dtypes": ["float16"]})
+    assert Comparison(**{**cmp.model_dump(), "results": [cmp.results[0], half]}).versus("gen", "expert", "smoke-a") is None
+    assert cmp.versus("gen", "expert", "smoke-a", "float16") is None
     # the table: one speedup column per baseline timed, each cell that baseline's median and interval
     from epiforge.cli import render_comparison
 

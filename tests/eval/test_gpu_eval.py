@@ -25,7 +25,8 @@ def test_expert_kernel_passes_on_the_gpu(task):
     r = evaluate(task, "human", device="gpu", shapes="smoke", seed=5, reps=20)
     assert r.outcome.value == "PASSED", f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
     assert r.stage == "done" and r.environment.get("gpu") and r.ranked and not r.provisional
-    assert [s.hidden for s in r.per_shape] == [False, False, True, True]  # the named shapes, then two hidden ones
+    # by default in the task's first precision: the named shapes, then two hidden ones
+    assert [(s.dtype, s.hidden) for s in r.per_shape] == [("bfloat16", h) for h in (False, False, True, True)]
     for s in [s for s in r.per_shape if not s.hidden]:
         assert s.trials == 2 and s.launches and "GemmMod" in s.launches[0]
         t = s.timing
@@ -39,12 +40,23 @@ def test_expert_kernel_passes_on_the_gpu(task):
         assert t.baselines["cublas"].clocks == t.kernel.clocks
 
 
+@pytest.mark.parametrize("dtype, timed", [("all", "bfloat16"), ("float16", "float16")])
+def test_every_precision_asked_for_is_launch_checked_and_the_first_is_timed(dtype, timed):
+    r = evaluate("k7", "human", device="gpu", shapes="smoke", seed=5, reps=20, dtype=dtype)
+    assert r.outcome.value == "PASSED", f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
+    precisions = ["bfloat16", "float16"] if dtype == "all" else ["float16"]
+    assert [(s.dtype, s.hidden) for s in r.per_shape] == [(p, h) for p in precisions for h in (False, False, True, True)]
+    for s in [s for s in r.per_shape if not s.hidden]:
+        assert s.launches and "GemmMod" in s.launches[0]
+        assert (s.timing is not None) == (s.dtype == timed), (s.dtype, s.message)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["k1_gemm_rmsnorm", "k9_gemm_partial_cross_entropy"])
 def test_expert_kernel_passes_at_paper_shapes(task):
     r = evaluate(task, "human", device="gpu", shapes="paper", seed=5, reps=20)
     assert r.passed, f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
-    assert all(s.timing.fused_over_gemm_only.median < 1.5 for s in r.per_shape if not s.hidden)
+    assert all(s.timing.fused_over_gemm_only.median < 1.5 for s in r.per_shape if not s.hidden and s.timing)
 
 
 @pytest.mark.parametrize("fault,kw", [

@@ -67,6 +67,42 @@ def test_a_store_of_another_schema_is_refused_in_one_line(tmp_path):
         ResultStore(path)
 
 
+def test_rows_are_keyed_on_their_precision(tmp_path):
+    store = ResultStore(tmp_path / "r.sqlite")
+    bf16, fp16 = store.add(result(sha="b" * 64)), store.add(result(sha="h" * 64, dtypes=["float16", "bfloat16"]))
+    assert [r.id for r in store.rows(dtype="bfloat16")] == [bf16]
+    (half,) = store.rows(task="k1_gemm_rmsnorm", dtype="float16")  # keyed on the first judged, the one timed
+    assert half.id == fp16 and half.result.dtype == "float16" and half.result.dtypes == ["float16", "bfloat16"]
+    with store._connect() as db:
+        assert dict(db.execute("SELECT id, dtype FROM evaluations")) == {bf16: "bfloat16", fp16: "float16"}
+
+
+def test_a_store_from_before_fp16_opens_and_its_rows_read_as_bf16(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    eid = ResultStore(path).add(result())
+    # back to schema 2 as it was: no precision column, Results that say nothing of a precision
+    with sqlite3.connect(path) as db:
+        old = json.loads(db.execute("SELECT result FROM evaluations").fetchone()[0])
+        old.pop("dtypes"), old.pop("dtype")
+        for s in old["per_shape"]:
+            s.pop("dtype")
+        db.execute("UPDATE evaluations SET result = ?", (json.dumps(old),))
+        db.execute("DROP INDEX evaluations_task_dtype")
+        db.execute("ALTER TABLE evaluations DROP COLUMN dtype")
+        db.execute("PRAGMA user_version=2")
+    store = ResultStore(path)
+    (row,) = store.rows(dtype="bfloat16")
+    assert row.id == eid and row.result == result().model_copy(update={"started_at": row.result.started_at})
+    assert row.result.dtypes == ["bfloat16"] and {s.dtype for s in row.result.per_shape} == {"bfloat16"}
+    assert store.rows(dtype="float16") == [] and len(store.shape_timings(eid)) == 2
+    store.add(result(dtypes=["float16"]))
+    assert [r.result.dtype for r in store.rows()] == ["float16", "bfloat16"]
+    with store._connect() as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+
+
 def test_path_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("EPIFORGE_RESULTS", str(tmp_path / "env.sqlite"))
     ResultStore().add(result())
