@@ -189,9 +189,13 @@ def main(argv=None) -> int:
 
     from epiforge import tasks
 
-    shape_rows = tasks.shape_sets().get(args.shape_set)
+    try:
+        sets = tasks.shape_sets()
+    except tasks.TaskError as e:  # a bad tasks/shapes.toml: its one line
+        ap.error(str(e))
+    shape_rows = sets.get(args.shape_set)
     if shape_rows is None:
-        ap.error(f"--shape-set {args.shape_set!r}: not in tasks/shapes.toml ({', '.join(tasks.shape_sets())})")
+        ap.error(f"--shape-set {args.shape_set!r}: not in tasks/shapes.toml ({', '.join(sets)})")
     unknown = set(args.scales or ()) - {x.name for x in shape_rows}
     if unknown:
         ap.error(f"--scales {' '.join(sorted(unknown))}: not in the {args.shape_set} set "
