@@ -14,7 +14,7 @@
 #   bench/h200.sh judge-compare  # epiforge compare of each task at the paper shapes (compare.md, compare.sqlite)
 #   bench/h200.sh judge-compare-all  # epiforge compare --all at the paper shapes, as one command, its wall time kept
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
-#   bench/h200.sh judge-noise    # bench, compare under each of NOISE_LEADS for NOISE_ROUNDS rounds, bench, of the same tasks: compare's run-to-run noise beside bench's (noise.md)
+#   bench/h200.sh judge-noise    # bench, compare under each of NOISE_LEADS (LEAD or LEAD@REPS) for NOISE_ROUNDS rounds, bench, of the same tasks: compare's run-to-run noise beside bench's (noise.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -196,14 +196,18 @@ case "${1:-}" in
     $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/noise-bench-1.json" | grep -E "^k[0-9] "
     stores=()
     for run in $(seq 1 "${NOISE_ROUNDS:-2}"); do
-      for lead in $leads; do
-        name="noise-compare-${lead//:/-}-$run"
+      for label in $leads; do
+        # LEAD or LEAD@N: compare under that lead with N timed repetitions per shape (default 30)
+        lead=${label%@*}
+        reps=30
+        [ "$label" = "$lead" ] || reps=${label#*@}
+        name="noise-compare-${label//[:@]/-}-$run"
         # shellcheck disable=SC2086
         EPIFORGE_TIMED_LEAD=$lead timeout "${NOISE_COMPARE_TIMEOUT_S:-200}" $PY -m epiforge compare --task $tasks \
-          --shapes paper --device gpu --kernels expert --baselines --store "$OUT/$name.sqlite" > "$OUT/$name.md" \
-          2>> "$OUT/noise.log" || echo "compare $lead run $run: exit $?"
-        stores+=("$lead=$OUT/$name.sqlite")
-        echo "compare $lead run $run done at $(( $(date +%s) - start )) s"
+          --shapes paper --device gpu --kernels expert --baselines --reps "$reps" --store "$OUT/$name.sqlite" \
+          > "$OUT/$name.md" 2>> "$OUT/noise.log" || echo "compare $label run $run: exit $?"
+        stores+=("$label=$OUT/$name.sqlite")
+        echo "compare $label run $run done at $(( $(date +%s) - start )) s"
       done
     done
     # shellcheck disable=SC2086

@@ -3,7 +3,7 @@ run-to-run noise? compare's runs of the same tasks under each timed lead (eval/t
 Lead: what the GPU does before each synchronized timed call) set beside bench/run.py's
 back-to-back runs of them in the same GPU session, before and after.
 
-    python -m epiforge.bench.lead_study --lead spin=S1.sqlite heat:3=S2.jsonl heat:3=S3.jsonl ... \
+    python -m epiforge.bench.lead_study --lead spin=S1.sqlite heat:3=S2.jsonl heat:3@90=S3.jsonl ... \
         --bench B1.json B2.json --commit HASH --command "..." --out lead-study.md
 
 Per lead and row: compare's fused / GEMM-only over bench's (1.000: the two harnesses agree),
@@ -11,7 +11,9 @@ with each harness's SM clock; bench's second run over its first is bench's run-t
 noise. A lead named twice or more is that many compare runs: the report then sets compare
 against itself too, and holds the mean of its runs against the mean of bench's runs to the
 larger of the two harnesses' run-to-run changes (the "within the noise" section). Writes
-Markdown (and prints each lead's largest disagreement).
+Markdown (and prints each lead's largest disagreement). A label LEAD@N names compare runs
+timed with N repetitions per shape (`compare --reps N`), so the same lead at two repetition
+counts reads as two sets of runs; each store is checked to hold what its label says.
 """
 
 from __future__ import annotations
@@ -84,15 +86,33 @@ def _within_noise(lead: str, compare_runs: list[dict], bench_runs: list[dict]) -
     return lines + [""], worst - bound
 
 
-def _check_lead(lead: str, store: Path, results: list) -> None:
-    """A store named for a lead must have been timed under it (the judge records the lead it
-    timed under in each Result's environment); otherwise ValueError naming both."""
+def _parse_label(label: str) -> tuple[str, int | None]:
+    """LEAD or LEAD@N -> (LEAD, N or None); ValueError for a bad N (the lead itself is
+    checked by eval.timing.Lead.parse)."""
+    lead, sep, reps = label.partition("@")
+    if not sep:
+        return lead, None
+    if not reps.isdigit() or int(reps) < 1:
+        raise ValueError(f"{label!r}: LEAD@N wants a whole number of repetitions N >= 1")
+    return lead, int(reps)
+
+
+def _check_lead(label: str, store: Path, results: list) -> None:
+    """A store named for a lead (LEAD or LEAD@N) must have been timed under it, with N timed
+    repetitions per shape where N is named (the judge records the lead it timed under in
+    each Result's environment, and each Timing its n); otherwise ValueError naming both."""
     from epiforge.eval.timing import Lead
 
+    lead, reps = _parse_label(label)
     want = Lead.parse(lead).describe()
     seen = {r.environment.get("timed_lead") for r in results if r.device == "cuda"} - {None}
     if seen - {want}:
         raise ValueError(f"{store.name} was timed under {', '.join(sorted(seen))}, not under {lead} ({want})")
+    if reps is not None:
+        counts = {s.timing.kernel.n for r in results if r.device == "cuda" for s in r.per_shape if s.timing}
+        if counts - {reps}:
+            raise ValueError(f"{store.name} was timed with {', '.join(map(str, sorted(counts)))} repetitions "
+                             f"per shape, not {reps} ({label})")
 
 
 def study(leads: dict[str, list[Path]], benches: list[Path], commit: str, command: str) -> tuple[list[str], dict]:
@@ -137,8 +157,8 @@ def study(leads: dict[str, list[Path]], benches: list[Path], commit: str, comman
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lead", nargs="+", required=True,
-                    help="LEAD=STORE, in the order they ran (a compare store, or its compare_export .jsonl); a lead "
-                         "named again is another run of it")
+                    help="LEAD=STORE or LEAD@N=STORE (compare run with --reps N), in the order they ran (a "
+                         "compare store, or its compare_export .jsonl); a label named again is another run of it")
     ap.add_argument("--bench", nargs="+", type=Path, required=True, help="bench/run.py files of the same session")
     ap.add_argument("--commit", required=True)
     ap.add_argument("--command", required=True)
@@ -152,6 +172,8 @@ def main(argv=None) -> int:
             return 2
         leads.setdefault(lead, []).append(Path(store))
     try:
+        for lead in leads:
+            _parse_label(lead)
         lines, worst = study(leads, args.bench, args.commit, args.command)
     except ValueError as e:  # a bench file or a Results line that is not one
         print(f"lead_study: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -146,6 +146,35 @@ def test_the_lead_study_refuses_a_store_named_for_another_lead(tmp_path, capsys)
     assert lead_study.main(["--lead", f"heat:3={tmp_path / 's.sqlite'}", *args]) == 0
 
 
+def test_a_lead_labelled_with_repetitions_must_have_been_timed_with_that_many(tmp_path, capsys):
+    """heat:3@N names compare runs timed with N repetitions per shape: the shipped k8 Result's
+    own count is accepted, any other count and a malformed N are one line each, and heat:3
+    and heat:3@N are two separate sets of runs in the report."""
+    from epiforge.bench import lead_study
+    from epiforge.eval import leaderboard as lb
+    from epiforge.eval.store import ResultStore
+
+    shipped = next(r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert")
+    counts = {s.timing.kernel.n for s in shipped.per_shape if s.timing}
+    assert len(counts) == 1
+    n = counts.pop()
+    ResultStore(tmp_path / "s.sqlite").add(shipped)
+    bench = REPO / "bench" / "results" / "h200" / "agree-3-bench.json"
+    out = tmp_path / "o.md"
+    args = ["--bench", str(bench), "--commit", "c", "--command", "x", "--out", str(out)]
+    assert lead_study.main(["--lead", f"heat:3@{n + 60}={tmp_path / 's.sqlite'}", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"timed with {n} repetitions per shape, not {n + 60}" in err
+    for bad in ("heat:3@", "heat:3@0", "heat:3@many"):
+        assert lead_study.main(["--lead", f"{bad}={tmp_path / 's.sqlite'}", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "LEAD@N" in err and "Traceback" not in err
+    assert lead_study.main(["--lead", f"heat:3={tmp_path / 's.sqlite'}", f"heat:3@{n}={tmp_path / 's.sqlite'}",
+                            *args]) == 0
+    text = out.read_text()
+    assert "## lead heat:3: largest disagreement" in text and f"## lead heat:3@{n}: largest disagreement" in text
+
+
 def test_the_lead_study_refuses_a_store_that_is_not_there(tmp_path, capsys):
     from epiforge.bench import lead_study
 
