@@ -169,7 +169,8 @@ def main(argv=None) -> int:
         return 1
     args.jsonl.write_text("".join(r.model_dump_json() + "\n" for r in results))
     env = results[0].environment
-    head = [f"# epiforge compare at the paper shapes on the {env.get('gpu')}", "",
+    sets = " and ".join(dict.fromkeys(r.shapes for r in results))
+    head = [f"# epiforge compare at the {sets} shapes on the {env.get('gpu')}", "",
             f"Made by `{args.command}` at commit {commits}, {env.get('date', '')[:10]}; driver "
             f"{env.get('driver')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, quack-kernels "
             f"{env.get('quack-kernels')}, nvidia-cutlass-dsl {env.get('nvidia-cutlass-dsl')}, liger-kernel "

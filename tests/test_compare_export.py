@@ -37,6 +37,17 @@ def test_stores_become_one_result_per_task_and_kernel(tmp_path):
     text = md.read_text()
     assert "## k8_gemm_swiglu on the GPU" in text and "## k1_gemm_rmsnorm on the GPU" in text
     assert "at commit c1, c2" in text and "| generated:" in text
+    assert text.startswith("# epiforge compare at the paper shapes on the ")
+
+
+def test_the_title_names_the_shape_sets_the_results_ran(tmp_path):
+    k1 = next(r for r in lb.load_shipped() if r.task == "k1_gemm_rmsnorm")
+    store = ResultStore(tmp_path / "a.sqlite")
+    store.add(k1.model_copy(update={"shapes": "coda"}))
+    md = tmp_path / "r.md"
+    assert compare_export.main([str(tmp_path / "a.sqlite"), "--commit", "c", "--command", "x",
+                                "--jsonl", str(tmp_path / "r.jsonl"), "--markdown", str(md)]) == 0
+    assert md.read_text().startswith("# epiforge compare at the coda shapes on the ")
 
 
 def test_agreement_pairs_each_expert_row_with_the_bench_files():
