@@ -15,6 +15,8 @@ TUNED = {
     "16384x2048x11264": "128x128_c1x2_pp_cs1",  # 1.043 of GEMM-only
     "16384x4096x22016": "192x128_c1x2_pp",  # 1.013 of GEMM-only
     "16384x8192x44032": "192x128_c1x2_pp",  # 1.008 of GEMM-only
+    # LLaMA-3.2-1B's shape (bench/run.py --shape-set llama1b, bench/results/h200/sweep-llama1b.json)
+    "16384x2048x16384": "128x128_c1x2_pp",  # 1.035 of GEMM-only
 }
 
 

@@ -15,6 +15,8 @@ TUNED = {
     "16384x5632x2048": "128x128_c1x2_pp_cs2",  # 1.264 of GEMM-only
     "16384x11008x4096": "128x128_c1x2_pp_cs2",  # 1.096 of GEMM-only
     "16384x22016x8192": "128x192_c2x1_pp",  # 1.022 of GEMM-only
+    # LLaMA-3.2-1B's shape (bench/run.py --shape-set llama1b, bench/results/h200/sweep-llama1b.json)
+    "16384x8192x2048": "128x128_c1x2_pp",  # 1.234 of GEMM-only
 }
 
 swiglu_bwd_zdz = P.from_quack("quack.epilogue.library:dswiglu_dpreact_mod")

@@ -95,8 +95,34 @@ class GemmConfig(BaseModel):
 DEFAULT_CONFIG = GemmConfig()
 
 
+def _mnk(key: str) -> tuple[int, int, int] | None:
+    parts = key.split("x")
+    return tuple(int(x) for x in parts) if len(parts) == 3 and all(x.isdigit() and int(x) > 0 for x in parts) else None
+
+
 def pick_config(tuned: dict[str, str], a, w) -> GemmConfig:
-    """The tuned config for this GEMM's m x n x k (a is (m, k), w is (n, k)) from a kernel's
-    table {"16384x2048x2048": "128x128_c1x2_pp", ...}; the default when the shape is not in it."""
-    key = f"{a.shape[0]}x{w.shape[0]}x{a.shape[1]}"
-    return GemmConfig.parse(tuned[key]) if key in tuned else DEFAULT_CONFIG
+    """The config for this GEMM's m x n x k (a is (m, k), w is (n, k)) from a kernel's table
+    {"16384x2048x2048": "128x128_c1x2_pp", ...}: the shape's own entry, else the entry of the
+    nearest measured shape (the smallest sum of |log2| ratios of m, n and k; the first such
+    entry on a tie), else DEFAULT_CONFIG for an empty table. Why the nearest: a tile config
+    measured at a neighbouring shape keeps its reasons (short K makes the epilogue dominate;
+    C-loading epilogues want narrow pingpong tiles), where the default can be far off (on the
+    H200, k7 at 16384x8192x2048 took 1.69x as long at the default as at 128x128 pingpong
+    with a 1x2 cluster, bench/results/h200/sweep-llama1b.json). An empty GEMM gets the default."""
+    import math
+
+    m, n, k = int(a.shape[0]), int(w.shape[0]), int(a.shape[1])
+    key = f"{m}x{n}x{k}"
+    if key in tuned:
+        return GemmConfig.parse(tuned[key])
+    if min(m, n, k) < 1:
+        return DEFAULT_CONFIG
+    best, best_distance = None, math.inf
+    for shape, cfg in tuned.items():
+        mnk = _mnk(shape)
+        if mnk is None:
+            continue
+        distance = sum(abs(math.log2(x / t)) for x, t in zip((m, n, k), mnk))
+        if distance < best_distance:
+            best, best_distance = cfg, distance
+    return GemmConfig.parse(best) if best is not None else DEFAULT_CONFIG

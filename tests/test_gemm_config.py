@@ -76,6 +76,26 @@ def _one(stages: dict, suffix: str) -> list[int]:
     return found
 
 
+def test_pick_config_takes_the_exact_entry_else_the_nearest_measured_shape():
+    import torch
+
+    import primitives as P
+
+    table = {"16384x5632x2048": "128x128_c1x2_pp_cs2", "16384x11008x4096": "128x128_c2x1_pp",
+             "16384x22016x8192": "128x192_c2x1_pp", "not a shape": "64x256_c2x1_pp"}
+    pick = lambda m, n, k, t=table: P.pick_config(t, torch.empty(m, k), torch.empty(n, k)).key()  # noqa: E731
+    assert pick(16384, 11008, 4096) == "128x128_c2x1_pp"  # its own entry
+    assert pick(16384, 8192, 2048) == "128x128_c1x2_pp_cs2"  # LLaMA-1B's k7: nearest is the 1B row
+    assert pick(8192, 22016, 8192) == "128x192_c2x1_pp"  # half the tokens of the 70B row
+    assert pick(2048, 11008, 4096) == "128x128_c2x1_pp"  # far in M only
+    assert pick(16384, 11008, 2896) == "128x128_c2x1_pp"  # K between 2048 and 4096, nearer 4096 in log2
+    # equally near two rows (log2 distance 1 to each): the first in the table
+    tie = {"100x100x100": "128x128_c1x2_pp", "400x100x100": "128x128_c2x1_pp"}
+    assert pick(200, 100, 100, tie) == "128x128_c1x2_pp" and pick(201, 100, 100, tie) == "128x128_c2x1_pp"
+    assert pick(16384, 8192, 2048, {}) == P.DEFAULT_CONFIG.key()  # nothing measured: the default
+    assert pick(0, 8192, 2048) == P.DEFAULT_CONFIG.key()  # an empty GEMM
+
+
 def test_epi_c_stages_moves_shared_memory_between_mainloop_and_epilogue(tmp_path):
     """k6 (C + a tile load) on a cooperative 256x192 tile: quack's default split leaves the
     mainloop 2 A/B stages; epi_c_stages=1 makes room for 3 (what the plain GEMM gets). The
