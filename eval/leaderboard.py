@@ -305,8 +305,10 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
     if quack:
         out.append("")
         out.append(f"Expert kernels that are quack's library epilogues: {', '.join(quack)}; the others are ours. "
-                   "Where quack's convention differs from CODA v0.1's (the RoPE direction), the task follows CODA and "
-                   "its kernel adapts quack's epilogue (README: conventions).")
+                   "Where quack's convention differs from CODA v0.1's, the RoPE direction, k3 and k4 follow CODA and "
+                   "their kernels adapt quack's epilogue, and k3hf and k4hf keep quack's (Hugging Face's). Every task "
+                   "writes finished values where CODA's kernels write per-block partials, and ZdZ as a sum where CODA "
+                   "takes a mean (README: conventions).")
     out.append("")
     out += ["fast_p (shapes at least p times faster than the baseline / shapes timed against it):", ""]
     out += ["| track | baseline | " + " | ".join(f"p = {p}" for p in FAST_P) + " |",

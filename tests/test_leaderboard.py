@@ -224,6 +224,7 @@ def test_an_expert_row_timed_with_an_older_kernel_is_labelled_and_the_authors_ar
     assert lb.expert_author("k8_gemm_swiglu").startswith("quack library")
     text = lb.render_markdown(lb.build([shipped["k8_gemm_swiglu"], k1]))
     assert "quack's library epilogues: k8;" in text
+    assert "k3hf and k4hf keep quack's" in text and "ZdZ as a sum" in text
 
 
 def test_generated_over_expert_is_the_one_runs_ratio_where_compare_timed_both():

@@ -43,6 +43,18 @@ def test_shape_sets_follow_the_paper():
     assert all(s.M == 16384 and s.V == 32768 for s in sets["paper"])
 
 
+def test_the_coda_set_is_codas_test_grid_and_the_heads_set_its_head_widths():
+    """CODA v0.1 tests M and the hidden width each in {2048, 4096, 8192} (every pair once), F and
+    V as the paper's; and head widths besides 128 (here 64 and 256, whole heads at each)."""
+    sets = tasks.shape_sets()
+    grid = {(s.M, s.d) for s in sets["coda"]}
+    assert len(sets["coda"]) == 9 and grid == {(m, d) for m in (2048, 4096, 8192) for d in (2048, 4096, 8192)}
+    paper_f = {s.d: s.F for s in sets["paper"]}
+    assert all(s.F == paper_f[s.d] and s.V == 32768 and s.head_dim == 128 for s in sets["coda"])
+    assert sorted(s.head_dim for s in sets["heads"]) == [64, 256]
+    assert all(s.d % s.head_dim == 0 for s in sets["heads"])
+
+
 @pytest.mark.parametrize("task", CATALOGUE, ids=lambda t: t.id)
 def test_inputs_and_references_match_the_spec(task):
     for shape in tasks.shape_sets()["smoke"]:
@@ -438,6 +450,45 @@ def test_k3d_and_k4d_add_the_pre_rope_projection_to_k3_and_k4(lean, full):
     d = dims["d"]
     assert not torch.allclose(got["qkv_pre"][:, : 2 * d], got["qkv"][:, : 2 * d])  # q, k: before the rotation
     assert torch.equal(got["qkv_pre"][:, 2 * d:], got["qkv"][:, 2 * d:])           # v: the same
+
+
+@pytest.mark.parametrize("lean,full", [("k5", "k5l"), ("k9", "k9l")])
+def test_k5l_and_k9l_add_the_logits_to_k5_and_k9(lean, full):
+    """CODA v0.1 (kernels/refs/gpt.py gemm_partial_cross_entropy and its RMSNorm twin) returns
+    the logits beside the loss pieces: here the (row-scaled, in k5l) GEMM, and loss and lse
+    the lean task's, consistent with those logits."""
+    dims = tasks.shape_sets()["smoke"][0].dims()
+    lean_task, full_task = tasks.get_task(lean), tasks.get_task(full)
+    inputs = full_task.make_inputs(dims, seed=5)
+    lean_inputs = lean_task.make_inputs(dims, seed=5)
+    assert inputs.keys() == lean_inputs.keys()
+    assert all(torch.equal(inputs[k], v) for k, v in lean_inputs.items())
+    got, lean_got = full_task.reference(inputs, dims, exact=True), lean_task.reference(inputs, dims, exact=True)
+    assert torch.equal(got["loss"], lean_got["loss"]) and torch.equal(got["lse"], lean_got["lse"])
+    x = inputs["a"] if lean == "k9" else inputs["h"]
+    z = x.double() @ inputs["w_lm"].double().T
+    if lean == "k5":
+        z = inputs["rstd"].double()[:, None] * z
+    assert got["logits"].shape == (dims["M"], dims["V"])
+    assert torch.allclose(got["logits"].double(), z, rtol=1e-12, atol=1e-12)
+    lse = torch.logsumexp(z, dim=1)
+    target = z.gather(1, inputs["targets"].long()[:, None])[:, 0]
+    assert torch.allclose(got["lse"].double(), lse, rtol=1e-9, atol=1e-9)
+    assert torch.allclose(got["loss"].double(), lse - target, rtol=1e-9, atol=1e-9)
+
+
+def test_a_k5l_kernel_that_stores_the_unscaled_logits_fails_on_the_logits(tmp_path):
+    from epiforge.eval import evaluate
+    from epiforge.eval.machine import HUMAN_DIR
+
+    src = (HUMAN_DIR / "k5l_gemm_rmsnorm_cross_entropy_store_logits.py").read_text()
+    assert 'return {"D": logits, "lse": logits, "target_logit": logits}' in src
+    wrong = tmp_path / "k5l_unscaled_logits.py"
+    wrong.write_text(src.replace('return {"D": logits,', 'return {"D": acc,'))
+    r = evaluate("k5l", str(wrong), seed=3)
+    assert r.outcome.value == "INCORRECT_NUMERICS", r.message
+    failed = {c.name for s in r.per_shape for c in s.outputs if not c.ok}
+    assert failed == {"logits"}, failed
 
 
 def test_a_k3d_kernel_that_stores_the_rotation_as_the_pre_rope_projection_fails(tmp_path):

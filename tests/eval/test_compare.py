@@ -233,3 +233,19 @@ def test_each_job_of_a_judge_compiles_its_baseline_afresh():
 
     assert graphs_built(["k1", "k8", "k9"], lambda: None)[-1] == 0  # the hazard: the third ran uncompiled
     assert all(graphs_built(["k1", "k8", "k9"], lambda: judge._between_jobs("cpu")))
+
+
+def test_quack_library_says_whether_the_expert_is_the_library_or_the_library_has_none():
+    """compare's quack_library baseline is left out for two different reasons, and says which:
+    k8's expert kernel is quack's library SwiGLU epilogue itself; quack has no epilogue
+    for k1's task (its expert is ours); k2 has one, which is built."""
+    from epiforge.eval.baselines import extra_baselines
+
+    dims = tasks.shape_sets()["smoke"][0].dims()
+    why = {}
+    for name in ("k8", "k1", "k2"):
+        task = tasks.get_task(name)
+        fns, _, skipped = extra_baselines(["quack_library"], task, dims, [task.make_inputs(dims, 1, "cpu")], "cpu")
+        why[name] = skipped.get("quack_library", "built" if "quack_library" in fns else "?")
+    assert why == {"k8": "the expert kernel is quack's library epilogue itself",
+                   "k1": "quack's library has no epilogue for this task", "k2": "built"}
