@@ -6,11 +6,15 @@ smoke-shaped inputs describe them fully.
     .venv/bin/python -m epiforge.bench.precompile [--tasks k0 k3] [--configs 0 1]
     .venv/bin/python -m epiforge.bench.precompile --tasks k0 k7 --configs early-c --parts kernels gemm
     .venv/bin/python -m epiforge.bench.precompile --tuned --parts kernels library gemm training
+    .venv/bin/python -m epiforge.bench.precompile --tuned --parts kernels gemm --dtypes bfloat16 float16
 
 --tuned compiles only what the paper shapes run: each expert kernel (and library
 alternative) at the configs of its own TUNED table and the default, the GEMM-only baseline
 at those and at the speed-of-light configs (eval/data/sol-configs.json); a kernel without
-a TUNED table at its own choice. Generated kernels are not built here: their code runs only
+a TUNED table at its own choice. --dtypes: the precisions to build the expert kernels and
+the GEMM-only baseline in (a compiled kernel depends on its operands' dtype; default
+bfloat16, what the judge runs by default; `compare --dtype float16` wants float16 too).
+Generated kernels are not built here: their code runs only
 in an evaluation's runner, which compiles them.
 """
 
@@ -82,6 +86,8 @@ def main(argv=None) -> int:
                          "(bench.quack_library), the GEMM-only baseline, the training ops' own epilogues")
     ap.add_argument("--tuned", action="store_true",
                     help="only the configs the TUNED tables and the speed-of-light table name (see the docstring)")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float16"],
+                    help="precisions of the expert kernels and the GEMM-only baseline (default: bfloat16)")
     args = ap.parse_args(argv)
     if args.tuned and args.configs is not None:
         ap.error("--tuned picks the configs itself: give --configs or --tuned, not both")
@@ -104,14 +110,11 @@ def main(argv=None) -> int:
     library = alternatives()
     from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
 
-    paper = [x.dims() for x in tasks.shape_sets()["paper"]]
-
-    def tuned_configs(table: dict, task) -> list:
-        """The table's configs, and the default where a paper shape is not in the table."""
+    def tuned_configs(table: dict) -> list:
+        """The table's configs (P.pick_config takes one of them at any shape), or the default
+        for an empty table."""
         picked = {c: GemmConfig.parse(c) for c in sorted(set(table.values()))}
-        if any("x".join(map(str, task.gemm_shape(d))) not in table for d in paper):
-            picked.setdefault(DEFAULT_CONFIG.key(), DEFAULT_CONFIG)
-        return list(picked.values())
+        return list(picked.values()) or [DEFAULT_CONFIG]
 
     gemm_configs = {c.for_plain_gemm().key(): c.for_plain_gemm() for c in configs}
     if args.tuned:
@@ -120,10 +123,12 @@ def main(argv=None) -> int:
         gemm_configs = {DEFAULT_CONFIG.key(): DEFAULT_CONFIG}
         for known in json.loads(SOL_TABLE.read_text()).get("configs", {}).values():
             gemm_configs.update({c: GemmConfig.parse(c) for c in known})
-    for task in catalogue:
-        if expert_kernel(task.name) is None:
-            print(f"{task.id}: no expert kernel, skipped", flush=True)
+    jobs = [(task, dtype) for task in catalogue for dtype in args.dtypes if dtype in task.dtypes]
+    for base, dtype in jobs:
+        if expert_kernel(base.name) is None:
+            print(f"{base.id}: no expert kernel, skipped", flush=True)
             continue
+        task = base.at(dtype)
         module = load_kernel_module(expert_kernel(task.name))
         inputs = task.make_inputs(dims, seed=0)
         consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
@@ -131,17 +136,18 @@ def main(argv=None) -> int:
         own = configs
         if args.tuned:
             # a kernel without a TUNED table runs at its own choice (config=None), e.g. a CONFIG
-            own = tuned_configs(module.TUNED, task) if hasattr(module, "TUNED") else [None]
+            own = tuned_configs(module.TUNED) if hasattr(module, "TUNED") else [None]
             fixed = [getattr(module, "CONFIG", None), *getattr(module, "CONFIGS", {}).values()]
             gemm_configs.update({c.key(): c for c in [*own, *fixed] if isinstance(c, GemmConfig)})
         runs = []
+        label = task.id if dtype == "bfloat16" else f"{task.id} {dtype}"
         if "kernels" in args.parts:
-            runs.append((task.id, lambda cfg: module.run(dict(inputs), prepared, config=cfg), own))
-        if "library" in args.parts and task.name in library:
-            lib_configs = tuned_configs(library[task.name][2], task) if args.tuned else configs
+            runs.append((label, lambda cfg: module.run(dict(inputs), prepared, config=cfg), own))
+        if "library" in args.parts and task.name in library and dtype == "bfloat16":
+            lib_configs = tuned_configs(library[task.name][2]) if args.tuned else configs
             runs.append((f"{task.id} quack library", lambda cfg, _f=library[task.name][0]: _f(dict(inputs), cfg),
                          lib_configs))
-        if "diagnostics" in args.parts:
+        if "diagnostics" in args.parts and dtype == "bfloat16":
             for dname, (dfn, _) in DIAGNOSTICS.get(task.name, {}).items():
                 runs.append((f"{task.id} {dname}", lambda cfg, _f=dfn: _f(dict(inputs), cfg), own))
         for what, run, run_configs in runs:
@@ -159,10 +165,11 @@ def main(argv=None) -> int:
         import torch
 
         shapes = {(t.gemm_shape(dims)) for t in catalogue}
-        for m, n, k in sorted(shapes)[:1]:  # compiled kernels do not depend on M, N, K
-            a = torch.zeros(m, k, dtype=torch.bfloat16)
-            w = torch.zeros(n, k, dtype=torch.bfloat16)
-            w_t = torch.zeros(k, n, dtype=torch.bfloat16).T  # the dgrad tasks pass a transposed view
+        for (m, n, k), dtype in [(mnk, dt) for mnk in sorted(shapes)[:1] for dt in args.dtypes]:
+            # compiled kernels do not depend on M, N, K
+            a = torch.zeros(m, k, dtype=getattr(torch, dtype))
+            w = torch.zeros(n, k, dtype=getattr(torch, dtype))
+            w_t = torch.zeros(k, n, dtype=getattr(torch, dtype)).T  # the dgrad tasks pass a transposed view
             for cfg in gemm_configs.values():
                 for ww in (w, w_t):
                     try:

@@ -254,3 +254,19 @@ def test_load_timing_flags_give_the_same_bits_on_the_gpu(flag, tid):
                 got = module.run(dict(inputs), {}, config=cfg)
                 for k in want:
                     assert torch.equal(got[k], want[k]), f"{tid} {name} {cfg.key()} call {i}: {k} differs"
+
+
+def test_precompile_builds_the_expert_kernels_in_fp16_too():
+    """bench.precompile --dtypes: the fp16 objects are cross-compiled on the CPU like the bf16
+    ones (a compiled kernel depends on its operands' dtype), one line per kernel and config."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "epiforge.bench.precompile", "--tasks", "k1", "--configs", "128x128_c1x2_pp",
+           "--parts", "kernels", "--dtypes", "bfloat16", "float16"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "k1 128x128_c1x2_pp: ok" in out.stdout and "k1 float16 128x128_c1x2_pp: ok" in out.stdout
+    assert "2 compiles, 0 failures" in out.stdout
+    bad = subprocess.run(cmd[:-2] + ["float32"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--dtypes" in bad.stderr and "Traceback" not in bad.stderr
