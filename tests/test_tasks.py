@@ -477,29 +477,22 @@ def test_k5l_and_k9l_add_the_logits_to_k5_and_k9(lean, full):
     assert torch.allclose(got["loss"].double(), lse - target, rtol=1e-9, atol=1e-9)
 
 
-def test_a_k5l_kernel_that_stores_the_unscaled_logits_fails_on_the_logits(tmp_path):
+@pytest.mark.parametrize("tid,kernel,honest,wrong,output", [
+    ("k3d", "k3d_gemm_rope_store_d", '"qkv_pre": out["D"]', '"qkv_pre": out["rotated"]', "qkv_pre"),  # rotated twice
+    ("k5l", "k5l_gemm_rmsnorm_cross_entropy_store_logits", 'return {"D": logits,', 'return {"D": acc,', "logits"),
+])
+def test_a_kernel_that_stores_the_added_output_wrong_fails_on_that_output_alone(tmp_path, tid, kernel, honest,
+                                                                               wrong, output):
+    """k3d's pre-RoPE projection stored as the rotation; k5l's logits stored without the row
+    scale: INCORRECT_NUMERICS, and only on the output the full variant adds."""
     from epiforge.eval import evaluate
     from epiforge.eval.machine import HUMAN_DIR
 
-    src = (HUMAN_DIR / "k5l_gemm_rmsnorm_cross_entropy_store_logits.py").read_text()
-    assert 'return {"D": logits, "lse": logits, "target_logit": logits}' in src
-    wrong = tmp_path / "k5l_unscaled_logits.py"
-    wrong.write_text(src.replace('return {"D": logits,', 'return {"D": acc,'))
-    r = evaluate("k5l", str(wrong), seed=3)
-    assert r.outcome.value == "INCORRECT_NUMERICS", r.message
-    failed = {c.name for s in r.per_shape for c in s.outputs if not c.ok}
-    assert failed == {"logits"}, failed
-
-
-def test_a_k3d_kernel_that_stores_the_rotation_as_the_pre_rope_projection_fails(tmp_path):
-    from epiforge.eval import evaluate
-    from epiforge.eval.machine import HUMAN_DIR
-
-    src = (HUMAN_DIR / "k3d_gemm_rope_store_d.py").read_text()
-    assert '"qkv_pre": out["D"]' in src
-    wrong = tmp_path / "k3d_rotated_twice.py"
-    wrong.write_text(src.replace('"qkv_pre": out["D"]', '"qkv_pre": out["rotated"]'))
-    r = evaluate("k3d", str(wrong), seed=3)
+    src = (HUMAN_DIR / f"{kernel}.py").read_text()
+    assert honest in src
+    path = tmp_path / f"{tid}_wrong.py"
+    path.write_text(src.replace(honest, wrong))
+    r = evaluate(tid, str(path), seed=3)
     assert r.outcome.value == "INCORRECT_NUMERICS", r.message
     bad = {c.name for s in r.per_shape for c in s.outputs if not c.ok}
-    assert bad == {"qkv_pre"}, bad
+    assert bad == {output}, bad
