@@ -365,7 +365,9 @@ def resumed_backend(args, backend: str, recorded_stream: bool | None = None):
 
 def cmd_generate(args) -> int:
     from epiforge.agent.backends import BackendError
+    from epiforge.agent.loop import KernelNotSaved
     from epiforge.agent.session import ConfigError, LogError
+    from epiforge.cli import os_error_line
 
     problem = _number_problem(args)
     if problem:
@@ -399,8 +401,10 @@ def cmd_generate(args) -> int:
                                      workspaces=beside(log_dir, "workspaces"), note=_note)
             finally:
                 backend.close()
-    except (BackendError, ConfigError, LogError) as e:
+    except (BackendError, ConfigError, LogError, KernelNotSaved) as e:
         return _die(str(e))
+    except OSError as e:  # the last resort: the folders were checked before the session began
+        return _die(os_error_line(e))
     if args.json:
         print(end.model_dump_json(indent=1))
     if end.outcome == "backend_error":
@@ -414,6 +418,7 @@ def _generate_runs(args, say) -> int:
     from epiforge.agent.loop import config_problem, data_path
     from epiforge.agent.runs import PASSED, render, run_sessions
     from epiforge.agent.session import ConfigError
+    from epiforge.cli import os_error_line
     from epiforge import tasks
 
     if args.resume:
@@ -441,6 +446,8 @@ def _generate_runs(args, say) -> int:
                            docs_dir=args.docs_dir, say=say, note=_note)
     except (BackendError, ConfigError) as e:
         return _die(str(e))
+    except OSError as e:  # the last resort: the folders were checked before the runs began
+        return _die(os_error_line(e))
     if args.json:
         print(json.dumps(rep, indent=1))
     else:

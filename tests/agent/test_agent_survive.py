@@ -556,3 +556,59 @@ def test_a_long_stage_is_never_silence(said):
     n = len(said)
     time.sleep(0.2)
     assert len(said) == n  # and quiet once the evaluation is over
+
+
+@pytest.mark.parametrize("flag", ["--log-dir", "--workspace", "--out"])
+def test_a_folder_that_cannot_be_written_is_one_line_before_anything(tmp_path, anthropic_key, capsys, flag):
+    (tmp_path / "a-file").write_text("not a folder\n")
+    bad = tmp_path / "a-file" / "x"
+    logs = tmp_path / "runs"
+    folders = {"--log-dir": str(logs), "--workspace": str(tmp_path / "ws"), "--out": str(tmp_path / "gen")} | {flag: str(bad)}
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, *[x for item in folders.items() for x in item], *FAST)
+        assert server.requests == []
+    assert rc == 2 and err.strip().splitlines() == [f"epiforge: {flag} {bad}: {tmp_path / 'a-file'} is not a directory"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no log, no workspace, nothing begun
+    if flag == "--workspace":
+        return  # --runs gives each run its own workspace
+    del folders["--workspace"]
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--runs", "2", *[x for item in folders.items() for x in item], *FAST)
+        assert server.requests == []
+    assert rc == 2 and err.strip().splitlines() == [f"epiforge: {flag} {bad}: {tmp_path / 'a-file'} is not a directory"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_bad_folder_on_resume_leaves_the_log_as_it_was(tmp_path, anthropic_key, said, capsys):
+    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
+    before = log.read_text()
+    (tmp_path / "a-file").write_text("not a folder\n")
+    for flag in ("--out", "--workspace"):
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", "http://127.0.0.1:9", flag,
+                                 str(tmp_path / "a-file"))
+        assert rc == 2 and err.strip().splitlines() == [f"epiforge: {flag} {tmp_path / 'a-file'}: not a directory"]
+        assert log.read_text() == before
+
+
+def test_a_kernel_that_cannot_be_saved_still_ends_the_log(tmp_path, anthropic_key, capsys):
+    """--out turns bad during the session (the last resort): the end is logged, the kernel's
+    source with it, and the command says so in one line."""
+    gen = tmp_path / "gen"
+
+    def submit(body):
+        gen.mkdir()
+        (gen / "k1_gemm_rmsnorm").write_text("in the way\n")  # where the kernel's folder would go
+        return Reply("submitting", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])
+
+    with Loopback("anthropic", [submit], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--log-dir", str(tmp_path / "runs"), "--out", str(gen), *FAST)
+    (log,) = (tmp_path / "runs").glob("*.jsonl")
+    assert rc == 2 and "Traceback" not in err and err.strip().splitlines() == [
+        f"epiforge: --out {gen}: the passing kernel could not be written (File exists); the session's log {log} is "
+        "complete and holds its source"]
+    events, _ = read_events(log)
+    assert events[-1].outcome == "passed" and events[-1].generated_kernel is None
+    assert K1_GOOD in [e.input.get("source") for e in events if e.event == "tool_called"]
