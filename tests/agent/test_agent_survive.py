@@ -11,7 +11,7 @@ import time
 
 import pytest
 from loopback import Fail, Loopback, Reply, last_tool_results
-from scenarios import K1_GOOD
+from scenarios import K1_GOOD, K1_HANGS
 
 from epiforge import cli as epiforge
 from epiforge.agent.backends import RetryPolicy, make_backend
@@ -22,9 +22,6 @@ from epiforge.eval.kernel import GENERATED_DIR, REPO
 
 PRICED = "claude-sonnet-4-5-loopback"  # the table prices it as claude-sonnet-4 ($3 in, $15 out per MTok)
 FAST = ["--no-compile", "--device", "cpu"]
-# a kernel whose run() never returns: only a timeout ends its check
-K1_HANGS = K1_GOOD.replace("def run(inputs, prepared, config=None):\n",
-                           "def run(inputs, prepared, config=None):\n    n = 0\n    while n >= 0:\n        n += 1\n")
 
 
 def _config(model=PRICED, backend="anthropic", **budget):
