@@ -59,6 +59,19 @@ fails never stops the others; after Ctrl-C or a backend outage, each unfinished 
 resumes on its own with --resume.
 """
 
+_REPLAY_EXAMPLES = """\
+environment (a replay needs none; a fork, its live backend's):
+  ANTHROPIC_API_KEY    the key of --backend anthropic (required); ANTHROPIC_BASE_URL: its API URL
+  OPENAI_API_KEY       the key of --backend openai (a local server needs none); OPENAI_BASE_URL: its URL
+  EPIFORGE_DATA_DIR    where the new logs go by default (else $XDG_DATA_HOME/epiforge, else
+                       ~/.local/share/epiforge): DATA/replays/, forks DATA/sessions/
+
+examples:
+  epiforge replay logs/examples/k8_gemm_swiglu.anthropic.scripted-loopback.jsonl
+  epiforge replay LOG --fork-at 3 --backend anthropic   # needs ANTHROPIC_API_KEY
+  epiforge replay LOG --fork-at 3 --backend openai --base-url http://127.0.0.1:8000/v1 --model qwen2.5-coder
+"""
+
 _ABLATE_EXAMPLES = """\
 environment:
   ANTHROPIC_API_KEY    the key of --backend anthropic (required); ANTHROPIC_BASE_URL: its API URL
@@ -92,7 +105,7 @@ def add_commands(sub) -> None:
     _backend_options(p)
     _session_options(p)
     p.add_argument("--resume", metavar="LOG", help="continue a killed session, or one that ended on a backend error, "
-                                                  "from its log (appends to it)")
+                                                  "from its log (appends to it; default: start a new session)")
     p.add_argument("--runs", type=int, default=None, metavar="N",
                    help="N independent sessions of the task for pass@k, each with its own session id, log, kernel "
                         "and budgets (--max-turns, --budget-usd, --max-tokens, --max-wall-s apply to each run); "
@@ -108,9 +121,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("replay", help="re-run a recorded session offline (or fork it into a live backend)",
                        formatter_class=fmt,
                        usage=f"%(prog)s LOG [--log-dir DIR] [--json] [options]\n"
-                             f"       %(prog)s LOG --fork-at N --backend {backends} [options]", epilog="examples:\n  epiforge replay logs/examples/"
-                       "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl\n"
-                       "  epiforge replay LOG --fork-at 3 --backend anthropic   # needs ANTHROPIC_API_KEY\n")
+                             f"       %(prog)s LOG --fork-at N --backend {backends} [options]", epilog=_REPLAY_EXAMPLES)
     p.add_argument("log", help="a session log (JSONL)")
     p.add_argument("--fork-at", type=int, default=None, metavar="N", help="replay steps < N, then continue live "
                                                                          "(default: replay every step)")
@@ -145,11 +156,13 @@ def add_commands(sub) -> None:
     p.add_argument("--runs", type=int, default=3, help="sessions per condition (default: 3)")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="at most C sessions at a time, each with its own backend, log and budgets (default: 1)")
-    p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR")
+    p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR "
+                                                                    "(default: run the sessions, then report)")
     p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: DATA/ablations/<time>/; "
                                                    "DATA: $EPIFORGE_DATA_DIR, else $XDG_DATA_HOME/epiforge, else "
                                                    "~/.local/share/epiforge)")
-    p.add_argument("--report", default=None, metavar="PATH", help="also write the report as JSON here")
+    p.add_argument("--report", default=None, metavar="PATH", help="also write the report as JSON here "
+                                                                   "(default: stdout only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(func=cmd_ablate)
 
