@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -392,9 +393,10 @@ def cmd_generate(args) -> int:
         return _generate_runs(args, say)
     try:
         if args.resume:
-            end = _resume(args, say)
-            if isinstance(end, int):
-                return end
+            resumed = _resume(args, say)
+            if isinstance(resumed, int):
+                return resumed
+            end, log = resumed
         else:
             if not (args.task and args.backend):
                 return _die("generate needs --task and --backend (or --resume LOG)")
@@ -409,7 +411,7 @@ def cmd_generate(args) -> int:
             backend = _live_backend(args)
             log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions")
             try:
-                end, _ = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
+                end, log = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
                                      out_dir=_out_dir(args, log_dir), docs_dir=args.docs_dir, say=say,
                                      workspaces=beside(log_dir, "workspaces"), note=_note)
             finally:
@@ -421,7 +423,7 @@ def cmd_generate(args) -> int:
     if args.json:
         print(end.model_dump_json(indent=1))
     if end.outcome == "backend_error":
-        return _die(f"{end.reason}; the log is kept: continue with epiforge generate --resume LOG")
+        return _die(f"{end.reason}; the log is kept: continue with epiforge generate --resume {shlex.quote(str(log))}")
     return 0 if end.outcome in ("passed", "passed_slow") else 1
 
 
@@ -474,7 +476,8 @@ def _generate_runs(args, say) -> int:
 
 
 def _resume(args, say):
-    """Resume args.resume with this command's flags and environment over the log's settings."""
+    """Resume args.resume with this command's flags and environment over the log's settings:
+    (its end, the log's path), or the exit code of a refusal."""
     from epiforge.agent.loop import resume_session
     from epiforge.agent.session import read_events
     from epiforge.agent.transcript import rebuild
@@ -495,12 +498,11 @@ def _resume(args, say):
     backend = _live_backend(args, config.backend, model=config.model, base_url=config.base_url, command=config.command,
                             max_output_tokens=config.max_output_tokens, stream=stream)
     try:
-        end, _ = resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
-                                out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say,
-                                note=_note)
+        return resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
+                              out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say,
+                              note=_note)
     finally:
         backend.close()
-    return end
 
 
 def _out_dir(args, log_dir: Path) -> Path:

@@ -129,8 +129,9 @@ def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path
                                  down.url, "--max-retries", "2", "--log-dir", str(logs), *FAST)
         assert len(down.requests) == 3  # the first try and --max-retries 2
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert f"{sdk.name}: HTTP 529" in err and "(after 3 attempts)" in err and "--resume" in err
     (log,) = logs.glob("*.jsonl")
+    assert f"{sdk.name}: HTTP 529" in err and "(after 3 attempts)" in err
+    assert err.rstrip().endswith(f"; the log is kept: continue with epiforge generate --resume {log}")
     assert read_events(log)[0][-1].outcome == "backend_error"
 
     # the service is back at another address; the environment names it, and it wins over the log
