@@ -258,13 +258,13 @@ def test_a_session_that_ended_otherwise_is_not_resumed(tmp_path, anthropic_key, 
         "be resumed: replay or fork it instead"]
 
 
-def test_kill_9_during_a_check_then_a_resume(tmp_path, anthropic_key, capsys):
+def test_kill_9_during_a_check_then_a_resume(tmp_path, sdk, capsys):
     logs = tmp_path / "runs"
-    with Loopback("anthropic", [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})])],
-                  model=PRICED) as server:
+    with Loopback(sdk.name, [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})])],
+                  model=sdk.model) as server:
         env = os.environ | {"PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, "-m", "epiforge", "generate", "--task", "k1", "--backend", "anthropic",
-                                 "--model", PRICED, "--base-url", server.url, "--log-dir", str(logs), *FAST],
+        proc = subprocess.Popen([sys.executable, "-m", "epiforge", "generate", "--task", "k1", "--backend", sdk.name,
+                                 "--model", sdk.model, "--base-url", server.url, "--log-dir", str(logs), *FAST],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         deadline = time.monotonic() + 120
@@ -279,7 +279,7 @@ def test_kill_9_during_a_check_then_a_resume(tmp_path, anthropic_key, capsys):
     (log,) = logs.glob("*.jsonl")
     killed = log.read_text()
     assert '"event":"evaluation"' not in killed and '"session_ended"' not in killed
-    with Loopback("anthropic", [Reply("submitting", [("submit", {})])], model=PRICED) as server:
+    with Loopback(sdk.name, [Reply("submitting", [("submit", {})])], model=sdk.model) as server:
         rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url)
         assert len(server.requests) == 1
     assert rc == 0, err
@@ -374,27 +374,28 @@ def _warned(server, budget):
     return ["last turn the budget allows (" + budget in json.dumps(body["messages"][-1]) for body in server.requests]
 
 
-def test_the_last_turn_warning_covers_the_turn_budget(tmp_path, anthropic_key, said):
-    end, _, server = _session(tmp_path, [Reply("looking", [("list_examples", {})])] * 8, said, _config(max_turns=3))
+def test_the_last_turn_warning_covers_the_turn_budget(tmp_path, sdk, said):
+    end, _, server = _session(tmp_path, [Reply("looking", [("list_examples", {})])] * 8, said,
+                              _config(sdk.model, sdk.name, max_turns=3))
     assert end.outcome == "budget_exhausted" and end.reason.startswith("turn budget")
     assert _warned(server, "turn budget") == [False, False, True]  # before the third and last request only
 
 
-def test_the_last_turn_warning_covers_the_dollar_budget(tmp_path, anthropic_key, said):
+def test_the_last_turn_warning_covers_the_dollar_budget(tmp_path, sdk, said):
     reply = Reply("looking", [("list_examples", {})], input_tokens=30000, output_tokens=1000, cache_read=0,
                   cache_write=0)  # $0.07 a turn at $2 / $10 per MTok
-    config = _config(model="my-local-model", max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
+    config = _config("my-local-model", sdk.name, max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
     end, _, server = _session(tmp_path, [reply] * 8, said, config)
     assert end.outcome == "budget_exhausted" and end.reason.startswith("dollar budget")
     assert _warned(server, "dollar budget") == [False, False, True]
 
 
-def test_the_last_turn_warning_covers_the_wall_time_budget(tmp_path, anthropic_key, said):
+def test_the_last_turn_warning_covers_the_wall_time_budget(tmp_path, sdk, said):
     def slow(body):  # a model that takes a second a turn
         time.sleep(1.0)
         return Reply("looking", [("list_examples", {})])
 
-    end, _, server = _session(tmp_path, slow, said, _config(max_wall_s=3.5))
+    end, _, server = _session(tmp_path, slow, said, _config(sdk.model, sdk.name, max_wall_s=3.5))
     assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
     warned = _warned(server, "wall-time budget")
     assert len(warned) >= 2 and warned[-1] and not warned[0]  # heard before its last request, not from the start
@@ -410,10 +411,10 @@ def test_a_check_timeout_follows_the_task():
     assert check_timeout_s(k5, "cpu", "smoke", True) < 600  # under the evaluator's blanket default
 
 
-def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, anthropic_key, said):
+def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, sdk, said):
     script = [Reply("writing", [("write_kernel", {"source": K1_HANGS}), ("run_check", {})]), Reply("more")]
     t0 = time.monotonic()
-    end, log, server = _session(tmp_path, script, said, _config(max_wall_s=8))
+    end, log, server = _session(tmp_path, script, said, _config(sdk.model, sdk.name, max_wall_s=8))
     assert time.monotonic() - t0 < 40  # not the task's check timeout (> 60 s)
     (check,) = [e for e in read_events(log)[0] if e.event == "evaluation"]
     assert check.outcome == "TIMEOUT" and "wall-time budget ran out" in check.message
