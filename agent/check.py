@@ -1,14 +1,27 @@
 """The `check` script of a command-backend workspace: evaluate its kernel.py now and print
 the same feedback the tools give (python -m epiforge.agent.check --task T --kernel kernel.py).
-Each run is appended to a JSONL file the backend reads back into the session log."""
+Each run is appended to a JSONL file the backend reads back into the session log.
+
+Its timeout is the task's (agent/tools.py check_timeout_s), cut to end CHECK_MARGIN_S before
+$EPIFORGE_DEADLINE (the Unix time at which the harness kills the agent's run, which the
+session's wall-time budget bounds), so that the agent still reads the verdict; while it
+runs it prints each stage and a line every 15 s, as run_check does: a hanging kernel is
+never silence."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
+import time
 from pathlib import Path
+
+#: the environment variable the command backend sets: when its run of the agent is killed
+DEADLINE_ENV = "EPIFORGE_DEADLINE"
+#: seconds a check leaves the agent, before the deadline, to read its verdict
+CHECK_MARGIN_S = 5.0
 
 
 def main(argv=None) -> int:
@@ -20,22 +33,47 @@ def main(argv=None) -> int:
     ap.add_argument("--record", default=None, help="append a one-line summary of the run to this JSONL file")
     args = ap.parse_args(argv)
 
+    from epiforge import tasks
     from epiforge.agent.feedback import describe, scrub
+    from epiforge.agent.tools import _Progress, bounded_timeout, check_timeout_s, wall_timeout_message
     from epiforge.eval import evaluate
     from epiforge.eval.kernel import KernelError
+    from epiforge.tasks import TaskError
 
+    deadline = os.environ.get(DEADLINE_ENV)
+    try:
+        left = float(deadline) - time.time() - CHECK_MARGIN_S if deadline else None
+    except ValueError:
+        print(f"check: ${DEADLINE_ENV} must be a Unix time in seconds (got {deadline!r})")
+        return 2
+    try:
+        task = tasks.get_task(args.task)
+    except TaskError as e:
+        print(f"check: {e}")
+        return 2
+    if left is not None and left <= 0:
+        line = "the session's wall-time budget is spent: the kernel was not evaluated"
+        print(f"check: {line}")
+        _record(args.record, {"outcome": "NOT_RUN", "message": line})
+        return 1
+    limit = check_timeout_s(task, "cpu", "smoke", args.compile)
+    timeout, by_wall = bounded_timeout(limit, left)
     kernel = Path(args.kernel).resolve()
     seed = secrets.randbelow(2**31)
     try:
-        result = evaluate(args.task, kernel, device="cpu", shapes="smoke", seed=seed, compile=args.compile)
+        with _Progress(lambda line: print(line, flush=True), "check (CPU, smoke)", timeout) as progress:
+            result = evaluate(task.name, kernel, device="cpu", shapes="smoke", seed=seed, compile=args.compile,
+                              timeout_s=timeout, on_stage=progress.stage)
     except KernelError as e:
         line = scrub(str(e).splitlines()[0], kernel.parent)
         print(f"check: {line}")
         _record(args.record, {"outcome": "UNUSABLE", "message": line})
         return 1
+    if by_wall and result.outcome.value == "TIMEOUT":
+        result = result.model_copy(update={"message": wall_timeout_message(result.message, limit)})
     print(describe(result, what="check", workspace=kernel.parent))
     _record(args.record, {"outcome": result.outcome.value, "kernel_sha256": result.kernel_sha256, "seed": seed,
-                          "compile": args.compile, "wall_s": result.wall_s})
+                          "compile": args.compile, "wall_s": result.wall_s, "timeout_s": round(timeout, 1)})
     return 0 if result.passed else 1
 
 

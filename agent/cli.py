@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -57,6 +58,19 @@ given then replace what the log recorded, and the command says which values it u
 --concurrency C at a time, and prints one line per run and pass@k for k = 1..N. A run that
 fails never stops the others; after Ctrl-C or a backend outage, each unfinished run's log
 resumes on its own with --resume.
+"""
+
+_REPLAY_EXAMPLES = """\
+environment (a replay needs none; a fork, its live backend's):
+  ANTHROPIC_API_KEY    the key of --backend anthropic (required); ANTHROPIC_BASE_URL: its API URL
+  OPENAI_API_KEY       the key of --backend openai (a local server needs none); OPENAI_BASE_URL: its URL
+  EPIFORGE_DATA_DIR    where the new logs go by default (else $XDG_DATA_HOME/epiforge, else
+                       ~/.local/share/epiforge): DATA/replays/, forks DATA/sessions/
+
+examples:
+  epiforge replay logs/examples/k8_gemm_swiglu.anthropic.scripted-loopback.jsonl
+  epiforge replay LOG --fork-at 3 --backend anthropic   # needs ANTHROPIC_API_KEY
+  epiforge replay LOG --fork-at 3 --backend openai --base-url http://127.0.0.1:8000/v1 --model qwen2.5-coder
 """
 
 _ABLATE_EXAMPLES = """\
@@ -92,7 +106,7 @@ def add_commands(sub) -> None:
     _backend_options(p)
     _session_options(p)
     p.add_argument("--resume", metavar="LOG", help="continue a killed session, or one that ended on a backend error, "
-                                                  "from its log (appends to it)")
+                                                  "from its log (appends to it; default: start a new session)")
     p.add_argument("--runs", type=int, default=None, metavar="N",
                    help="N independent sessions of the task for pass@k, each with its own session id, log, kernel "
                         "and budgets (--max-turns, --budget-usd, --max-tokens, --max-wall-s apply to each run); "
@@ -108,9 +122,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("replay", help="re-run a recorded session offline (or fork it into a live backend)",
                        formatter_class=fmt,
                        usage=f"%(prog)s LOG [--log-dir DIR] [--json] [options]\n"
-                             f"       %(prog)s LOG --fork-at N --backend {backends} [options]", epilog="examples:\n  epiforge replay logs/examples/"
-                       "k8_gemm_swiglu.anthropic.scripted-loopback.jsonl\n"
-                       "  epiforge replay LOG --fork-at 3 --backend anthropic   # needs ANTHROPIC_API_KEY\n")
+                             f"       %(prog)s LOG --fork-at N --backend {backends} [options]", epilog=_REPLAY_EXAMPLES)
     p.add_argument("log", help="a session log (JSONL)")
     p.add_argument("--fork-at", type=int, default=None, metavar="N", help="replay steps < N, then continue live "
                                                                          "(default: replay every step)")
@@ -145,11 +157,13 @@ def add_commands(sub) -> None:
     p.add_argument("--runs", type=int, default=3, help="sessions per condition (default: 3)")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="at most C sessions at a time, each with its own backend, log and budgets (default: 1)")
-    p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR")
+    p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR "
+                                                                    "(default: run the sessions, then report)")
     p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: DATA/ablations/<time>/; "
                                                    "DATA: $EPIFORGE_DATA_DIR, else $XDG_DATA_HOME/epiforge, else "
                                                    "~/.local/share/epiforge)")
-    p.add_argument("--report", default=None, metavar="PATH", help="also write the report as JSON here")
+    p.add_argument("--report", default=None, metavar="PATH", help="also write the report as JSON here "
+                                                                   "(default: stdout only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(func=cmd_ablate)
 
@@ -365,7 +379,9 @@ def resumed_backend(args, backend: str, recorded_stream: bool | None = None):
 
 def cmd_generate(args) -> int:
     from epiforge.agent.backends import BackendError
+    from epiforge.agent.loop import KernelNotSaved
     from epiforge.agent.session import ConfigError, LogError
+    from epiforge.cli import os_error_line
 
     problem = _number_problem(args)
     if problem:
@@ -377,9 +393,10 @@ def cmd_generate(args) -> int:
         return _generate_runs(args, say)
     try:
         if args.resume:
-            end = _resume(args, say)
-            if isinstance(end, int):
-                return end
+            resumed = _resume(args, say)
+            if isinstance(resumed, int):
+                return resumed
+            end, log = resumed
         else:
             if not (args.task and args.backend):
                 return _die("generate needs --task and --backend (or --resume LOG)")
@@ -394,17 +411,19 @@ def cmd_generate(args) -> int:
             backend = _live_backend(args)
             log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions")
             try:
-                end, _ = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
+                end, log = run_session(make_config(backend), backend, log_dir=log_dir, workspace=args.workspace,
                                      out_dir=_out_dir(args, log_dir), docs_dir=args.docs_dir, say=say,
                                      workspaces=beside(log_dir, "workspaces"), note=_note)
             finally:
                 backend.close()
-    except (BackendError, ConfigError, LogError) as e:
+    except (BackendError, ConfigError, LogError, KernelNotSaved) as e:
         return _die(str(e))
+    except OSError as e:  # the last resort: the folders were checked before the session began
+        return _die(os_error_line(e))
     if args.json:
         print(end.model_dump_json(indent=1))
     if end.outcome == "backend_error":
-        return _die(f"{end.reason}; the log is kept: continue with epiforge generate --resume LOG")
+        return _die(f"{end.reason}; the log is kept: continue with epiforge generate --resume {shlex.quote(str(log))}")
     return 0 if end.outcome in ("passed", "passed_slow") else 1
 
 
@@ -414,6 +433,7 @@ def _generate_runs(args, say) -> int:
     from epiforge.agent.loop import config_problem, data_path
     from epiforge.agent.runs import PASSED, render, run_sessions
     from epiforge.agent.session import ConfigError
+    from epiforge.cli import os_error_line
     from epiforge import tasks
 
     if args.resume:
@@ -441,6 +461,8 @@ def _generate_runs(args, say) -> int:
                            docs_dir=args.docs_dir, say=say, note=_note)
     except (BackendError, ConfigError) as e:
         return _die(str(e))
+    except OSError as e:  # the last resort: the folders were checked before the runs began
+        return _die(os_error_line(e))
     if args.json:
         print(json.dumps(rep, indent=1))
     else:
@@ -454,7 +476,8 @@ def _generate_runs(args, say) -> int:
 
 
 def _resume(args, say):
-    """Resume args.resume with this command's flags and environment over the log's settings."""
+    """Resume args.resume with this command's flags and environment over the log's settings:
+    (its end, the log's path), or the exit code of a refusal."""
     from epiforge.agent.loop import resume_session
     from epiforge.agent.session import read_events
     from epiforge.agent.transcript import rebuild
@@ -475,12 +498,11 @@ def _resume(args, say):
     backend = _live_backend(args, config.backend, model=config.model, base_url=config.base_url, command=config.command,
                             max_output_tokens=config.max_output_tokens, stream=stream)
     try:
-        end, _ = resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
-                                out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say,
-                                note=_note)
+        return resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
+                              out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say,
+                              note=_note)
     finally:
         backend.close()
-    return end
 
 
 def _out_dir(args, log_dir: Path) -> Path:

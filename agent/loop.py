@@ -59,6 +59,38 @@ def config_problem(config: SessionConfig) -> str | None:
     return None
 
 
+def folder_problem(flag: str, path: Path | None) -> str | None:
+    """Why a session cannot write in the folder `path` (`flag` names it), in one line, or None.
+    Asked before anything starts, so that a bad folder costs nothing and leaves no log."""
+    if path is None:
+        return None
+    path = there = Path(path)
+    try:
+        while not there.exists() and there.parent != there:  # the nearest part that exists
+            there = there.parent
+        if not there.is_dir():
+            return f"{flag} {path}: " + ("not a directory" if there == path else f"{there} is not a directory")
+    except OSError as e:
+        return f"{flag} {path}: {e.strerror}"
+    if not os.access(there, os.W_OK | os.X_OK):
+        return f"{flag} {path}: {there} is not writable"
+    return None
+
+
+def folders_problem(*, log_dir: Path | None, workspace: Path | None, out_dir: Path | None) -> str | None:
+    """The first folder a session writes in (its log's, its workspace, its kernels') that it
+    cannot, in one line naming the flag that sets it, or None."""
+    for flag, path in (("--log-dir", log_dir), ("--workspace", workspace), ("--out", out_dir)):
+        problem = folder_problem(flag, path)
+        if problem:
+            return problem
+    return None
+
+
+class KernelNotSaved(Exception):
+    """A session ended, its log complete, but its passing kernel could not be written (one line)."""
+
+
 def data_path(name: str) -> Path:
     """A folder of the per-user data directory (eval/machine.py data_dir()), where sessions
     write unless a flag says otherwise: "sessions" (logs), "kernels" (passing kernels,
@@ -107,17 +139,18 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path | None
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
     problem = None if isinstance(backend, ReplayBackend) else config_problem(config)  # a replay spends nothing
-    if problem:
-        raise ConfigError(problem)
-    with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
-        pack = build_pack(task, docs_dir, config.pack_without, watch=watch)
     session_id = session_id or new_session_id(task.id)
-    system = pack.system_prompt(speed_target=config.speed_target)
-    prompt = pack.task_prompt(speed_target=config.speed_target)
     log_path = Path(log_path or Path(log_dir or data_path("sessions")) / f"{session_id}.jsonl")
     if out_dir == "beside":
         out_dir = beside(log_path.parent, "kernels")
     workspace = Path(workspace or Path(workspaces or beside(log_path.parent, "workspaces")) / session_id)
+    problem = problem or folders_problem(log_dir=log_path.parent, workspace=workspace, out_dir=out_dir)
+    if problem:
+        raise ConfigError(problem)
+    with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
+        pack = build_pack(task, docs_dir, config.pack_without, watch=watch)
+    system = pack.system_prompt(speed_target=config.speed_target)
+    prompt = pack.task_prompt(speed_target=config.speed_target)
     workspace.mkdir(parents=True, exist_ok=True)
     backend.start(SessionContext(session_id, task, pack, workspace, system, prompt, config))  # may fail: no log yet
     log = SessionLog.create(log_path)
@@ -154,7 +187,11 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
         raise LogError(f"{log_path}: the session already ended ({state.ended.outcome}); only a session that ended "
                        "on a backend error can be resumed: replay or fork it instead")
     config = (config or state.config).model_copy(update={"task": start.config.task})
-    problem = config_problem(config)
+    workspace = Path(workspace or beside(log_path.parent, "workspaces") / start.session)
+    out_dir = out_dir or beside(log_path.parent, "kernels")
+    problem = config_problem(config) or folders_problem(log_dir=None, workspace=workspace, out_dir=out_dir)
+    if not problem and not os.access(log_path, os.W_OK):
+        problem = f"--resume {log_path}: not writable (a resume appends to its log)"
     if problem:
         raise ConfigError(problem)
     task = tasks.get_task(config.task)
@@ -163,7 +200,6 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     system = pack.system_prompt(speed_target=config.speed_target)
     if pack.sha256 != start.pack.sha256 and not pack.unscreened:
         say("warning: the knowledge pack changed since this session started; resuming with the current one")
-    workspace = Path(workspace or beside(log_path.parent, "workspaces") / start.session)
     workspace.mkdir(parents=True, exist_ok=True)
     backend.start(SessionContext(start.session, task, pack, workspace, system, start.prompt, config))
     skipped = truncated_last_line(log_path)
@@ -178,7 +214,6 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
         toolbox.kernel_path.write_text(state.sources[state.current], encoding="utf-8")
     after = f" after {state.ended.outcome} ({state.ended.reason})" if state.ended else ""
     say(f"session {start.session}: resumed at step {state.next_step}{after} with {backend.name} / {backend.model}")
-    out_dir = out_dir or beside(log_path.parent, "kernels")
     driver = _Driver(config, backend, log, toolbox, system, state.messages, say, out_dir,
                      step=state.next_step, totals=state.totals, idle=state.idle, screen_s=watch.seconds)
     if state.pending and not pack.unscreened:  # the kill came between a response and (some of) its tool results
@@ -416,12 +451,15 @@ class _Driver:
     def _end(self, outcome: str, reason: str) -> SessionEnded:
         self.totals.wall_s = self._wall()
         self.totals.evaluations = self.toolbox.evaluations
-        generated = None
+        generated = unsaved = None
         sha = self.toolbox.current if outcome == "passed" else self.toolbox.slow_pass if outcome == "passed_slow" else None
         if sha and self.out_dir is not None:
-            path = write_generated(self.toolbox.sources[sha], self.toolbox.task.name, self.session,
-                                   self.config.backend, self.config.model, Path(self.out_dir))
-            generated = os.path.relpath(path, REPO) if Path(path).resolve().is_relative_to(REPO) else str(path)
+            try:
+                path = write_generated(self.toolbox.sources[sha], self.toolbox.task.name, self.session,
+                                       self.config.backend, self.config.model, Path(self.out_dir))
+                generated = os.path.relpath(path, REPO) if Path(path).resolve().is_relative_to(REPO) else str(path)
+            except OSError as e:  # the end is logged all the same: the log holds the kernel's source
+                unsaved = f"--out {self.out_dir}: the passing kernel could not be written ({e.strerror})"
         end = SessionEnded(session=self.session, outcome=outcome, reason=reason, best=self.toolbox.best,
                            generated_kernel=str(generated) if generated else None, totals=self.totals)
         self.log.write(end)
@@ -435,6 +473,8 @@ class _Driver:
         self.say(f"session {self.session}: {outcome} ({reason}); {self.totals.turns} turns, "
                  f"{self.totals.usage.total} tokens, {cost}, {self.totals.wall_s:.0f} s"
                  + (f"; kernel {generated}" if generated else ""))
+        if unsaved:
+            raise KernelNotSaved(f"{unsaved}; the session's log {self.log.path} is complete and holds its source")
         return end
 
 

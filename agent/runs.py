@@ -71,6 +71,7 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
+    _check_folders(log_dir, out_dir)  # before the screening: a bad folder costs nothing
     # the pack's verdicts cached once, before the runs share them; no longer than one run's wall-time budget (a run
     # screens what is left within its own)
     with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
@@ -95,6 +96,7 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
     from epiforge import tasks
     from epiforge.agent.loop import beside, run_session
 
+    _check_folders(log_dir, out_dir)  # else every run would fail on its own
     runs = len(configs)
     ids: list[str] = []
     while len(ids) < runs:
@@ -149,6 +151,16 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
             quiet.set()
         interrupted = True
     return all_runs, interrupted
+
+
+def _check_folders(log_dir: Path, out_dir: Path | None) -> None:
+    """Raise ConfigError (one line) when the runs cannot write their logs, workspaces or kernels."""
+    from epiforge.agent.loop import beside, folders_problem
+    from epiforge.agent.session import ConfigError
+
+    problem = folders_problem(log_dir=log_dir, workspace=beside(log_dir, "workspaces"), out_dir=out_dir)
+    if problem:
+        raise ConfigError(problem)
 
 
 def report(config: SessionConfig, rows: list[dict], *, interrupted: bool = False) -> dict:

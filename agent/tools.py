@@ -72,6 +72,18 @@ def check_timeout_s(task, device: str, shapes: str, compile_: bool) -> float:
     return round(60 + 30 * gflop + (120 * task.launches.count("gemm") if compile_ else 0))
 
 
+def bounded_timeout(limit_s: float, left_s: float | None) -> tuple[float, bool]:
+    """One evaluation's timeout: its own limit, or the wall time the session has left when
+    that is shorter (at least 1 s); and whether the wall time set it."""
+    by_wall = left_s is not None and left_s < limit_s
+    return (max(1.0, left_s) if by_wall else limit_s), by_wall
+
+
+def wall_timeout_message(message: str, limit_s: float) -> str:
+    """A TIMEOUT's message when the session's wall time, not the kernel's limit, cut it short."""
+    return message + f" (the session's wall-time budget ran out; the kernel's own limit was {limit_s:.0f} s)"
+
+
 class Heartbeat:
     """A context manager whose beat() runs `first_s` seconds after it is entered, then every
     `every_s` seconds, until it exits (a thread of its own): a long wait is never silence."""
@@ -291,8 +303,7 @@ class ToolBox:
             left = self.time_left()
             if left is not None and left <= 0:
                 raise ToolFailure("the session's wall-time budget is spent: the kernel was not evaluated")
-            by_wall = left is not None and left < limit
-            timeout = max(1.0, left) if by_wall else limit
+            timeout, by_wall = bounded_timeout(limit, left)
             label = f"step {step}: {purpose} ({'GPU' if device == 'cuda' else 'CPU'}, {shapes})"
             try:
                 with _Progress(self.say, label, timeout) as progress:
@@ -301,8 +312,7 @@ class ToolBox:
             except KernelError as e:  # e.g. the file cannot be read any more
                 raise ToolFailure(f"the kernel cannot be evaluated: {scrub(str(e), self.workspace)}") from None
             if by_wall and result.outcome.value == "TIMEOUT":
-                result = result.model_copy(update={"message": result.message + " (the session's wall-time budget "
-                                                   "ran out; the kernel's own limit was " f"{limit:.0f} s)"})
+                result = result.model_copy(update={"message": wall_timeout_message(result.message, limit)})
             if result.stage == "static":
                 seed = None  # nothing ran: no inputs were drawn
             self._cache[key] = (step, result, seed)

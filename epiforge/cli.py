@@ -21,6 +21,13 @@ def _die(msg: str, code: int = 2) -> int:
     return code
 
 
+def os_error_line(e: OSError) -> str:
+    """An OSError in one line: the file and why, without the errno."""
+    if e.strerror and e.filename:
+        return f"{e.filename}: {e.strerror}"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _console():
     from rich.console import Console
 
@@ -449,6 +456,8 @@ def main(argv=None) -> int:
         return args.func(args)
     except (TaskError, KernelError, EpilogueError, StoreError, ValueError, FileNotFoundError) as e:
         return _die(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except OSError as e:  # a folder or file that cannot be read or written: one line, never a traceback
+        return _die(os_error_line(e))
     except KeyboardInterrupt:
         return _die("interrupted", 130)
 

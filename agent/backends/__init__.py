@@ -31,7 +31,7 @@ def make_backend(name: str, *, model: str | None = None, base_url: str | None = 
     if name == "command":
         from epiforge.agent.backends.command_backend import CommandBackend
 
-        return CommandBackend(command, model, timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name])
+        return CommandBackend(command, model, timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name], note=note)
     raise BackendError(f"unknown backend {name!r}; live backends: {', '.join(LIVE_BACKENDS)} (replay: epiforge replay LOG)")
 
 

@@ -10,7 +10,10 @@ FEEDBACK.md for the next run.
 
 The command line may use {prompt}, {feedback}, {workspace} and {step}; the prompt (first
 turn) or the feedback (later turns) is also on its stdin. It runs in the workspace with
-the user's environment (the agent CLI needs its own credentials) plus EPIFORGE_* variables.
+the user's environment (the agent CLI needs its own credentials) plus EPIFORGE_* variables,
+EPIFORGE_DEADLINE among them: the Unix time at which the run is killed (the backend's timeout,
+or the session's wall time left when less), which ./check ends before. While the agent runs,
+a line every EVERY_S seconds says so on `note`: a long run is never silence.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import time
 from pathlib import Path
 
 from epiforge.agent.backends.base import Backend, BackendError, ModelTurn, request_timeout
+from epiforge.agent.check import DEADLINE_ENV
 from epiforge.agent.feedback import scrub
+from epiforge.agent.tools import Heartbeat
 from epiforge.agent.session import TextBlock, ToolUseBlock
 from epiforge import IMPORT_ROOT
 
@@ -37,8 +42,9 @@ _CHECKS = ".checks.jsonl"
 
 class CommandBackend(Backend):
     name = "command"
+    EVERY_S = 15.0  # how often a running agent is said to be running
 
-    def __init__(self, command: str | None, model: str | None = None, *, timeout_s: float = 1800.0):
+    def __init__(self, command: str | None, model: str | None = None, *, timeout_s: float = 1800.0, note=print):
         if not command:
             raise BackendError("command: --command is required (the agent CLI to run in the workspace)")
         try:
@@ -49,7 +55,7 @@ class CommandBackend(Backend):
         if not (shutil.which(exe) or (os.sep in exe and os.access(exe, os.X_OK))):
             raise BackendError(f"command: {exe!r} is not an executable on PATH")
         super().__init__(model or "unknown")
-        self.command, self.argv, self.timeout_s = command, argv, timeout_s
+        self.command, self.argv, self.timeout_s, self.note = command, argv, timeout_s, note
         self.ctx = None
 
     def info(self) -> dict:
@@ -98,8 +104,9 @@ class CommandBackend(Backend):
         checks_before = _count_lines(ws / _CHECKS)
         values = {"prompt": str(ws / "PROMPT.md"), "feedback": str(ws / "FEEDBACK.md"), "workspace": str(ws), "step": str(step)}
         argv = [a.format(**values) if "{" in a else a for a in self.argv]
-        env = os.environ | {"EPIFORGE_WORKSPACE": str(ws), "EPIFORGE_STEP": str(step), "EPIFORGE_TASK": self.ctx.task.name}
         timeout = request_timeout(self.timeout_s, time_left() if time_left else None)  # never past the wall budget
+        env = os.environ | {"EPIFORGE_WORKSPACE": str(ws), "EPIFORGE_STEP": str(step), "EPIFORGE_TASK": self.ctx.task.name,
+                            DEADLINE_ENV: f"{time.time() + timeout:.3f}"}
         started = time.monotonic()
         try:
             proc = subprocess.Popen(argv, cwd=ws, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -107,7 +114,8 @@ class CommandBackend(Backend):
         except OSError as e:
             raise BackendError(f"command: cannot start {argv[0]!r}: {e.strerror}") from None
         try:
-            out, err = proc.communicate(stdin, timeout=timeout)
+            with _AgentRunning(self.note, step, timeout, ws / _CHECKS, checks_before, self.EVERY_S):
+                out, err = proc.communicate(stdin, timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -126,6 +134,19 @@ class CommandBackend(Backend):
                  "stdout_tail": scrub(out or "", ws)[-_TAIL:], "stderr_tail": scrub(err or "", ws)[-_TAIL:]}
         return ModelTurn(content=content, stop_reason="tool_use" if len(content) > 1 else "end_turn",
                          latency_s=seconds, model=self.model, notes=notes)
+
+
+class _AgentRunning(Heartbeat):
+    """Says every `every_s` seconds that the agent's run goes on, and how often it ran ./check."""
+
+    def __init__(self, note, step: int, limit_s: float, checks: Path, checks_before: int, every_s: float):
+        super().__init__(every_s, every_s)
+        self.note, self.step, self.limit_s, self.checks, self.checks_before = note, step, limit_s, checks, checks_before
+
+    def beat(self) -> None:
+        ran = _count_lines(self.checks) - self.checks_before
+        self.note(f"step {self.step}: the agent command is running, {self.elapsed():.0f} s of at most "
+                  f"{self.limit_s:.0f} s; it ran ./check {ran} time(s) so far")
 
 
 def _feedback(messages) -> str:

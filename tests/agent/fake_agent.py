@@ -1,9 +1,10 @@
 """A scripted stand-in for a coding-agent CLI, for the command backend's tests: run in the
 prepared workspace, it behaves like an agent that gets k1 wrong once and then right.
 
-    fake_agent.py [--no-check]
+    fake_agent.py [--no-check] [--hang]
 
-Round 0 (no FEEDBACK.md): writes a kernel with a 2% scale error and runs ./check.
+Round 0 (no FEEDBACK.md): writes a kernel with a 2% scale error (--hang: one whose run()
+never returns) and runs ./check.
 Round 1 (FEEDBACK.md names the failure): writes the correct kernel.
 """
 
@@ -12,13 +13,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scenarios import K1_GOOD, K1_OFF_BY_2PCT  # noqa: E402
+from scenarios import K1_GOOD, K1_HANGS, K1_OFF_BY_2PCT  # noqa: E402
 
 prompt = sys.stdin.read()
 feedback = Path("FEEDBACK.md")
 if not feedback.exists():
     assert "k1_gemm_rmsnorm" in prompt and Path("check").exists() and Path("docs").is_dir(), "workspace not prepared"
-    Path("kernel.py").write_text(K1_OFF_BY_2PCT)
+    Path("kernel.py").write_text(K1_HANGS if "--hang" in sys.argv else K1_OFF_BY_2PCT)
     print("fake agent: wrote a first kernel")
     if "--no-check" not in sys.argv:
         out = subprocess.run(["./check", "--no-compile"], capture_output=True, text=True)

@@ -91,3 +91,6 @@ def run(inputs, prepared, config=None):
 # a systematic 2% scale error: inside the max-error rule's slack at some elements, caught overall
 K1_OFF_BY_2PCT = K1_GOOD.replace("acc * rstd}", "acc * rstd * 1.02}")
 K1_SYNTAX_ERROR = K1_GOOD.replace("def run(", "def run(:")
+# a kernel whose run() never returns: only a timeout ends its check
+K1_HANGS = K1_GOOD.replace("def run(inputs, prepared, config=None):\n",
+                           "def run(inputs, prepared, config=None):\n    n = 0\n    while n >= 0:\n        n += 1\n")

@@ -4,6 +4,7 @@ workspace; and the replay of what it recorded, which needs no agent at all."""
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,31 @@ def test_a_missing_command_is_one_clear_line():
         make_backend("command", command=None)
     with pytest.raises(BackendError, match="'no-such-agent-cli' is not an executable on PATH"):
         make_backend("command", command="no-such-agent-cli --flag")
+
+
+def test_a_hanging_kernel_in_check_ends_before_the_deadline_and_is_never_silence(tmp_path, said, monkeypatch):
+    """./check's timeout is the task's, cut to the session's wall time (EPIFORGE_DEADLINE), not
+    the evaluator's 600 s; it prints its stages and heartbeats to the agent, and the harness
+    says the agent is still running."""
+    from epiforge.agent.backends.command_backend import CommandBackend
+    from epiforge.agent.tools import check_timeout_s
+    from epiforge import tasks
+
+    monkeypatch.setattr(CommandBackend, "EVERY_S", 5.0)
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))} --hang"
+    backend = make_backend("command", command=command, model="scripted-fake-agent", note=said.say)
+    config = SessionConfig(task="k1", backend="command", model="scripted-fake-agent", command=command, compile=False,
+                           device="cpu", budget=Budget(max_turns=2, max_wall_s=25))
+    t0 = time.monotonic()
+    end, log = run_session(config, backend, log_dir=tmp_path / "logs", workspace=tmp_path / "ws", out_dir=tmp_path / "gen",
+                           say=said.say)
+    assert time.monotonic() - t0 < 60  # the check's own limit is over a minute, the evaluator's default 600 s
+    assert check_timeout_s(tasks.get_task("k1"), "cpu", "smoke", False) > 25
+    notes = next(e for e in read_events(log)[0] if isinstance(e, ModelResponse)).notes
+    (check,) = notes["checks"]  # the check ended, with its verdict, before the harness killed the agent
+    assert check["outcome"] == "TIMEOUT" and check["timeout_s"] <= 20 and not notes["timed_out"]
+    assert "check (CPU, smoke): numerics (" in notes["stdout_tail"]
+    assert "check (CPU, smoke): still in numerics, " in notes["stdout_tail"]
+    assert "wall-time budget ran out" in notes["stdout_tail"]
+    assert any(line.startswith("step 0: the agent command is running, ") for line in said)
+    assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")

@@ -169,3 +169,37 @@ def test_a_change_in_the_code_behind_the_verdicts_makes_them_stale(tmp_path, mon
         finally:
             screen.fingerprint.cache_clear()
     assert screen.fingerprint() == today
+
+
+def _left_in_pack(task):
+    """(kind, source, its adaptations' maker) of every code block still in the task's pack and
+    every example it offers."""
+    p = build_pack(task)
+    left = [("block", m.group("body"), screen.epilogue_adaptations) for d in p.docs for m in screen.code_blocks(d.text)]
+    return left + [("example", src, screen.kernel_adaptations) for src in p.examples.values()]
+
+
+@pytest.mark.parametrize("name", [t.name for t in tasks.load_catalogue()[0]])
+def test_no_code_left_in_a_pack_passes_its_task(name):
+    """The rule checked per task, apart from the pack's own choice: every code block still in
+    T's pack, and every example it offers, has a shipped verdict for T of "nothing passes"."""
+    task = tasks.get_task(name)
+    verdicts = json.loads(screen.SHIPPED_CACHE.read_text())
+    left = _left_in_pack(task)
+    assert len(left) > 10
+    for kind, src, _ in left:
+        verdict = verdicts.get(screen._key(task, kind + "\0" + src))
+        assert verdict is not None and verdict["why"] is None, (kind, src.splitlines()[:3], verdict)
+
+
+def test_every_adaptation_left_in_k1s_pack_failed_its_evaluation():
+    """One level down, for k1 (its pack keeps code that adapts to it, unlike k3's or k8's;
+    every task this way takes ~75 s more): each adaptation of what is left has a shipped
+    evaluation for k1 (eval.evaluate's verdict) that did not pass."""
+    task = tasks.get_task("k1")
+    verdicts = json.loads(screen.SHIPPED_CACHE.read_text())
+    adaptations = [(what, kernel) for _, src, adapt in _left_in_pack(task) for what, kernel in adapt(src, task)]
+    assert adaptations
+    for what, kernel in adaptations:
+        evaluation = verdicts.get(screen._key(task, kernel))
+        assert evaluation is not None and evaluation["passed"] is False, (what, evaluation)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from loopback import Fail, Loopback, Reply, last_tool_results
-from scenarios import K1_GOOD
+from scenarios import K1_GOOD, K1_HANGS
 
 from epiforge import cli as epiforge
 from epiforge.agent.backends import RetryPolicy, make_backend
@@ -22,9 +22,6 @@ from epiforge.eval.kernel import GENERATED_DIR, REPO
 
 PRICED = "claude-sonnet-4-5-loopback"  # the table prices it as claude-sonnet-4 ($3 in, $15 out per MTok)
 FAST = ["--no-compile", "--device", "cpu"]
-# a kernel whose run() never returns: only a timeout ends its check
-K1_HANGS = K1_GOOD.replace("def run(inputs, prepared, config=None):\n",
-                           "def run(inputs, prepared, config=None):\n    n = 0\n    while n >= 0:\n        n += 1\n")
 
 
 def _config(model=PRICED, backend="anthropic", **budget):
@@ -132,8 +129,9 @@ def test_an_outage_longer_than_the_retries_then_a_resume_that_completes(tmp_path
                                  down.url, "--max-retries", "2", "--log-dir", str(logs), *FAST)
         assert len(down.requests) == 3  # the first try and --max-retries 2
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert f"{sdk.name}: HTTP 529" in err and "(after 3 attempts)" in err and "--resume" in err
     (log,) = logs.glob("*.jsonl")
+    assert f"{sdk.name}: HTTP 529" in err and "(after 3 attempts)" in err
+    assert err.rstrip().endswith(f"; the log is kept: continue with epiforge generate --resume {log}")
     assert read_events(log)[0][-1].outcome == "backend_error"
 
     # the service is back at another address; the environment names it, and it wins over the log
@@ -260,13 +258,13 @@ def test_a_session_that_ended_otherwise_is_not_resumed(tmp_path, anthropic_key, 
         "be resumed: replay or fork it instead"]
 
 
-def test_kill_9_during_a_check_then_a_resume(tmp_path, anthropic_key, capsys):
+def test_kill_9_during_a_check_then_a_resume(tmp_path, sdk, capsys):
     logs = tmp_path / "runs"
-    with Loopback("anthropic", [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})])],
-                  model=PRICED) as server:
+    with Loopback(sdk.name, [Reply("writing", [("write_kernel", {"source": K1_GOOD}), ("run_check", {})])],
+                  model=sdk.model) as server:
         env = os.environ | {"PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, "-m", "epiforge", "generate", "--task", "k1", "--backend", "anthropic",
-                                 "--model", PRICED, "--base-url", server.url, "--log-dir", str(logs), *FAST],
+        proc = subprocess.Popen([sys.executable, "-m", "epiforge", "generate", "--task", "k1", "--backend", sdk.name,
+                                 "--model", sdk.model, "--base-url", server.url, "--log-dir", str(logs), *FAST],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         deadline = time.monotonic() + 120
@@ -281,7 +279,7 @@ def test_kill_9_during_a_check_then_a_resume(tmp_path, anthropic_key, capsys):
     (log,) = logs.glob("*.jsonl")
     killed = log.read_text()
     assert '"event":"evaluation"' not in killed and '"session_ended"' not in killed
-    with Loopback("anthropic", [Reply("submitting", [("submit", {})])], model=PRICED) as server:
+    with Loopback(sdk.name, [Reply("submitting", [("submit", {})])], model=sdk.model) as server:
         rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", server.url)
         assert len(server.requests) == 1
     assert rc == 0, err
@@ -376,27 +374,28 @@ def _warned(server, budget):
     return ["last turn the budget allows (" + budget in json.dumps(body["messages"][-1]) for body in server.requests]
 
 
-def test_the_last_turn_warning_covers_the_turn_budget(tmp_path, anthropic_key, said):
-    end, _, server = _session(tmp_path, [Reply("looking", [("list_examples", {})])] * 8, said, _config(max_turns=3))
+def test_the_last_turn_warning_covers_the_turn_budget(tmp_path, sdk, said):
+    end, _, server = _session(tmp_path, [Reply("looking", [("list_examples", {})])] * 8, said,
+                              _config(sdk.model, sdk.name, max_turns=3))
     assert end.outcome == "budget_exhausted" and end.reason.startswith("turn budget")
     assert _warned(server, "turn budget") == [False, False, True]  # before the third and last request only
 
 
-def test_the_last_turn_warning_covers_the_dollar_budget(tmp_path, anthropic_key, said):
+def test_the_last_turn_warning_covers_the_dollar_budget(tmp_path, sdk, said):
     reply = Reply("looking", [("list_examples", {})], input_tokens=30000, output_tokens=1000, cache_read=0,
                   cache_write=0)  # $0.07 a turn at $2 / $10 per MTok
-    config = _config(model="my-local-model", max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
+    config = _config("my-local-model", sdk.name, max_usd=0.25).model_copy(update={"price_in": 2.0, "price_out": 10.0})
     end, _, server = _session(tmp_path, [reply] * 8, said, config)
     assert end.outcome == "budget_exhausted" and end.reason.startswith("dollar budget")
     assert _warned(server, "dollar budget") == [False, False, True]
 
 
-def test_the_last_turn_warning_covers_the_wall_time_budget(tmp_path, anthropic_key, said):
+def test_the_last_turn_warning_covers_the_wall_time_budget(tmp_path, sdk, said):
     def slow(body):  # a model that takes a second a turn
         time.sleep(1.0)
         return Reply("looking", [("list_examples", {})])
 
-    end, _, server = _session(tmp_path, slow, said, _config(max_wall_s=3.5))
+    end, _, server = _session(tmp_path, slow, said, _config(sdk.model, sdk.name, max_wall_s=3.5))
     assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
     warned = _warned(server, "wall-time budget")
     assert len(warned) >= 2 and warned[-1] and not warned[0]  # heard before its last request, not from the start
@@ -412,10 +411,10 @@ def test_a_check_timeout_follows_the_task():
     assert check_timeout_s(k5, "cpu", "smoke", True) < 600  # under the evaluator's blanket default
 
 
-def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, anthropic_key, said):
+def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, sdk, said):
     script = [Reply("writing", [("write_kernel", {"source": K1_HANGS}), ("run_check", {})]), Reply("more")]
     t0 = time.monotonic()
-    end, log, server = _session(tmp_path, script, said, _config(max_wall_s=8))
+    end, log, server = _session(tmp_path, script, said, _config(sdk.model, sdk.name, max_wall_s=8))
     assert time.monotonic() - t0 < 40  # not the task's check timeout (> 60 s)
     (check,) = [e for e in read_events(log)[0] if e.event == "evaluation"]
     assert check.outcome == "TIMEOUT" and "wall-time budget ran out" in check.message
@@ -556,3 +555,59 @@ def test_a_long_stage_is_never_silence(said):
     n = len(said)
     time.sleep(0.2)
     assert len(said) == n  # and quiet once the evaluation is over
+
+
+@pytest.mark.parametrize("flag", ["--log-dir", "--workspace", "--out"])
+def test_a_folder_that_cannot_be_written_is_one_line_before_anything(tmp_path, anthropic_key, capsys, flag):
+    (tmp_path / "a-file").write_text("not a folder\n")
+    bad = tmp_path / "a-file" / "x"
+    logs = tmp_path / "runs"
+    folders = {"--log-dir": str(logs), "--workspace": str(tmp_path / "ws"), "--out": str(tmp_path / "gen")} | {flag: str(bad)}
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, *[x for item in folders.items() for x in item], *FAST)
+        assert server.requests == []
+    assert rc == 2 and err.strip().splitlines() == [f"epiforge: {flag} {bad}: {tmp_path / 'a-file'} is not a directory"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no log, no workspace, nothing begun
+    if flag == "--workspace":
+        return  # --runs gives each run its own workspace
+    del folders["--workspace"]
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--runs", "2", *[x for item in folders.items() for x in item], *FAST)
+        assert server.requests == []
+    assert rc == 2 and err.strip().splitlines() == [f"epiforge: {flag} {bad}: {tmp_path / 'a-file'} is not a directory"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_bad_folder_on_resume_leaves_the_log_as_it_was(tmp_path, anthropic_key, said, capsys):
+    end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
+    before = log.read_text()
+    (tmp_path / "a-file").write_text("not a folder\n")
+    for flag in ("--out", "--workspace"):
+        rc, out, err = _generate(capsys, "--resume", str(log), "--base-url", "http://127.0.0.1:9", flag,
+                                 str(tmp_path / "a-file"))
+        assert rc == 2 and err.strip().splitlines() == [f"epiforge: {flag} {tmp_path / 'a-file'}: not a directory"]
+        assert log.read_text() == before
+
+
+def test_a_kernel_that_cannot_be_saved_still_ends_the_log(tmp_path, anthropic_key, capsys):
+    """--out turns bad during the session (the last resort): the end is logged, the kernel's
+    source with it, and the command says so in one line."""
+    gen = tmp_path / "gen"
+
+    def submit(body):
+        gen.mkdir()
+        (gen / "k1_gemm_rmsnorm").write_text("in the way\n")  # where the kernel's folder would go
+        return Reply("submitting", [("write_kernel", {"source": K1_GOOD}), ("submit", {})])
+
+    with Loopback("anthropic", [submit], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--log-dir", str(tmp_path / "runs"), "--out", str(gen), *FAST)
+    (log,) = (tmp_path / "runs").glob("*.jsonl")
+    assert rc == 2 and "Traceback" not in err and err.strip().splitlines() == [
+        f"epiforge: --out {gen}: the passing kernel could not be written (File exists); the session's log {log} is "
+        "complete and holds its source"]
+    events, _ = read_events(log)
+    assert events[-1].outcome == "passed" and events[-1].generated_kernel is None
+    assert K1_GOOD in [e.input.get("source") for e in events if e.event == "tool_called"]
