@@ -56,6 +56,9 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
     configs = [config.model_copy(update={"pack_without": without}) for without in conditions for _ in range(runs)]
     tags = [f"[{'without ' + without[0] if without else FULL}, run {i + 1} of {runs}] "
             for without in conditions for i in range(runs)]
+    from epiforge.agent.runs import _check_folders
+
+    _check_folders(log_dir, None)  # before the announcement: a bad --log-dir is the one line
     say(f"ablation: {len(configs)} sessions of {task.name} ({runs} per condition: {FULL}"
         + "".join(f", without {p}" for p in pages) + f"), at most {concurrency} at a time; logs in {log_dir}")
     done, interrupted = run_pool(configs, lambda note: make_backend(), concurrency=concurrency, log_dir=log_dir,

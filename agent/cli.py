@@ -471,7 +471,7 @@ def _generate_runs(args, say) -> int:
         return _die("interrupted", 130)
     if rep["to_resume"]:
         return _die(f"{len(rep['to_resume'])} of {len(rep['runs'])} runs did not finish: continue each with "
-                    "epiforge generate --resume LOG")
+                    + "; ".join(f"epiforge generate --resume {log}" for log in rep["to_resume"]))
     return 0 if any(r["outcome"] in PASSED for r in rep["runs"]) else 1
 
 

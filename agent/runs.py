@@ -214,6 +214,6 @@ def render(rep: dict) -> str:
     lines.append(f"total: {rep['turns']} turns, {rep['tokens']:,} tokens, {cost}")
     if rep["to_resume"]:
         lines.append(f"{len(rep['to_resume'])} run(s) did not finish (a backend error, an error or Ctrl-C); "
-                     "each continues with epiforge generate --resume LOG:")
-        lines += [f"  {log}" for log in rep["to_resume"]]
+                     "each continues with:")
+        lines += [f"  epiforge generate --resume {log}" for log in rep["to_resume"]]
     return "\n".join(lines)

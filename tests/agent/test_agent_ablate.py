@@ -94,3 +94,13 @@ def test_ablate_concurrency_must_be_at_least_one(capsys):
     assert epiforge.main(["ablate", "--task", "k1", "--backend", "anthropic", "--pack-without", "hint",
                           "--concurrency", "0"]) == 2
     assert capsys.readouterr().err.strip() == "epiforge: --concurrency must be at least 1 (got 0)"
+
+
+def test_a_log_dir_that_cannot_be_written_is_the_one_line_of_an_ablation(tmp_path, docs, anthropic_key, capsys):
+    (tmp_path / "a-file").write_text("not a folder\n")
+    bad = tmp_path / "a-file" / "x"
+    assert epiforge.main(["ablate", "--task", "k1", "--backend", "anthropic", "--pack-without", "hint",
+                          "--docs-dir", str(docs), "--log-dir", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert "ablation:" not in out and "Traceback" not in err
+    assert err.strip().splitlines() == [f"epiforge: --log-dir {bad}: {tmp_path / 'a-file'} is not a directory"]
