@@ -48,6 +48,9 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
     problem = config_problem(config)  # one line now, not the same failure in every run
     if problem:
         raise ConfigError(problem)
+    from epiforge.agent.runs import check_folders
+
+    check_folders(log_dir, None)  # before the screening and the announcement: a bad --log-dir costs nothing
     with ScreenWatch(say, task.id, None) as watch:  # the verdicts cached once, before the sessions share them
         for page in pages:  # an unknown page fails now, before any session is spent
             build_pack(task, docs_dir, [page], watch=watch)
@@ -56,9 +59,6 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
     configs = [config.model_copy(update={"pack_without": without}) for without in conditions for _ in range(runs)]
     tags = [f"[{'without ' + without[0] if without else FULL}, run {i + 1} of {runs}] "
             for without in conditions for i in range(runs)]
-    from epiforge.agent.runs import _check_folders
-
-    _check_folders(log_dir, None)  # before the announcement: a bad --log-dir is the one line
     say(f"ablation: {len(configs)} sessions of {task.name} ({runs} per condition: {FULL}"
         + "".join(f", without {p}" for p in pages) + f"), at most {concurrency} at a time; logs in {log_dir}")
     done, interrupted = run_pool(configs, lambda note: make_backend(), concurrency=concurrency, log_dir=log_dir,

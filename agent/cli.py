@@ -471,7 +471,7 @@ def _generate_runs(args, say) -> int:
         return _die("interrupted", 130)
     if rep["to_resume"]:
         return _die(f"{len(rep['to_resume'])} of {len(rep['runs'])} runs did not finish: continue each with "
-                    + "; ".join(f"epiforge generate --resume {log}" for log in rep["to_resume"]))
+                    + "; ".join(f"epiforge generate --resume {shlex.quote(str(log))}" for log in rep["to_resume"]))
     return 0 if any(r["outcome"] in PASSED for r in rep["runs"]) else 1
 
 
@@ -525,13 +525,15 @@ def cmd_replay(args) -> int:
     problem = _number_problem(args)
     if problem:
         return _die(problem)
+    from epiforge.agent.loop import KernelNotSaved
+
     try:
         live = _live_backend(args) if args.backend else None
         log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions" if live else "replays")
         report = replay(Path(args.log), log_dir=log_dir, fork_at=args.fork_at, live=live, docs_dir=args.docs_dir,
                         compile=args.compile, out_dir=_out_dir(args, log_dir) if live else None, say=_say(args),
                         max_turns=args.max_turns)
-    except BackendError as e:
+    except (BackendError, KernelNotSaved) as e:
         return _die(str(e))
     if args.json:
         print(json.dumps(report.to_json(), indent=1))

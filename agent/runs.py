@@ -21,6 +21,7 @@ runs its conditions through it too.
 from __future__ import annotations
 
 import queue
+import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
 
     task = tasks.get_task(config.task)
     config = config.model_copy(update={"task": task.name})
-    _check_folders(log_dir, out_dir)  # before the screening: a bad folder costs nothing
+    check_folders(log_dir, out_dir)  # before the screening: a bad folder costs nothing
     # the pack's verdicts cached once, before the runs share them; no longer than one run's wall-time budget (a run
     # screens what is left within its own)
     with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
@@ -96,7 +97,7 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
     from epiforge import tasks
     from epiforge.agent.loop import beside, run_session
 
-    _check_folders(log_dir, out_dir)  # else every run would fail on its own
+    check_folders(log_dir, out_dir)  # else every run would fail on its own
     runs = len(configs)
     ids: list[str] = []
     while len(ids) < runs:
@@ -153,7 +154,7 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
     return all_runs, interrupted
 
 
-def _check_folders(log_dir: Path, out_dir: Path | None) -> None:
+def check_folders(log_dir: Path, out_dir: Path | None) -> None:
     """Raise ConfigError (one line) when the runs cannot write their logs, workspaces or kernels."""
     from epiforge.agent.loop import beside, folders_problem
     from epiforge.agent.session import ConfigError
@@ -215,5 +216,5 @@ def render(rep: dict) -> str:
     if rep["to_resume"]:
         lines.append(f"{len(rep['to_resume'])} run(s) did not finish (a backend error, an error or Ctrl-C); "
                      "each continues with:")
-        lines += [f"  epiforge generate --resume {log}" for log in rep["to_resume"]]
+        lines += [f"  epiforge generate --resume {shlex.quote(str(log))}" for log in rep["to_resume"]]
     return "\n".join(lines)

@@ -8,10 +8,10 @@ smoke-shaped inputs describe them fully.
     .venv/bin/python -m epiforge.bench.precompile --tuned --parts kernels library gemm training
     .venv/bin/python -m epiforge.bench.precompile --tuned --parts kernels gemm --dtypes bfloat16 float16
 
---tuned compiles only what the paper shapes run: each expert kernel (and library
-alternative) at the configs of its own TUNED table and the default, the GEMM-only baseline
-at those and at the speed-of-light configs (eval/data/sol-configs.json); a kernel without
-a TUNED table at its own choice. --dtypes: the precisions to build the expert kernels and
+--tuned compiles only what the tables pick: each expert kernel (and library alternative) at
+the configs of its own TUNED table (P.pick_config takes one of them at any shape; the default
+for an empty table), the GEMM-only baseline at those, the default and the speed-of-light
+configs (eval/data/sol-configs.json); a kernel without a TUNED table at its own choice. --dtypes: the precisions to build the expert kernels and
 the GEMM-only baseline in (a compiled kernel depends on its operands' dtype; default
 bfloat16, what the judge runs by default; `compare --dtype float16` wants float16 too).
 Generated kernels are not built here: their code runs only
@@ -88,11 +88,15 @@ def main(argv=None) -> int:
                     help="only the configs the TUNED tables and the speed-of-light table name (see the docstring)")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float16"],
                     help="precisions of the expert kernels and the GEMM-only baseline (default: bfloat16)")
+    ap.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
+                    help="where the objects go (default: the folder a GPU session carries, bench.configs.CACHE_DIR)")
     args = ap.parse_args(argv)
+    args.dtypes = list(dict.fromkeys(args.dtypes))
+    cache = args.cache_dir
     if args.tuned and args.configs is not None:
         ap.error("--tuned picks the configs itself: give --configs or --tuned, not both")
-    os.environ["QUACK_CACHE_DIR"] = str(CACHE_DIR)
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    os.environ["QUACK_CACHE_DIR"] = str(cache)
+    cache.mkdir(parents=True, exist_ok=True)
 
     from epiforge import tasks
     from epiforge.eval.baselines import identity_gemm as gemm_only
@@ -189,9 +193,9 @@ def main(argv=None) -> int:
                     print(f"mainloop float32 GEMM: FAILED {type(e).__name__}: {e}", flush=True)
     if "training" in args.parts:
         failures += _training_epilogues()
-    _drop_stale(CACHE_DIR)
-    (CACHE_DIR / "compile_log.json").write_text(json.dumps(lowering.COMPILE_LOG, indent=1))
-    print(f"{len(lowering.COMPILE_LOG)} compiles, {failures} failures; cache in {CACHE_DIR}")
+    _drop_stale(cache)
+    (cache / "compile_log.json").write_text(json.dumps(lowering.COMPILE_LOG, indent=1))
+    print(f"{len(lowering.COMPILE_LOG)} compiles, {failures} failures; cache in {cache}")
     return 1 if failures else 0
 
 

@@ -256,17 +256,20 @@ def test_load_timing_flags_give_the_same_bits_on_the_gpu(flag, tid):
                     assert torch.equal(got[k], want[k]), f"{tid} {name} {cfg.key()} call {i}: {k} differs"
 
 
-def test_precompile_builds_the_expert_kernels_in_fp16_too():
+def test_precompile_builds_the_expert_kernels_in_fp16_too(tmp_path):
     """bench.precompile --dtypes: the fp16 objects are cross-compiled on the CPU like the bf16
-    ones (a compiled kernel depends on its operands' dtype), one line per kernel and config."""
+    ones (a compiled kernel depends on its operands' dtype), one line per kernel and config,
+    each its own object (into a cache of the test's own)."""
     import subprocess
     import sys
 
+    cache = tmp_path / "cache"
     cmd = [sys.executable, "-m", "epiforge.bench.precompile", "--tasks", "k1", "--configs", "128x128_c1x2_pp",
-           "--parts", "kernels", "--dtypes", "bfloat16", "float16"]
+           "--parts", "kernels", "--cache-dir", str(cache), "--dtypes", "bfloat16", "float16"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "k1 128x128_c1x2_pp: ok" in out.stdout and "k1 float16 128x128_c1x2_pp: ok" in out.stdout
-    assert "2 compiles, 0 failures" in out.stdout
+    assert "2 compiles, 0 failures" in out.stdout and f"cache in {cache}" in out.stdout
+    assert len(list(cache.glob("*/*.o"))) == 2  # a bf16 object and an fp16 one
     bad = subprocess.run(cmd[:-2] + ["float32"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--dtypes" in bad.stderr and "Traceback" not in bad.stderr
