@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     from epiforge import tasks
     from epiforge.agent.feedback import describe, scrub
-    from epiforge.agent.tools import _Progress, bounded_timeout, check_timeout_s, wall_timeout_message
+    from epiforge.agent.tools import Progress, bounded_timeout, check_timeout_s, wall_timeout_message
     from epiforge.eval import evaluate
     from epiforge.eval.kernel import KernelError
     from epiforge.tasks import TaskError
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     kernel = Path(args.kernel).resolve()
     seed = secrets.randbelow(2**31)
     try:
-        with _Progress(lambda line: print(line, flush=True), "check (CPU, smoke)", timeout) as progress:
+        with Progress(lambda line: print(line, flush=True), "check (CPU, smoke)", timeout) as progress:
             result = evaluate(task.name, kernel, device="cpu", shapes="smoke", seed=seed, compile=args.compile,
                               timeout_s=timeout, on_stage=progress.stage)
     except KernelError as e:

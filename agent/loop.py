@@ -459,7 +459,7 @@ class _Driver:
                                        self.config.backend, self.config.model, Path(self.out_dir))
                 generated = os.path.relpath(path, REPO) if Path(path).resolve().is_relative_to(REPO) else str(path)
             except OSError as e:  # the end is logged all the same: the log holds the kernel's source
-                unsaved = f"--out {self.out_dir}: the passing kernel could not be written ({e.strerror})"
+                unsaved = f"--out {self.out_dir}: the passing kernel could not be written ({e.strerror or e})"
         end = SessionEnded(session=self.session, outcome=outcome, reason=reason, best=self.toolbox.best,
                            generated_kernel=str(generated) if generated else None, totals=self.totals)
         self.log.write(end)

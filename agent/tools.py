@@ -114,7 +114,7 @@ class Heartbeat:
             wait = self.every_s
 
 
-class _Progress(Heartbeat):
+class Progress(Heartbeat):
     """Says each stage of a running evaluation as it starts, and every `every_s` seconds that
     it is still running, so a slow or hanging kernel is never silence."""
 
@@ -306,7 +306,7 @@ class ToolBox:
             timeout, by_wall = bounded_timeout(limit, left)
             label = f"step {step}: {purpose} ({'GPU' if device == 'cuda' else 'CPU'}, {shapes})"
             try:
-                with _Progress(self.say, label, timeout) as progress:
+                with Progress(self.say, label, timeout) as progress:
                     result = evaluate(self.task.name, self.kernel_path, device=device, shapes=shapes, seed=seed,
                                       compile=compile_, timeout_s=timeout, on_stage=progress.stage)
             except KernelError as e:  # e.g. the file cannot be read any more

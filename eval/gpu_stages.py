@@ -307,10 +307,10 @@ def run_gpu_stages(task, kp: KernelProcess, shape, shape_result, master_seed: in
 def run_timed_stages(task, kernels: dict[str, tuple[KernelProcess, object]], shape, master_seed: int,
                      shape_index: int, *, stage, ceilings: Ceilings, reps: int = 50, warmup: int = 5,
                      shapes_name: str = "smoke", device: str = "cuda", timed: bool = True,
-                     baselines: list[str] = ()) -> None:
+                     baselines: list[str] = (), untimed_why: str = "asked for numerics and launches only") -> None:
     """The timed stages for several kernels of one task at once ({name: (runner, its
-    ShapeResult)}, filled in place): each kernel's launch check, then ONE interleaved run of
-    all that passed it (a kernel that fails there is dropped and the run starts again without
+    ShapeResult)}, filled in place): each kernel's launch check, then (unless timed=False,
+    said in each message with untimed_why) ONE interleaved run of all that passed it (a kernel that fails there is dropped and the run starts again without
     it), then each one's recheck and plausibility."""
     dims = shape.dims()
     active = {}
@@ -328,7 +328,7 @@ def run_timed_stages(task, kernels: dict[str, tuple[KernelProcess, object]], sha
         if not ok:
             res.outcome, res.message = Outcome.EXTRA_LAUNCHES, launch_line
         elif not timed:
-            res.message = f"{launch_line}; not timed (asked for numerics and launches only)"
+            res.message = f"{launch_line}; not timed ({untimed_why})"
         else:
             active[name] = launch_line
     if not active:

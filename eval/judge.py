@@ -175,15 +175,14 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
             if hid or not group:
                 continue
             timed = request.get("timing", True) and p == precisions[0]
+            why = f"only {precisions[0]} is timed" if request.get("timing", True) else "asked for numerics and launches only"
             run_timed_stages(task.at(p), group, shape, request["seed"], i, stage=at, ceilings=ceilings,
                              reps=request.get("reps", 50), shapes_name=request["shapes"], device=device,
-                             timed=timed, baselines=request.get("baselines", []))
+                             timed=timed, baselines=request.get("baselines", []), untimed_why=why)
             for c in [c for c in cands if c.live]:
                 res = c.per_shape[i]
                 if res.outcome != Outcome.PASSED:
                     c.finish(res.outcome, f"{res.shape}{_in(p, precisions)}: {res.message}")
-                elif not timed and request.get("timing", True):
-                    res.message = res.message.replace("asked for numerics and launches only", f"only {precisions[0]} is timed")
         at("done")
         for c in [c for c in cands if c.live]:
             c.finish(Outcome.PASSED, _passed_message(c.per_shape, device, precisions))

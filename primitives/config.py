@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -95,22 +96,22 @@ class GemmConfig(BaseModel):
 DEFAULT_CONFIG = GemmConfig()
 
 
-def _mnk(key: str) -> tuple[int, int, int] | None:
-    parts = key.split("x")
-    return tuple(int(x) for x in parts) if len(parts) == 3 and all(x.isdigit() and int(x) > 0 for x in parts) else None
+def _mnk(key) -> tuple[int, int, int] | None:
+    """"MxNxK" -> (M, N, K) of positive ASCII integers; None for any other key."""
+    parts = key.split("x") if isinstance(key, str) else []
+    ok = len(parts) == 3 and all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts)
+    return tuple(int(x) for x in parts) if ok else None
 
 
 def pick_config(tuned: dict[str, str], a, w) -> GemmConfig:
     """The config for this GEMM's m x n x k (a is (m, k), w is (n, k)) from a kernel's table
     {"16384x2048x2048": "128x128_c1x2_pp", ...}: the shape's own entry, else the entry of the
     nearest measured shape (the smallest sum of |log2| ratios of m, n and k; the first such
-    entry on a tie), else DEFAULT_CONFIG for an empty table. Why the nearest: a tile config
+    entry on a tie), else DEFAULT_CONFIG (a table with no "MxNxK" key). Why the nearest: a tile config
     measured at a neighbouring shape keeps its reasons (short K makes the epilogue dominate;
     C-loading epilogues want narrow pingpong tiles), where the default can be far off (on the
     H200, k7 at 16384x8192x2048 took 1.69x as long at the default as at 128x128 pingpong
     with a 1x2 cluster, bench/results/h200/sweep-llama1b.json). An empty GEMM gets the default."""
-    import math
-
     m, n, k = int(a.shape[0]), int(w.shape[0]), int(a.shape[1])
     key = f"{m}x{n}x{k}"
     if key in tuned:

@@ -82,7 +82,8 @@ def test_pick_config_takes_the_exact_entry_else_the_nearest_measured_shape():
     import primitives as P
 
     table = {"16384x5632x2048": "128x128_c1x2_pp_cs2", "16384x11008x4096": "128x128_c2x1_pp",
-             "16384x22016x8192": "128x192_c2x1_pp", "not a shape": "64x256_c2x1_pp"}
+             "16384x22016x8192": "128x192_c2x1_pp", "not a shape": "64x256_c2x1_pp",
+             "16384x\u00b2x2048": "64x256_c2x1_pp", 7: "64x256_c2x1_pp"}  # keys that are no shape are passed over
     pick = lambda m, n, k, t=table: P.pick_config(t, torch.empty(m, k), torch.empty(n, k)).key()  # noqa: E731
     assert pick(16384, 11008, 4096) == "128x128_c2x1_pp"  # its own entry
     assert pick(16384, 8192, 2048) == "128x128_c1x2_pp_cs2"  # LLaMA-1B's k7: nearest is the 1B row
@@ -93,6 +94,7 @@ def test_pick_config_takes_the_exact_entry_else_the_nearest_measured_shape():
     tie = {"100x100x100": "128x128_c1x2_pp", "400x100x100": "128x128_c2x1_pp"}
     assert pick(200, 100, 100, tie) == "128x128_c1x2_pp" and pick(201, 100, 100, tie) == "128x128_c2x1_pp"
     assert pick(16384, 8192, 2048, {}) == P.DEFAULT_CONFIG.key()  # nothing measured: the default
+    assert pick(16384, 8192, 2048, {"not a shape": "64x256_c2x1_pp"}) == P.DEFAULT_CONFIG.key()
     assert pick(0, 8192, 2048) == P.DEFAULT_CONFIG.key()  # an empty GEMM
 
 

@@ -541,9 +541,9 @@ def test_feedback_reaching_the_model_after_a_static_rejection(tmp_path, anthropi
 
 
 def test_a_long_stage_is_never_silence(said):
-    from epiforge.agent.tools import _Progress
+    from epiforge.agent.tools import Progress
 
-    with _Progress(said.say, "step 3: check (CPU, smoke)", 160, every_s=0.05) as progress:
+    with Progress(said.say, "step 3: check (CPU, smoke)", 160, every_s=0.05) as progress:
         progress.stage("load")
         progress.stage("numerics")
         progress.stage("numerics")  # the judge says it again for the next shape

@@ -146,3 +146,17 @@ def test_asked_for_baselines_are_timed_beside_or_say_why_not(tmp_path):
         from epiforge.eval.baselines import extra_baselines
 
         extra_baselines(["nonsense"], task, shape.dims(), [], "cpu")
+
+
+def test_a_shape_left_untimed_says_why_in_the_callers_words(tmp_path):
+    """timed=False: the launch check only, and the message gives the caller's reason (the
+    judge: a second precision, of which only the first is timed)."""
+    task = tasks.get_task("k1_gemm_rmsnorm")
+    shape = tasks.shape_sets()["smoke"][0]
+    with runner(REPO / "human_kernels/k1_gemm_rmsnorm.py", tmp_path) as kp:
+        res = numerics.check_shape(task, kp, shape, 5, 0, "cpu")
+        gpu_stages.run_timed_stages(task, {"expert": (kp, res)}, shape, 5, 0, stage=lambda s: None,
+                                    ceilings=Ceilings(), reps=5, device="cpu", timed=False,
+                                    untimed_why="only bfloat16 is timed")
+    assert res.outcome.value == "PASSED" and res.timing is None
+    assert res.message.endswith("; not timed (only bfloat16 is timed)"), res.message
