@@ -31,7 +31,8 @@ import gc
 import re
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Callable
 
 import torch
@@ -401,6 +402,9 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
                  "backward one GEMM epilogue), eager", fused, fused)
     add("fused-eager-glue", "the same fused model with the torch glue between its GEMMs run eagerly "
                             "(training.ops.eager_glue: an ablation)", fused, fused, eager_glue)
+    add("fused-stored-logits", "the same fused model with store_logits: k5l keeps the bf16 logits and the "
+                               "backward takes dlogits from them in one compiled pass instead of recomputing "
+                               "them with a second LM-head GEMM", fused, fused, partial(_storing_logits, fused))
     add("eager", "the same model, unfused bf16 PyTorch, eager (float32 logits for the loss)", eager, eager)
     if cuda:
         add("fused+compile", "FusedLlamaModel under torch.compile(fullgraph=True): the torch glue between "
@@ -417,9 +421,20 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
               "batch": batch, "seq": seq, "tokens": batch * seq,
               "parameters": sum(p.numel() for p in fused.parameters())}
     pairs = [("compile", "fused"), ("compile", "fused+compile"), ("eager", "fused"), ("liger", "fused"),
-             ("liger", "fused+compile"), ("fused-eager-glue", "fused")]
+             ("liger", "fused+compile"), ("fused-eager-glue", "fused"), ("compile", "fused-stored-logits"),
+             ("fused", "fused-stored-logits"), ("liger", "fused-stored-logits")]
     return _run_row("step", config, _skipped(entries, skip), reps, cuda, pairs,
-                    breakdown_of=("fused", "fused+compile", "compile", "liger") if cuda else ())
+                    breakdown_of=("fused", "fused-stored-logits", "fused+compile", "compile", "liger") if cuda else ())
+
+
+@contextmanager
+def _storing_logits(model: FusedLlamaModel):
+    """Inside: the fused model's LM head stores its logits (k5l) for the backward."""
+    model.store_logits = True
+    try:
+        yield
+    finally:
+        model.store_logits = False
 
 
 def render(reports: list[Report]) -> str:

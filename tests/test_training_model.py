@@ -15,7 +15,8 @@ plain bf16 PyTorch pipeline's error (the same reference model run in bf16, its l
 for the loss). Measured on the CPU shape below (these seeds), 2 layers: loss 5.7e-5 fused,
 5.2e-5 plain bf16; the gradients 0.40% (final_norm) to 0.82% (layers.1.w_qkv) fused, 0.66%
 to 1.36% plain. 3 layers: loss 2.5e-5 fused, 9.4e-5 plain; gradients 0.49% to 0.94%
-(layers.2.w_qkv) fused, 0.77% to 1.72% plain.
+(layers.2.w_qkv) fused, 0.77% to 1.72% plain. 2 layers with the logits stored (k5l, the
+backward from the bf16 logits): loss 5.7e-5, gradients 0.40% to 0.81%, as with them recomputed.
 """
 
 import pytest
@@ -45,9 +46,9 @@ GPU_CONFIG = LlamaModelConfig(vocab=32768, n_layers=2,
 GPU_BATCH, GPU_SEQ = 2, 1024
 
 
-def _models(cfg, device, seed=0):
+def _models(cfg, device, seed=0, store_logits=False):
     sd = hf_model_state_dict(cfg, seed)
-    models = FusedLlamaModel(cfg, device), ReferenceLlamaModel(cfg, device=device), \
+    models = FusedLlamaModel(cfg, device, store_logits), ReferenceLlamaModel(cfg, device=device), \
         ReferenceLlamaModel(cfg, torch.bfloat16, device)
     for model in models:
         model.load_hf_state_dict(sd)
@@ -67,36 +68,42 @@ def _loss_and_gradients(model, tokens, targets):
     return {"loss": loss.detach(), **{f"d{n}": p.grad for n, p in model.named_parameters()}}
 
 
-def _against_float32_reference(cfg, batch, seq, device):
-    fused, ref, plain_bf16 = _models(cfg, device)
+def _against_float32_reference(cfg, batch, seq, device, store_logits=False):
+    fused, ref, plain_bf16 = _models(cfg, device, store_logits=store_logits)
     tokens, targets = _tokens(cfg, batch, seq, device)
     got, want, plain = (_loss_and_gradients(m, tokens, targets) for m in (fused, ref, plain_bf16))
     assert_near_float32(got, want, plain, REL_TOL)
 
 
-@pytest.mark.parametrize("n_layers", [2, 3], ids=["2-layers", "3-layers"])
-def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu(n_layers):
-    """3 layers: a decoder_block's residual cotangent then comes from another decoder_block."""
-    _against_float32_reference(LlamaModelConfig(CPU_CONFIG.vocab, n_layers, CPU_CONFIG.layer), CPU_BATCH, CPU_SEQ, "cpu")
+@pytest.mark.parametrize("n_layers, store_logits", [(2, False), (3, False), (2, True)],
+                         ids=["2-layers", "3-layers", "2-layers-stored-logits"])
+def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu(n_layers, store_logits):
+    """3 layers: a decoder_block's residual cotangent then comes from another decoder_block.
+    Stored logits: the LM head is k5l and its backward reads the bf16 logits it kept."""
+    _against_float32_reference(LlamaModelConfig(CPU_CONFIG.vocab, n_layers, CPU_CONFIG.layer), CPU_BATCH, CPU_SEQ, "cpu",
+                               store_logits)
 
 
 #: the fused GEMMs' epilogue names (primitives' trace) -> the expert kernel they belong to
 KERNEL_OF_EPILOGUE = {"rstd_rope_posfreq_epi": "k4hf", "rms_partial_epi": "k0", "rmsnorm_swiglu": "k2",
-                      "rmsnorm_cross_entropy": "k5", "lm_head_ce_backward": "ce-bwd", "rmsnorm_bwd": "k6",
+                      "rmsnorm_cross_entropy": "k5", "rmsnorm_cross_entropy_logits": "k5l",
+                      "lm_head_ce_backward": "ce-bwd", "rmsnorm_bwd": "k6",
                       "dswiglu_dpreact_mod": "k7"}
 
 
-def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward():
+@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
+def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward(store_logits):
     """The fused GEMMs a 3-layer model launches, in order (primitives' trace): layer 0's k4hf
     (its norm in torch), then per layer k0, k2, k0 (with the next layer's norm, or the final
     one) and the next layer's k4hf, then k5; backward k1 (the logits again) and k6 (final
     norm), then per layer k7, k6 (post-attention norm), k6 (input norm). No other GEMM runs
-    through the primitives (the rest are plain torch GEMMs)."""
+    through the primitives (the rest are plain torch GEMMs). With stored logits: k5l, and no
+    GEMM before the final norm's k6."""
     from epiforge.primitives import trace
 
     cfg = LlamaModelConfig(vocab=64, n_layers=3, layer=LlamaLayerConfig(d=128, n_heads=2, n_kv_heads=1, head_dim=64,
                                                                         ffn=256))
-    model = FusedLlamaModel(cfg)
+    model = FusedLlamaModel(cfg, store_logits=store_logits)
     tokens, targets = _tokens(cfg, 1, 16, "cpu")
 
     def kernels(calls):
@@ -106,8 +113,9 @@ def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward():
         loss = model(tokens, targets)
     with trace.recording() as backward:
         loss.backward()
-    assert kernels(forward) == ["k4hf"] + ["k0", "k2", "k0", "k4hf"] * 2 + ["k0", "k2", "k0", "k5"]
-    assert kernels(backward) == ["ce-bwd", "k6"] + ["k7", "k6", "k6"] * 3
+    assert kernels(forward) == ["k4hf"] + ["k0", "k2", "k0", "k4hf"] * 2 + ["k0", "k2", "k0",
+                                                                           "k5l" if store_logits else "k5"]
+    assert kernels(backward) == ([] if store_logits else ["ce-bwd"]) + ["k6"] + ["k7", "k6", "k6"] * 3
 
 
 def _hf_style_model(sd, cfg, tokens, targets, positions):
@@ -175,7 +183,7 @@ def _unfused_block(attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next
     return rotate_adjacent_pairs(_rms(x, next_norm, eps) @ next_w_qkv.T, positions, inv_freq, rotary_cols), x
 
 
-def _unfused_block_loss(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps):
+def _unfused_block_loss(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits):
     x = _unfused_after_attention(attn, residual, w_o, post_norm, w_gu, w_down, eps)
     return (F.cross_entropy(_rms(x, final_norm, eps) @ w_lm.T, targets, reduction="none"),)
 
@@ -203,11 +211,12 @@ def _op_inputs(which, cfg=CPU_CONFIG, m=96, seed=0):
                 lambda *a: decoder_block(*a)[:2], _unfused_block)
     # logits ~ 3 standard deviations, as a trained LM head gives (the k5 task's inputs)
     w_lm = bf16(cfg.vocab, c.d, scale=3 * c.d**-0.5)
-    return ((*block, norm(), w_lm, torch.randint(0, cfg.vocab, (m,), generator=g), c.eps),
+    store_logits = which == "decoder_block_loss-stored-logits"
+    return ((*block, norm(), w_lm, torch.randint(0, cfg.vocab, (m,), generator=g), c.eps, store_logits),
             lambda *a: decoder_block_loss(*a)[:1], _unfused_block_loss)
 
 
-OPS = ["embed_rmsnorm_qkv_rope", "decoder_block", "decoder_block_loss"]
+OPS = ["embed_rmsnorm_qkv_rope", "decoder_block", "decoder_block_loss", "decoder_block_loss-stored-logits"]
 
 
 @pytest.mark.parametrize("which", OPS)
@@ -235,8 +244,8 @@ def test_each_op_and_its_gradients_match_unfused_float64_math(which):
 def test_each_op_passes_torch_library_opcheck(which):
     """Schema, autograd registration and the fake (meta) implementation, as torch checks them."""
     args, _, _ = _op_inputs(which, m=32)
-    op = {"embed_rmsnorm_qkv_rope": embed_rmsnorm_qkv_rope, "decoder_block": decoder_block,
-          "decoder_block_loss": decoder_block_loss}[which]
+    op = {"embed_rmsnorm_qkv_rope": embed_rmsnorm_qkv_rope, "decoder_block": decoder_block}.get(which,
+                                                                                                   decoder_block_loss)
     result = torch.library.opcheck(op, args, test_utils=(
         "test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     assert all(v == "SUCCESS" for v in result.values()), result
@@ -265,7 +274,7 @@ def test_operands_that_do_not_fit_are_one_line():
         decoder_block(*args[:7], args[7][:, :-8], *args[8:])
     args, _, _ = _op_inputs("decoder_block_loss", m=32)
     with pytest.raises(ValueError, match="do not fit"):
-        decoder_block_loss(*args[:8], args[8][:-1], args[9])
+        decoder_block_loss(*args[:8], args[8][:-1], *args[9:])
     args, _, _ = _op_inputs("embed_rmsnorm_qkv_rope", m=32)
     with pytest.raises(ValueError, match="int64"):
         embed_rmsnorm_qkv_rope(args[0].int(), *args[1:])
@@ -276,8 +285,9 @@ def test_operands_that_do_not_fit_are_one_line():
 
 
 @pytest.mark.gpu
-def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu():
-    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda")
+@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
+def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu(store_logits):
+    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda", store_logits)
 
 
 def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):
@@ -290,9 +300,11 @@ def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_comp
     assert [(e["epilogue"], e["ok"]) for e in log] == [("lm_head_ce_backward", True)], log
 
 
-def test_the_cross_entropy_backward_matches_autograd_of_the_loss():
+@pytest.mark.parametrize("stored", [False, True], ids=["recomputed-logits", "stored-logits"])
+def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
     """lm_head_loss_grads against torch.autograd of the same loss in float64: dlogits (seen
-    through dw_lm and dx), with targets on every column, the first and the last included."""
+    through dw_lm and dx), with targets on every column, the first and the last included;
+    from the logits recomputed by a GEMM, and from the bf16 logits k5l stores."""
     from epiforge.training.model_ops import lm_head_loss_grads
 
     torch.manual_seed(0)
@@ -304,8 +316,10 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss():
     dloss = torch.rand(m) / m
     rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5)
     h = (x.float() * final_norm.float()).bfloat16()
-    lse = torch.logsumexp((h.float() @ w_lm.float().T) * rstd[:, None], -1)
-    dx, dnorm, dw = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets)
+    logits = (h.float() @ w_lm.float().T) * rstd[:, None]
+    lse = torch.logsumexp(logits, -1)
+    dx, dnorm, dw = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets,
+                                       logits.bfloat16() if stored else None)
 
     x64, n64, w64 = (t.double().requires_grad_() for t in (x, final_norm, w_lm))
     hn = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * n64
@@ -314,3 +328,6 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss():
     for name, got, want in (("dx", dx, x64.grad), ("dfinal_norm", dnorm, n64.grad), ("dw_lm", dw, w64.grad)):
         err = (got.double() - want).norm() / want.norm()
         assert err < 0.02, (name, float(err))
+    if stored:  # the stored logits are what the gradient is taken from: others give another one
+        other = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, (1.5 * logits).bfloat16())[2]
+        assert (other.double() - w64.grad).norm() / w64.grad.norm() > 0.1

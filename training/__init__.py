@@ -15,7 +15,8 @@
               (k0, k2, k0 with the next layer's norm, k4hf / RoPE^-1, k6, k7, k6; with
               Qwen3's QK-norm qkn instead of k4hf, its backward in torch),
               decoder_block_loss (k0, k2, k0 with the final norm, k5 / the logits again with
-              the CE backward in their epilogue, k6, k7, k6).
+              the CE backward in their epilogue, k6, k7, k6; with store_logits k5l / one
+              compiled pass over the stored logits instead of that GEMM).
     model.py  LlamaModelConfig; FusedLlamaModel (embedding, N layers, final norm, LM head and
               mean cross-entropy from those ops); ReferenceLlamaModel (unfused, float32);
               HF LlamaForCausalLM state dicts (model.embed_tokens, model.layers.N.*,

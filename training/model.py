@@ -5,7 +5,8 @@ parameters; Hugging Face LlamaForCausalLM weights load into both.
     tokens -> embed_rmsnorm_qkv_rope        (gather, layer 0's norm in torch, k4hf; qkn with QK-norm)
            -> attention -> decoder_block    (k0, k2, k0 + layer 1's norm, layer 1's k4hf)
            -> ...          (N-1 of them)
-           -> attention -> decoder_block_loss (k0, k2, k0 + final norm, k5)  -> mean loss
+           -> attention -> decoder_block_loss (k0, k2, k0 + final norm, k5; k5l with
+                                                 store_logits)  -> mean loss
 
 Parameters: embed (V, d); layers.N.* (training/layer.py's, in the kernels' layout);
 final_norm (d,); lm_head (V, d). The HF names are model.embed_tokens.weight,
@@ -79,10 +80,15 @@ class FusedLlamaModel(_ModelParams):
     forward(tokens (B, S) int64, targets (B, S) int64, positions (S,) or (B, S) | None) ->
     the mean cross-entropy over all B*S rows (float32). With qk_norm (Qwen3) every layer's
     QKV GEMM is qkn on the normalised input (made in torch from k0's x and rstd) instead of
-    k4hf, its QK-norm backward in torch; the rest is the same."""
+    k4hf, its QK-norm backward in torch; the rest is the same.
 
-    def __init__(self, cfg: LlamaModelConfig, device=None):
+    store_logits (an attribute, settable between steps): the LM head is k5l, which keeps the
+    bf16 logits (M x V x 2 bytes, 4.2 GB at LLaMA-3's vocabulary and 16384 tokens) for the
+    backward, instead of k5, whose backward recomputes them with a second LM-head GEMM."""
+
+    def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = False):
         super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
+        self.store_logits = store_logits
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
         c = self.cfg.layer
@@ -98,7 +104,7 @@ class FusedLlamaModel(_ModelParams):
                                        nxt.input_norm, nxt.w_qkv, *rope, c.eps, *self._qk_norms(nxt))
         attn = last._attention(qkv, batch, seq)
         loss = decoder_block_loss(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
-                                  self.lm_head, targets.reshape(-1), c.eps)[0]
+                                  self.lm_head, targets.reshape(-1), c.eps, self.store_logits)[0]
         return loss.mean()
 
     def _qk_norms(self, layer) -> tuple:

@@ -10,9 +10,12 @@ attention, a model of N layers is
                              k2 (gate/up + SwiGLU), k0 (down-proj + residual + layer i+1's
                              input norm), layer i+1's k4hf (QKV + row scale + RoPE)
     attention ... decoder_block_loss: the last layer's k0, k2, k0 with the final norm's
-                             weight, k5 (LM head + row scale + cross-entropy, no logits stored;
-                             backward: the logits recomputed with the softmax gradient in the
-                             same GEMM's epilogue)
+                             weight, then the LM head + row scale + cross-entropy one of two
+                             ways: k5 (no logits stored; backward: the logits recomputed with
+                             the softmax gradient in the same GEMM's epilogue), or with
+                             store_logits k5l (the bf16 logits stored, M x V x 2 bytes kept
+                             until the backward; backward: one compiled elementwise pass over
+                             them instead of the GEMM)
 
 Why these boundaries (autograd correctness): every RMSNorm backward is k6, which needs the
 ZdZ row sums of the GEMM after the norm (k7's for the post-attention norm, the RoPE
@@ -42,6 +45,7 @@ import torch
 
 from epiforge.training.ops import (
     K6,
+    _glue,
     _kernel,
     _row_rstd,
     attention_out_mlp_grads,
@@ -55,6 +59,7 @@ from epiforge.training.ops import (
 )
 
 K5 = "k5_gemm_rmsnorm_partial_cross_entropy"
+K5L = "k5l_gemm_rmsnorm_cross_entropy_store_logits"
 
 
 def _bf16(name: str, *tensors: torch.Tensor) -> None:
@@ -285,22 +290,25 @@ decoder_block.register_autograd(_block_backward, setup_context=_block_setup)
 @torch.library.custom_op("epiforge::decoder_block_loss", mutates_args=())
 def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                        w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor, w_lm: torch.Tensor,
-                       targets: torch.Tensor, eps: float
+                       targets: torch.Tensor, eps: float, store_logits: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                  torch.Tensor, torch.Tensor, torch.Tensor]:
+                                  torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The last layer after its attention, the final RMSNorm, LM head and cross-entropy ->
-    (loss, lse, x_mid, z, rstd_mid, x, h, rstd): loss (M,) float32 per row, logits =
+    (loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits): loss (M,) float32 per row, logits =
     RMSNorm(x) @ w_lm^T with x the last layer's output; only loss is differentiable, the rest
-    is saved for the backward (lse: logsumexp of each row's logits; h = x * final_norm).
-      forward   k0, k2, k0 with the final norm's weight (as in decoder_block), k5 (LM-head
+    is saved for the backward (lse: logsumexp of each row's logits; h = x * final_norm;
+    logits: (M, V) bf16 with store_logits, else an empty tensor).
+      forward   k0, k2, k0 with the final norm's weight (as in decoder_block), then k5 (LM-head
                 GEMM + row scale + online log-sum-exp and target logit; the M x V logits never
-                reach memory).
-      backward  one GEMM recomputes the logits with the softmax gradient in its epilogue
-                (lm_head_loss_grads): dlogits = dloss * (exp(logits - lse) - onehot(target))
-                in bf16 and ZdZ = sum logits * dlogits per row; then k6 with the LM-head weight in the gate/up weight's place (LM-head dgrad
-                + final-norm backward; its accumulate input is zero, the final residual stream
-                has no other reader), dw_lm = dlogits^T (xhat * w) from k6's recomputed h;
-                then k7 -> k6 as in decoder_block."""
+                reach memory) or, with store_logits, k5l (the same, the bf16 logits stored).
+      backward  dlogits = dloss * (exp(logits - lse) - onehot(target)) in bf16 and ZdZ = sum
+                logits * dlogits per row (lm_head_loss_grads): without stored logits one GEMM
+                recomputes them with the softmax gradient in its epilogue; with them one
+                compiled elementwise pass reads them (the bf16 logits, as torch.compile's own
+                model keeps them). Then k6 with the LM-head weight in the gate/up weight's place
+                (LM-head dgrad + final-norm backward; its accumulate input is zero, the final
+                residual stream has no other reader), dw_lm = dlogits^T (xhat * w) from k6's
+                recomputed h; then k7 -> k6 as in decoder_block."""
     _check_block("decoder_block_loss", attn, residual, w_o, post_norm, w_gu, w_down)
     m, d = residual.shape
     if tuple(final_norm.shape) != (d,) or w_lm.ndim != 2 or w_lm.shape[1] != d or tuple(targets.shape) != (m,) \
@@ -310,19 +318,22 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
     _bf16("decoder_block_loss", final_norm, w_lm)
     x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
     h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, final_norm, eps)
-    out = _kernel(K5).run({"h": h, "rstd": rstd, "w_lm": w_lm.contiguous(), "targets": targets.contiguous()}, {})
-    return out["loss"], out["lse"], x_mid, z, rstd_mid, x, h, rstd
+    out = _kernel(K5L if store_logits else K5).run(
+        {"h": h, "rstd": rstd, "w_lm": w_lm.contiguous(), "targets": targets.contiguous()}, {})
+    logits = out["logits"] if store_logits else h.new_empty(0)
+    return out["loss"], out["lse"], x_mid, z, rstd_mid, x, h, rstd, logits
 
 
 @decoder_block_loss.register_fake
-def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps):
+def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits=False):
     m = residual.shape[0]
 
     def rows():
         return residual.new_empty(m, dtype=torch.float32)
 
+    logits = residual.new_empty(m, w_lm.shape[0]) if store_logits else residual.new_empty(0)
     return (rows(), rows(), torch.empty_like(residual), residual.new_empty(m, w_gu.shape[0]), rows(),
-            torch.empty_like(residual), torch.empty_like(residual), rows())
+            torch.empty_like(residual), torch.empty_like(residual), rows(), logits)
 
 
 @lru_cache(maxsize=None)
@@ -343,21 +354,39 @@ def lm_head_ce_backward_epilogue():
     return lm_head_ce_backward
 
 
-def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets):
-    """The cross-entropy and LM head backward (see decoder_block_loss) -> (dx, dfinal_norm,
-    dw_lm): one GEMM recomputes the logits with the softmax gradient in its epilogue
-    (lm_head_ce_backward_epilogue); the target column, one value per row, is then set
-    from the exact float32 target logit, dloss * (exp(z_t - lse) - 1), and ZdZ gets its
-    -dloss * z_t; k6 takes the LM head's dgrad and the final norm's backward."""
+def _cross_entropy_grads_recomputed(dloss, h, rstd, lse, w_lm, targets):
+    """(dlogits, ZdZ) with the logits recomputed: one GEMM with the softmax gradient in its
+    epilogue (lm_head_ce_backward_epilogue); the target column, one value per row, is then
+    set from the exact float32 target logit, dloss * (exp(z_t - lse) - 1), and ZdZ gets its
+    -dloss * z_t."""
     from epiforge import primitives as P
 
-    dloss = dloss.float().contiguous()
     out = lm_head_ce_backward_epilogue()(h, w_lm.contiguous(), rstd=rstd, lse=lse.contiguous(), dloss=dloss,
-                                  targets=targets.contiguous(), config=P.pick_config(_kernel(K5).TUNED, h, w_lm))
+                                         targets=targets.contiguous(), config=P.pick_config(_kernel(K5).TUNED, h, w_lm))
     dlogits, target_logit = out["D"], out["target_logit"]
     rows = torch.arange(len(targets), device=targets.device)
     dlogits[rows, targets] = (dloss * (torch.exp(target_logit - lse) - 1.0)).to(dlogits.dtype)
-    zdz = P.finish.row_sum(out["zd"]) - dloss * target_logit
+    return dlogits, P.finish.row_sum(out["zd"]) - dloss * target_logit
+
+
+def _cross_entropy_grads_from_logits(logits, lse, dloss, targets):
+    """(dlogits, ZdZ) from the stored bf16 logits, in float32: one elementwise pass and a row
+    sum (a glue function: compiled into one or two kernels on CUDA)."""
+    z = logits.float()
+    hit = torch.arange(z.shape[1], device=z.device)[None, :] == targets[:, None]
+    grad = dloss[:, None] * (torch.exp(z - lse[:, None]) - hit.to(z.dtype))
+    return grad.to(logits.dtype), (z * grad).sum(-1)
+
+
+def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, logits=None):
+    """The cross-entropy and LM head backward (see decoder_block_loss) -> (dx, dfinal_norm,
+    dw_lm): dlogits and ZdZ from the stored logits where given (k5l's), else recomputed by a
+    GEMM; then k6 takes the LM head's dgrad and the final norm's backward."""
+    dloss = dloss.float().contiguous()
+    if logits is not None and logits.numel():
+        dlogits, zdz = _glue(_cross_entropy_grads_from_logits, logits, lse.contiguous(), dloss, targets.contiguous())
+    else:
+        dlogits, zdz = _cross_entropy_grads_recomputed(dloss, h, rstd, lse, w_lm, targets)
     out = _kernel(K6).run({"dz": dlogits, "w_gu": w_lm.contiguous(), "x": x, "rstd": rstd,
                            "norm_weight": final_norm.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
     return out["dx"], out["dw"].to(final_norm.dtype), dlogits.T @ out["h"]
@@ -368,31 +397,33 @@ def decoder_block_loss_backward(dloss: torch.Tensor, lse: torch.Tensor, x: torch
                                 rstd: torch.Tensor, attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor,
                                 rstd_mid: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                                 w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor,
-                                w_lm: torch.Tensor, targets: torch.Tensor
+                                w_lm: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                            torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dfinal_norm, dw_lm)."""
-    dx, dfinal_norm, dw_lm = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets)
+    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dfinal_norm, dw_lm); logits
+    empty where the forward did not store them."""
+    dx, dfinal_norm, dw_lm = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, logits)
     return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid),
             dfinal_norm, dw_lm)
 
 
 @decoder_block_loss_backward.register_fake
-def _(dloss, lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets):
+def _(dloss, lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets,
+      logits):
     return tuple(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, final_norm, w_lm))
 
 
 def _loss_setup(ctx, inputs, output):
-    attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps = inputs
-    loss, lse, x_mid, z, rstd_mid, x, h, rstd = output
-    ctx.mark_non_differentiable(lse, x_mid, z, rstd_mid, x, h, rstd)
+    attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits = inputs
+    loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits = output
+    ctx.mark_non_differentiable(lse, x_mid, z, rstd_mid, x, h, rstd, logits)
     ctx.save_for_backward(lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm,
-                          targets)
+                          targets, logits)
 
 
 def _loss_backward(ctx, dloss, *unused):
     grads = decoder_block_loss_backward(dloss.float().contiguous(), *ctx.saved_tensors)
-    return (*grads, None, None)
+    return (*grads, None, None, None)
 
 
 decoder_block_loss.register_autograd(_loss_backward, setup_context=_loss_setup)
