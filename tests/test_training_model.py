@@ -68,9 +68,20 @@ def _loss_and_gradients(model, tokens, targets):
     return {"loss": loss.detach(), **{f"d{n}": p.grad for n, p in model.named_parameters()}}
 
 
-def _against_float32_reference(cfg, batch, seq, device, store_logits=False):
+def _padded(targets, every=5):
+    """targets with every `every`-th row (and the last sequence's last eight) set to -100,
+    the ignore_index of torch's and Hugging Face's losses: padding."""
+    targets = targets.clone()
+    targets.view(-1)[::every] = -100
+    targets[-1, -8:] = -100
+    return targets
+
+
+def _against_float32_reference(cfg, batch, seq, device, store_logits=False, padded=False):
     fused, ref, plain_bf16 = _models(cfg, device, store_logits=store_logits)
     tokens, targets = _tokens(cfg, batch, seq, device)
+    if padded:
+        targets = _padded(targets)
     got, want, plain = (_loss_and_gradients(m, tokens, targets) for m in (fused, ref, plain_bf16))
     assert_near_float32(got, want, plain, REL_TOL)
 
@@ -82,6 +93,39 @@ def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu(n_layers
     Stored logits: the LM head is k5l and its backward reads the bf16 logits it kept."""
     _against_float32_reference(LlamaModelConfig(CPU_CONFIG.vocab, n_layers, CPU_CONFIG.layer), CPU_BATCH, CPU_SEQ, "cpu",
                                store_logits)
+
+
+@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
+def test_ignored_targets_leave_the_loss_and_gradients_as_torch_cross_entropy_gives(store_logits):
+    """Rows whose target is -100 (padding) drop out of the mean and give no gradient, in the
+    fused model as in F.cross_entropy(ignore_index=-100); the loss and every gradient still
+    match the float32 reference within the same bound."""
+    _against_float32_reference(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", store_logits, padded=True)
+
+
+def test_ignored_targets_change_the_loss_and_a_target_out_of_range_is_an_error():
+    fused, ref, _ = _models(CPU_CONFIG, "cpu")
+    tokens, targets = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu")
+    padded = _padded(targets)
+    with torch.no_grad():
+        full, part = fused(tokens, targets), fused(tokens, padded)
+        # the padded loss is the mean over the kept rows only: not the full mean, and not
+        # the full sum over the kept rows divided by all B*S rows
+        kept = padded.reshape(-1) != -100
+        assert 0 < int(kept.sum()) < kept.numel()
+        assert abs(float(part) - float(ref(tokens, padded))) < 1e-2 * float(part)
+        assert abs(float(part) - float(full)) > 1e-3
+        # every row ignored: NaN, as F.cross_entropy gives
+        assert torch.isnan(fused(tokens, torch.full_like(targets, -100)))
+        assert torch.isnan(ref(tokens, torch.full_like(targets, -100)))
+        for bad in (CPU_CONFIG.vocab, -5):
+            wrong = targets.clone()
+            wrong[0, 3] = bad
+            with pytest.raises(RuntimeError, match=rf"targets must lie in \[0, {CPU_CONFIG.vocab}\) or be ignore_index"):
+                fused(tokens, wrong)
+        fused.ignore_index = 0                         # another ignore_index is honoured, and -100 is then out of range
+        with pytest.raises(RuntimeError, match=r"ignore_index \(0\)"):
+            fused(tokens, padded)
 
 
 #: the fused GEMMs' epilogue names (primitives' trace) -> the expert kernel they belong to
@@ -254,6 +298,7 @@ def test_each_op_passes_torch_library_opcheck(which):
 def test_the_model_traces_whole_under_torch_compile_and_gives_the_eager_numbers():
     fused = _models(CPU_CONFIG, "cpu")[0]
     tokens, targets = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", seed=2)
+    targets = _padded(targets)                         # the ignore_index mask and assert trace too
 
     def run(fn):
         fused.zero_grad(set_to_none=True)
@@ -285,9 +330,10 @@ def test_operands_that_do_not_fit_are_one_line():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
-def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu(store_logits):
-    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda", store_logits)
+@pytest.mark.parametrize("store_logits, padded", [(False, False), (True, False), (True, True)],
+                         ids=["recomputed-logits", "stored-logits", "stored-logits-padded"])
+def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu(store_logits, padded):
+    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda", store_logits, padded)
 
 
 def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):

@@ -6,7 +6,7 @@ parameters; Hugging Face LlamaForCausalLM weights load into both.
            -> attention -> decoder_block    (k0, k2, k0 + layer 1's norm, layer 1's k4hf)
            -> ...          (N-1 of them)
            -> attention -> decoder_block_loss (k0, k2, k0 + final norm, k5; k5l with
-                                                 store_logits)  -> mean loss
+                                                 store_logits)  -> mean loss (ignore_index rows left out)
 
 Parameters: embed (V, d); layers.N.* (training/layer.py's, in the kernels' layout);
 final_norm (d,); lm_head (V, d). The HF names are model.embed_tokens.weight,
@@ -78,7 +78,11 @@ class _ModelParams(torch.nn.Module):
 class FusedLlamaModel(_ModelParams):
     """The model through the fused ops; bfloat16 parameters and activations.
     forward(tokens (B, S) int64, targets (B, S) int64, positions (S,) or (B, S) | None) ->
-    the mean cross-entropy over all B*S rows (float32). With qk_norm (Qwen3) every layer's
+    the mean cross-entropy over the rows whose target is not ignore_index (float32; NaN when
+    every row is ignored, as F.cross_entropy gives). ignore_index (an attribute, -100 as in
+    torch and Hugging Face) marks padding: such a row's loss and gradient are zero. Any other
+    target outside [0, vocab) is an error, raised by an asynchronous assert (no host sync; on a
+    GPU a device-side assert, as F.cross_entropy's). With qk_norm (Qwen3) every layer's
     QKV GEMM is qkn on the normalised input (made in torch from k0's x and rstd) instead of
     k4hf, its QK-norm backward in torch; the rest is the same.
 
@@ -86,9 +90,10 @@ class FusedLlamaModel(_ModelParams):
     bf16 logits (M x V x 2 bytes, 4.2 GB at LLaMA-3's vocabulary and 16384 tokens) for the
     backward, instead of k5, whose backward recomputes them with a second LM-head GEMM."""
 
-    def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = False):
+    def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = False, ignore_index: int = -100):
         super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
         self.store_logits = store_logits
+        self.ignore_index = ignore_index
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
         c = self.cfg.layer
@@ -103,9 +108,14 @@ class FusedLlamaModel(_ModelParams):
             qkv, x, *_ = decoder_block(attn, x, layer.w_o, layer.post_norm, layer.w_gu, layer.w_down,
                                        nxt.input_norm, nxt.w_qkv, *rope, c.eps, *self._qk_norms(nxt))
         attn = last._attention(qkv, batch, seq)
+        flat = targets.reshape(-1)
+        kept = flat != self.ignore_index
+        torch._assert_async(((flat >= 0) & (flat < self.cfg.vocab) | ~kept).all(),
+                            f"targets must lie in [0, {self.cfg.vocab}) or be ignore_index ({self.ignore_index})")
+        # an ignored row's loss is taken at target 0 and weighted 0: its dloss, so its dlogits, is 0
         loss = decoder_block_loss(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
-                                  self.lm_head, targets.reshape(-1), c.eps, self.store_logits)[0]
-        return loss.mean()
+                                  self.lm_head, torch.where(kept, flat, 0), c.eps, self.store_logits)[0]
+        return (loss * kept).sum() / kept.sum()
 
     def _qk_norms(self, layer) -> tuple:
         """(q_norm, k_norm) of a Qwen3 layer, () of a LLaMA one (the ops' optional arguments)."""
@@ -117,8 +127,9 @@ class ReferenceLlamaModel(_ModelParams):
     bfloat16: the plain low-precision pipeline, with the logits upcast to float32 for the
     loss as Hugging Face's loss does)."""
 
-    def __init__(self, cfg: LlamaModelConfig, dtype: torch.dtype = torch.float32, device=None):
+    def __init__(self, cfg: LlamaModelConfig, dtype: torch.dtype = torch.float32, device=None, ignore_index: int = -100):
         super().__init__(cfg, ReferenceLlamaLayer, dtype, device, layer_args=(dtype,))
+        self.ignore_index = ignore_index
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
         x = self.embed[tokens]
@@ -126,4 +137,5 @@ class ReferenceLlamaModel(_ModelParams):
             x = layer(x, positions)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.layer.eps) * self.final_norm
         logits = x @ self.lm_head.T
-        return F.cross_entropy(logits.float().reshape(-1, self.cfg.vocab), targets.reshape(-1))
+        return F.cross_entropy(logits.float().reshape(-1, self.cfg.vocab), targets.reshape(-1),
+                               ignore_index=self.ignore_index)
