@@ -75,6 +75,16 @@ def _training_epilogues() -> int:
     return failures
 
 
+def plain_gemm_configs(configs) -> dict:
+    """{key: config} of the GEMM-only baseline for these kernel configs (None and other
+    entries skipped): each kernel's tile as a GEMM that loads no C, as
+    eval.baselines.gemm_candidates times it, so without the C-load flags such a GEMM refuses."""
+    from epiforge.primitives.config import GemmConfig
+
+    plain = [c.for_plain_gemm() for c in configs if isinstance(c, GemmConfig)]
+    return {c.key(): c for c in plain}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
@@ -120,7 +130,7 @@ def main(argv=None) -> int:
         picked = {c: GemmConfig.parse(c) for c in sorted(set(table.values()))}
         return list(picked.values()) or [DEFAULT_CONFIG]
 
-    gemm_configs = {c.for_plain_gemm().key(): c.for_plain_gemm() for c in configs}
+    gemm_configs = plain_gemm_configs(configs)
     if args.tuned:
         from epiforge.eval.baselines import SOL_TABLE
 
@@ -142,7 +152,7 @@ def main(argv=None) -> int:
             # a kernel without a TUNED table runs at its own choice (config=None), e.g. a CONFIG
             own = tuned_configs(module.TUNED) if hasattr(module, "TUNED") else [None]
             fixed = [getattr(module, "CONFIG", None), *getattr(module, "CONFIGS", {}).values()]
-            gemm_configs.update({c.key(): c for c in [*own, *fixed] if isinstance(c, GemmConfig)})
+            gemm_configs.update(plain_gemm_configs([*own, *fixed]))
         runs = []
         label = task.id if dtype == "bfloat16" else f"{task.id} {dtype}"
         if "kernels" in args.parts:

@@ -13,7 +13,9 @@ AUTHOR = "quack library (CODA's authors)"
 #   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
 TUNED = {
     "16384x5632x2048": "128x128_c1x2_pp_cs2",  # 1.264 of GEMM-only
-    "16384x11008x4096": "128x128_c1x2_pp_cs2",  # 1.096 of GEMM-only
+    # with the C-load warp: 1.068 / 1.066 of GEMM-only in two runs, against 1.094 without it
+    # (bench/results/h200/c-load-warp.json, c-load-warp-2.json)
+    "16384x11008x4096": "128x128_c1x2_pp_cs1_cl",
     "16384x22016x8192": "128x192_c2x1_pp",  # 1.022 of GEMM-only
     # LLaMA-3.2-1B's shape (bench/run.py --shape-set llama1b, bench/results/h200/sweep-llama1b.json)
     "16384x8192x2048": "128x128_c1x2_pp",  # 1.234 of GEMM-only

@@ -275,3 +275,17 @@ def test_precompile_builds_the_expert_kernels_in_fp16_too(tmp_path):
     assert len(list(cache.glob("*/*.o"))) == 2  # a bf16 object and an fp16 one
     bad = subprocess.run(cmd[:-2] + ["float32"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--dtypes" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_precompile_builds_the_gemm_only_baseline_without_the_c_load_flags():
+    """A TUNED config with the C-load warp (k7's at 7B) is built for the GEMM-only baseline as
+    the GEMM that loads no C which the judge times (the flag refuses a GEMM without C)."""
+    from epiforge.bench.precompile import plain_gemm_configs
+    from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
+
+    k7 = load_kernel_module(HUMAN_DIR / "k7_gemm_partial_swiglu_bwd.py")
+    tuned = [P.GemmConfig.parse(c) for c in k7.TUNED.values()]
+    assert any(c.c_load_warp for c in tuned)
+    plain = plain_gemm_configs([*tuned, None])
+    assert plain and not any(c.c_load_warp or c.early_c_loads for c in plain.values())
+    assert "128x128_c1x2_pp_cs1" in plain and "128x128_c1x2_pp_cs1_cl" not in plain
