@@ -20,21 +20,25 @@ in an evaluation's runner, which compiles them.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
 import sys
+import time
+from pathlib import Path
 
-# before anything imports quack: compile for the H100/H200 without a driver
-os.environ.setdefault("QUACK_ARCH", "90")
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-os.environ["EPIFORGE_CROSS_COMPILE"] = "1"
+from epiforge.bench.configs import CACHE_DIR, CANDIDATES, config_args
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from epiforge.bench.configs import CACHE_DIR, CANDIDATES, config_args  # noqa: E402
+def _cross_compile_environment() -> None:
+    """Compile for the H100/H200 without a driver. Set by main() before anything imports
+    quack, not at import: the DSL reads its arch once, when it is first imported, so a
+    process that imported it earlier (a test worker importing plain_gemm_configs) would
+    otherwise go on with QUACK_ARCH=90 beside a DSL built for another arch."""
+    os.environ.setdefault("QUACK_ARCH", "90")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    os.environ["EPIFORGE_CROSS_COMPILE"] = "1"
 
 
 def _drop_stale(cache: Path) -> None:
@@ -86,6 +90,7 @@ def plain_gemm_configs(configs) -> dict:
 
 
 def main(argv=None) -> int:
+    _cross_compile_environment()
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*", default=None)
     ap.add_argument("--configs", nargs="*", default=None,

@@ -289,3 +289,15 @@ def test_precompile_builds_the_gemm_only_baseline_without_the_c_load_flags():
     plain = plain_gemm_configs([*tuned, None])
     assert plain and not any(c.c_load_warp or c.early_c_loads for c in plain.values())
     assert "128x128_c1x2_pp_cs1" in plain and "128x128_c1x2_pp_cs1_cl" not in plain
+
+
+def test_importing_precompile_leaves_the_environment_alone():
+    """Only precompile's main() sets the cross-compile variables: a process that imports the
+    module (for plain_gemm_configs) and had the DSL built for another arch must not be told
+    QUACK_ARCH=90 (CI's workers then failed every later sm_90a compile: 'got sm_100a')."""
+    code = ("import os; before = dict(os.environ); import epiforge.bench.precompile; "
+            "print(sorted(set(os.environ.items()) ^ set(before.items())))")
+    env = {k: v for k, v in os.environ.items() if k not in ("QUACK_ARCH", "CUTE_DSL_ARCH", "EPIFORGE_CROSS_COMPILE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.strip() == "[]"
