@@ -141,10 +141,11 @@ def heat(ms: float) -> int:
     return n
 
 
-def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cuda") -> float:
-    """One timed call on the current stream, synchronized: L2 flushed and the lead (LEAD)
-    queued first (outside the events), CUDA events around fn(). Returns microseconds. The judge
-    times its baselines and the kernel runner times the kernel with this same procedure.
+def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cuda", lead: Lead | None = None) -> float:
+    """One timed call on the current stream, synchronized: L2 flushed and the lead (`lead`,
+    by default LEAD) queued first (outside the events), CUDA events around fn(). Returns
+    microseconds. The judge times its baselines and the kernel runner times the kernel with
+    this same procedure (bench/clock_state.py with each lead).
     clock="wall": the same call timed by the host's clock, no CUDA (the timed stages run
     this way on a CPU in the evaluator's own tests; no CPU time is ever reported)."""
     import time
@@ -155,7 +156,8 @@ def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cu
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    _prepare_rep(flush, _SYNCED_LEAD_CYCLES, LEAD.ms if LEAD.kind == "heat" else None)
+    lead = lead or LEAD
+    _prepare_rep(flush, _SYNCED_LEAD_CYCLES, lead.ms if lead.kind == "heat" else None)
     start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
     stream = torch.cuda.current_stream()
     start.record(stream)
