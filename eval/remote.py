@@ -230,7 +230,13 @@ def private_caches(workdir: Path) -> dict:
 
 
 def _link_farm(source: Path, dest: Path, depth: int) -> Path:
-    """dest mirrors source's folders down to `depth`, with links to what lies below."""
+    """dest mirrors source's folders down to `depth`, with links to what lies below.
+
+    Lock files and half-written temp files are not linked: quack opens its per-key
+    `{sha}.lock` for writing before it compiles a key whose object is missing, and a link to
+    the shared (read-only in the sandbox) lock made that open fail with EROFS whenever
+    another process had compiled, or was compiling, the same key (CI, 2026-12-04). The
+    runner makes its own locks in its own dir."""
     dest.mkdir(parents=True, exist_ok=True)
     if depth == 0 or not source.is_dir():
         return dest
@@ -239,6 +245,8 @@ def _link_farm(source: Path, dest: Path, depth: int) -> Path:
     except OSError:
         return dest
     for entry in entries:
+        if _is_lock_or_temp(entry.name):
+            continue
         if depth > 1 and entry.is_dir():
             _link_farm(entry, dest / entry.name, depth - 1)
         elif not (dest / entry.name).exists():
@@ -247,6 +255,12 @@ def _link_farm(source: Path, dest: Path, depth: int) -> Path:
             except OSError:
                 pass
     return dest
+
+
+def _is_lock_or_temp(name: str) -> bool:
+    """A cache entry that belongs to the process that made it: a lock, or an object still
+    being written (quack exports to `{sha}.o.tmp.{pid}` and renames)."""
+    return name.endswith(".lock") or ".tmp." in name or name.endswith(".tmp")
 
 
 def remaining(deadline: float) -> float:

@@ -203,6 +203,38 @@ def test_the_judge_and_the_repo_are_out_of_the_runners_reach(tmp_path):
     assert not (REPO / "tasks" / "escaped.txt").exists() and not probe.exists()
 
 
+@pytest.mark.sandbox
+def test_the_runner_takes_its_own_compile_locks(tmp_path, monkeypatch):
+    """The shared compile cache reaches the runner as links, read-only, except its lock and
+    temp files: quack opens `{sha}.lock` for writing before it compiles a key whose object is
+    missing, and a linked lock failed that open (EROFS) whenever another process had
+    compiled the key (CI, 2026-12-04: an expert kernel got COMPILE_ERROR)."""
+    shared = tmp_path / "shared-quack-cache"
+    (shared / "fp").mkdir(parents=True)
+    for name in ("key.lock", "done.o", "done.lock", "half.o.tmp.4242"):
+        (shared / "fp" / name).write_text("shared")
+    kernel = tmp_path / "k1_locks.py"
+    kernel.write_text(
+        '"""Takes locks in the compile cache, as quack does."""\nimport os\nTASK = "k1_gemm_rmsnorm"\n\n'
+        "def run(inputs, prepared, config=None):\n"
+        "    fp = os.path.join(os.environ['QUACK_CACHE_DIR'], 'fp')\n"
+        "    got = []\n"
+        "    for name in ('key.lock', 'done.lock', 'new.lock'):\n"
+        "        try:\n"
+        "            os.close(os.open(os.path.join(fp, name), os.O_WRONLY | os.O_CREAT))\n"
+        "            got.append(name)\n"
+        "        except OSError as e:\n"
+        "            got.append(f'{name}: {e.strerror}')\n"
+        "    got.append(open(os.path.join(fp, 'done.o')).read())\n"
+        "    got.append(str(os.path.exists(os.path.join(fp, 'half.o.tmp.4242'))))\n"
+        "    raise RuntimeError(f'LOCKS {got}')\n")
+    monkeypatch.setenv("QUACK_CACHE_DIR", str(shared))
+    r = evaluate("k1", str(kernel), seed=1, static_checks=False)
+    assert r.environment.get("runner_sandbox") == SANDBOXED, r.environment
+    assert "LOCKS ['key.lock', 'done.lock', 'new.lock', 'shared', 'False']" in r.message, r.message + r.stderr_tail
+    assert sorted(p.name for p in (shared / "fp").iterdir()) == ["done.lock", "done.o", "half.o.tmp.4242", "key.lock"]
+
+
 def cli(*args):
     return subprocess.run([sys.executable, "-m", "epiforge", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
