@@ -318,9 +318,12 @@ def _store(target: Path, key: str | None = None, value: dict | None = None, *, p
 
 
 def _verdict(kind: str, adapt, task, src: str, write_to: Path | None) -> str | None:
+    """With `write_to` (`--write`) a cached verdict is not taken as it stands: the
+    adaptations' own evaluations behind it are looked up (or run) again, so that each one is
+    copied there too (tests check the shipped file for them, not only the block's verdict)."""
     key = _key(task, kind + "\0" + src)
     hit = _cached(key, write_to)
-    if hit is not None:
+    if hit is not None and write_to is None:
         return hit["why"]
     why = None
     for what, kernel in adapt(src, task):
