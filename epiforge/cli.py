@@ -118,7 +118,7 @@ def cmd_eval(args) -> int:
         color = "green" if result.passed else "red"
         tag = " (provisional: CPU emulator only; a Hopper GPU run makes it final)" if result.provisional else ""
         precisions = ", ".join(result.dtypes)
-        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes} + a hidden shape; {precisions}): "
+        con.print(f"{result.task} / {result.kernel} on {result.device} ({result.shapes} + hidden shapes; {precisions}): "
                   f"[{color}]{result.outcome.value}[/{color}]{tag} (stage: {result.stage})", markup=True,
                   highlight=False)
         con.print(result.message, markup=False)

@@ -141,11 +141,15 @@ def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -
     except SourceTooComplex as e:
         return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
                       message=f"static checks: {e} [size]", violations=[f"line {e.line}: {e} [size]"])
+    except Exception as e:  # noqa: BLE001 - a source the reader cannot take is never run
+        return _undecided(base, "parser", e, track="candidate")
     try:
         meta = read_kernel(path, source=text)
     except KernelError as e:
         return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
                       message=str(e).splitlines()[0])
+    except Exception as e:  # noqa: BLE001
+        return _undecided(base, "metadata reader", e, track="candidate")
     base = {**base, "track": meta.track, "author": meta.author, "backend": meta.backend, "model": meta.model,
             "session": meta.session}
     if meta.task != task.name:
@@ -160,11 +164,23 @@ def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -
         except (RecursionError, MemoryError, ValueError) as e:
             return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
                           message=f"the source is too large or too deeply nested to check ({type(e).__name__})")
+        except Exception as e:  # noqa: BLE001
+            return _undecided(base, "static checker", e)
         if violations:
             outcome = Outcome.COMPILE_ERROR if only_compile_errors(violations) else Outcome.STATIC_REJECTED
             return Result(**base, outcome=outcome, stage="static", message=summarize(violations),
                           violations=[str(v) for v in violations])
     return base
+
+
+def _undecided(base: dict, who: str, e: Exception, **extra) -> Result:
+    """The static stage could not decide on a source (a fault of the harness's own reader or
+    checker, not named by any rule): rejected, never run, in one line that says so, instead
+    of a traceback that would take the CLI or the agent's session down with it."""
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    return Result(**{**base, **extra}, outcome=Outcome.STATIC_REJECTED, stage="static",
+                  message=f"the {who} failed on this source ({type(e).__name__}: {first}); it is not run. "
+                          "This is an evaluator fault: please report it with the kernel file")
 
 
 def _from_judge(run, base: dict, timeout: float) -> Result:

@@ -49,7 +49,8 @@ primitives   P.<name> for every name in primitives.__all__ except `Epilogue` (bu
 torch        values: dtypes (torch.bfloat16 ... torch.float8_e5m2) and types (torch.Tensor,
              torch.Size, torch.dtype, torch.device); called directly: allocation
              (torch.empty, empty_like, empty_strided, zeros, zeros_like, ones, ones_like,
-             full, full_like), torch.finfo, torch.iinfo. A filled allocation inside run() is
+             full, full_like), torch.finfo, torch.iinfo (and their fields read off the call:
+             `torch.finfo(torch.float32).eps`). A filled allocation inside run() is
              a kernel launch: the launch check counts it. In the prepare scope also
              TORCH_PREPARE, called directly (stack cat matmul diag eye einsum sqrt sum ...:
              pure functions of tensors; nothing that loads, saves, compiles, seeds or draws
@@ -254,6 +255,9 @@ VALUE_ATTRS = frozenset({
     # GemmConfig
     "tile_m", "tile_n", "cluster_m", "cluster_n", "pingpong", "max_swizzle_size", "key",
 })
+# the fields of torch.finfo(...) / torch.iinfo(...), read straight off the call
+# (`torch.finfo(torch.float32).eps`); `max` and `min` nowhere else (on a tensor they reduce)
+INFO_ATTRS = frozenset({"eps", "tiny", "smallest_normal", "resolution", "bits", "max", "min"})
 # prepare scope only, called directly: casts, copies and out-of-place math (no in-place `_`
 # methods, nothing that reads raw memory such as data_ptr, storage, as_strided, numpy)
 PREPARE_METHODS = frozenset({
@@ -1109,6 +1113,9 @@ class _Checker(ast.NodeVisitor):
             self.bad(node, "method", f".{node.attr} of a value inside {self.epilogue_label}: the traced value is one "
                                      "float32 element (or a pair) and has no tensor methods; use arithmetic and P.* math")
         elif node.attr in VALUE_ATTRS:
+            pass
+        elif node.attr in INFO_ATTRS and isinstance(node.value, ast.Call) \
+                and self._path(node.value.func) in ("torch.finfo", "torch.iinfo"):
             pass
         elif node.attr in PREPARE_METHODS and self.in_prepare:
             if id(node) not in self.callees:

@@ -22,16 +22,23 @@ TASKS = [t for t in CATALOGUE if expert_kernel(t)]  # the expert track (a task m
 # experts (k5, k9) fail about one evaluation in four to ten at smoke-a's first trial, the same
 # seed passing and failing from run to run (loss and lse ~2.5-3e-5 off at one row where ~7e-6
 # is allowed, as if a few extra exp(0 - lse) terms were folded in), with or without the
-# runner's sandbox; the same inputs in one process pass at ~3e-6 every time. Not strict: it is
-# random; the closing note of 2026-12-02 has the measurements. On the next machine (an AMD
-# EPYC, a fresh .venv) it did not happen in 84 evaluations (seed 958804057 and fresh ones);
-# fp32 GEMMs there were bit-identical across thread counts and memory alignments. The judge
-# and runner now pin MKL's reproducible mode and the thread counts (eval/isolation.py
-# NUMERICS_PINS), the likeliest source on the first machine; the mark stays until a machine
-# that showed it runs clean.
-CE_RUNNER_FLAKE = pytest.mark.xfail(reason="k5/k9 in the CPU runner: a run-to-run difference not understood yet",
-                                    strict=False)
-RUN_PATH_TASKS = [pytest.param(t, marks=CE_RUNNER_FLAKE) if t.startswith(("k5_", "k9_", "k5l_", "k9l_")) else t for t in TASKS]
+# runner's sandbox; the same inputs in one process pass at ~3e-6 every time. The closing note
+# of 2026-12-02 has the measurements. On the next machine (an AMD EPYC, a fresh .venv) it did
+# not happen in 84 evaluations; fp32 GEMMs there were bit-identical across thread counts and
+# memory alignments. The judge and runner now pin MKL's reproducible mode and the thread
+# counts (eval/isolation.py NUMERICS_PINS), the likeliest source on the first machine.
+# Only that signature is excused, by an xfail the test raises itself: the marker on the whole
+# test it replaces excused any failure of these tasks (in CI on 2026-12-04, while k8 failed
+# on a read-only compile lock, one of them xfailed, for a reason the log does not show).
+CE_TASKS = ("k5_", "k9_", "k5l_", "k9l_")
+
+
+def excuse_the_known_ce_flake(task: str, result: dict) -> None:
+    worst = result.get("worst") or {}
+    if (task.startswith(CE_TASKS) and result["outcome"] == "INCORRECT_NUMERICS"
+            and worst.get("output") in ("loss", "lse") and worst.get("problem") != "nonfinite"):
+        pytest.xfail(f"k5/k9 in the CPU runner: the known run-to-run difference ({result['message'][:200]})")
+
 
 
 def cli(*args, timeout=600):
@@ -39,7 +46,7 @@ def cli(*args, timeout=600):
                           timeout=timeout, cwd=REPO)
 
 
-@pytest.mark.parametrize("task", RUN_PATH_TASKS)
+@pytest.mark.parametrize("task", TASKS)
 def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
     """The CLI's evaluation, as a user runs it, with the sm_90a build of every GEMM it runs
     (one evaluation for both: CI's time)."""
@@ -48,6 +55,7 @@ def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
     out = cli("eval", "--task", task, "--kernel", "human", "--device", "cpu", "--shapes", "smoke", "--json",
               "--seed", str(seed), "--compile")
     result = json.loads(out.stdout)
+    excuse_the_known_ce_flake(task, result)
     assert result["outcome"] == "PASSED", f"seed {seed}: " + result["message"] + result["stderr_tail"]
     assert result["track"] == "expert" and result["author"]
     assert {s["dtype"] for s in result["per_shape"]} == {"bfloat16"}  # by default the task's first precision only

@@ -441,3 +441,24 @@ def test_the_speed_of_light_is_the_fastest_per_repetition_against_cublas():
     assert fastest({"a": a, "b": b}, cublas) == "b"
     plain = {k: v.model_copy(update={"samples_us": []}) for k, v in {"a": a, "b": b}.items()}
     assert fastest(plain, None) == min(plain, key=lambda k: plain[k].median_us)
+
+
+# ---- the static stage never takes the harness down -------------------------------------
+
+
+@pytest.mark.parametrize("broken", ["check_source", "parse_bounded"])
+def test_a_fault_of_the_static_stage_is_one_typed_line(monkeypatch, broken):
+    """Whatever the harness's own reader or checker raises on a source (a bug no rule names)
+    is a STATIC_REJECTED Result in one line, never an exception out of evaluate(): the CLI
+    and the agent's session live on, and the source is not run. The fault is injected, since
+    no source is known to raise one."""
+    import epiforge.eval.static_checks as static_checks
+    from epiforge.eval import evaluate
+
+    def fault(*args, **kwargs):
+        raise KeyError("a checker bug")
+
+    monkeypatch.setattr(static_checks, broken, fault)
+    r = evaluate("k1", str(REPO / "tests" / "eval" / "honest_kernels" / "k1_typed_eager.py"), seed=1)
+    assert r.outcome.value == "STATIC_REJECTED" and r.stage == "static" and r.wall_s is None
+    assert "KeyError" in r.message and "evaluator fault" in r.message and "\n" not in r.message

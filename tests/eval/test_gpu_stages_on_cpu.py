@@ -122,6 +122,25 @@ def test_a_kernel_that_changes_when_timed_is_caught(tmp_path, body, outcome, fra
     assert res.timing is None and stages[-1] in ("warmup", "benchmark")  # never shows a speed
 
 
+def test_a_kernel_that_claims_less_time_than_it_took_is_implausible(tmp_path):
+    """Behind the static rules a kernel can change the runner's clock: here each call made
+    by the timer (found on the stack) sleeps 60 ms and leaves the timer's next clock reading
+    55 ms short, the clock put back at once (so the tamper check finds it untouched), and the
+    runner reports ~5 ms a call. The judge's own wall clock over the same calls does not
+    agree: IMPLAUSIBLE (the timing is quarantined, never shown as a speed)."""
+    body = ("    out = honest(inputs)\n    f = sys._getframe(1)\n    names = []\n"
+            "    while f is not None and len(names) < 4:\n        names.append(f.f_code.co_name)\n        f = f.f_back\n"
+            "    if 'timed_call' in names:\n        time.sleep(0.06)\n"
+            "        def short():\n            time.perf_counter = REAL\n            return REAL() - 0.055\n"
+            "        time.perf_counter = short\n    return out\n")
+    path = kernel_file(tmp_path, body)
+    path.write_text("import sys\nimport time\nREAL = time.perf_counter\n" + path.read_text())
+    res, stages = stages_of("k1_gemm_rmsnorm", path, tmp_path, reps=8)
+    assert res.outcome.value == "IMPLAUSIBLE" and "do not account for the judge's wall clock" in res.message, res.message
+    assert res.timing is not None and res.timing.wall_check["ok"] is False
+    assert res.timing.wall_check["kernel_gap_us"] > 40_000  # the 55 ms the clock was set back, less noise
+
+
 def test_timed_calls_are_checked_on_a_sample_drawn_from_the_seed(tmp_path):
     res, _ = stages_of("k1_gemm_rmsnorm", REPO / "human_kernels/k1_gemm_rmsnorm.py", tmp_path, reps=30)
     assert res.outcome.value == "PASSED", res.message

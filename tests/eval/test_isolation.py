@@ -254,3 +254,22 @@ def test_cli_eval_records_and_answers(tmp_path):
     assert [x.result.outcome.value for x in rows] == ["INCORRECT_NUMERICS", "STATIC_REJECTED"]
     bad = cli("eval", "--task", "k1", "--kernel", "human", "--shapes", "huge")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown shape set" in bad.stderr
+
+
+def test_cli_eval_says_provisional_and_keeps_its_timeout(tmp_path):
+    """A CPU pass reads as provisional on the CLI's own line; --timeout cuts an evaluation
+    whose kernel never returns (it passes the static rules: a plain loop in run()) to a
+    TIMEOUT in one line, well before the default limit."""
+    ok = cli("eval", "--task", "k1", "--kernel", "human", "--seed", "5")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    first = " ".join(ok.stdout.split("(stage:")[0].split())  # the first line, as the console wrapped it
+    assert "PASSED (provisional: CPU emulator only" in first and "hidden shapes" in first, ok.stdout
+    spin = tmp_path / "k1_spins.py"
+    spin.write_text('"""Never returns."""\nimport primitives as P\nTASK = "k1_gemm_rmsnorm"\n\n\n'
+                    "def run(inputs, prepared, config=None):\n    n = 0\n"
+                    "    for i in range(10 ** 12):\n        n = n + i\n    return {\"out\": n}\n")
+    started = time.monotonic()
+    out = cli("eval", "--task", "k1", "--kernel", str(spin), "--timeout", "15", "--json")
+    r = json.loads(out.stdout)
+    assert out.returncode == 1 and r["outcome"] == "TIMEOUT", r["message"]
+    assert time.monotonic() - started < 15 + 30

@@ -218,6 +218,9 @@ LEGIT = {
                       '    kinds = (P.PerRow, P.PerCol)\n    try:\n        pass\n    except P.EpilogueError:\n        raise\n'
                       '    return {"cfg": cfg, "dt": torch.bfloat16, "t": torch.Tensor, "pi": math.pi, "k": kinds}\n',
     "math functions": 'import math as m\nfrom math import sqrt\nscale = m.sqrt(2) + sqrt(3)\nf = m.floor\n',
+    "finfo fields": 'def run(inputs, prepared, config=None):\n    eps = torch.finfo(torch.float32).eps\n'
+                    '    big = torch.finfo(inputs["h"].dtype).max + torch.iinfo(torch.int32).min\n'
+                    '    return {"eps": eps, "tiny": torch.finfo(torch.bfloat16).tiny, "big": big}\n',
 }
 
 
@@ -456,6 +459,10 @@ BAD = {
     "torch in an epilogue": ('@P.epilogue()\ndef f(acc):\n    return {"D": torch.sigmoid(acc)}\n', "epilogue", "inside epilogue f()"),
     "torch dtype in an epilogue": ('@P.epilogue()\ndef f(acc):\n    return {"D": acc * (torch.float32 == 1)}\n', "epilogue", "torch.float32"),
     "math in an epilogue": ('@P.epilogue()\ndef f(acc):\n    return {"D": math.exp(acc)}\n', "epilogue", "math.exp"),
+    "a tensor's max outside finfo": ('def run(inputs, prepared, config=None):\n    return {"m": inputs["a"].max()}\n',
+                                     "method", ".max"),
+    "a finfo field off anything but the call": ('def run(inputs, prepared, config=None):\n    fi = torch.finfo\n'
+                                                '    return {"m": fi(inputs["a"]).eps}\n', "method", ".eps"),
     "method outside an epilogue": ('@P.epilogue()\ndef f(acc):\n    return {"D": acc}\n'
                                    'def run(inputs, prepared, config=None):\n    return f(inputs["a"].clamp(0, 1), inputs["w"])\n',
                                    "method", ".clamp"),
