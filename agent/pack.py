@@ -241,7 +241,7 @@ def _relevance(doc: Doc, words: set[str]) -> int:
 def _finishers(task) -> dict[str, str]:
     from epiforge.primitives.finish import FINISHERS
 
-    return {name: FINISHERS[name] for name in task.launches[1:]}
+    return {name: FINISHERS[name] for name in task.finishing_steps}
 
 
 def _smoke_dims() -> list[dict]:

@@ -162,6 +162,8 @@ def epilogue_adaptations(src: str, task) -> list[tuple[str, str]]:
     epis = _epilogues(defs)
     if not epis:
         return []
+    if task.gemm is None:  # a task of several GEMMs: no one epilogue, bound to one GEMM, computes it
+        return []
     dims, inputs, ref = _concrete(task)
     g = task.gemm
     a, b = inputs[g.a], inputs[g.b]

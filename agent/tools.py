@@ -69,7 +69,7 @@ def check_timeout_s(task, device: str, shapes: str, compile_: bool) -> float:
     gflop = sum(task.flops(s.dims()) for s in tasks.shape_sets()[shapes]) / 1e9
     if device == "cuda":
         return round(300 + 0.03 * gflop)
-    return round(60 + 30 * gflop + (120 * task.launches.count("gemm") if compile_ else 0))
+    return round(60 + 30 * gflop + (120 * task.gemm_count if compile_ else 0))
 
 
 def bounded_timeout(limit_s: float, left_s: float | None) -> tuple[float, bool]:

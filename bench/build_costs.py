@@ -63,7 +63,7 @@ def measure(task_names: list[str], shapes: str, baselines: list[str], device: st
             row["references"] = round(time.perf_counter() - t, 3)
             del exact, lowprec
             built: dict[str, float] = {}
-            gemm_candidates(task, dims, [task.gemm_operands(inputs)], [], device, built_s=built)
+            gemm_candidates(task, dims, [task.gemm_operand_sets(inputs, dims)], [], device, built_s=built)
             _, _, skipped = extra_baselines(baselines, task, dims, [inputs], device, built_s=built)
             row["built"] = built
             row["left_out"] = skipped

@@ -198,6 +198,9 @@ def main(argv=None) -> int:
     unknown = [t for t in args.tasks if t not in catalogue or expert_kernel(catalogue[t].name) is None]
     if unknown:
         ap.error(f"--tasks {' '.join(unknown)}: no such task with an expert kernel")
+    several = [t for t in args.tasks if catalogue[t].gemm_count > 1]
+    if several:
+        ap.error(f"--tasks {' '.join(several)}: tasks of several GEMMs are timed by `epiforge compare`, not here")
     shapes = {s.name: s for s in tasks.shape_sets()["paper"]}
     if set(args.scales) - set(shapes):
         ap.error(f"--scales: use some of {' '.join(shapes)}")

@@ -183,16 +183,18 @@ def main(argv=None) -> int:
         # the GEMM-only baseline with every task's operand layouts
         import torch
 
-        shapes = {(t.gemm_shape(dims)) for t in catalogue}
+        shapes = {mnk for t in catalogue for mnk in t.gemm_shapes(dims)}
+        a_km = any(g.a_layout == "km" for t in catalogue for _, g in t.gemm_list)
         for (m, n, k), dtype in [(mnk, dt) for mnk in sorted(shapes)[:1] for dt in args.dtypes]:
             # compiled kernels do not depend on M, N, K
             a = torch.zeros(m, k, dtype=getattr(torch, dtype))
+            a_t = torch.zeros(k, m, dtype=getattr(torch, dtype)).T  # a weight-gradient GEMM reads activations transposed
             w = torch.zeros(n, k, dtype=getattr(torch, dtype))
             w_t = torch.zeros(k, n, dtype=getattr(torch, dtype)).T  # the dgrad tasks pass a transposed view
             for cfg in gemm_configs.values():
-                for ww in (w, w_t):
+                for aa, ww in [(a, w), (a, w_t), *([(a_t, w), (a_t, w_t)] if a_km else [])]:
                     try:
-                        gemm_only(a, ww, config=cfg)
+                        gemm_only(aa, ww, config=cfg)
                     except Exception as e:
                         failures += 1
                         print(f"gemm_only {cfg.key()}: FAILED {type(e).__name__}", flush=True)

@@ -34,6 +34,8 @@ def main(argv=None) -> int:
         ap.error(f"no task {args.task}")
     if expert_kernel(task.name) is None:
         ap.error(f"{task.id} has no expert kernel to profile")
+    if task.gemm_count > 1:
+        ap.error(f"{task.id} runs {task.gemm_count} fused GEMMs: profile_one profiles a task of one")
     shape = next((s for s in tasks.shape_sets()["paper"] if s.name == args.scale), None)
     if shape is None:
         ap.error(f"no paper shape {args.scale}")

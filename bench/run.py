@@ -236,6 +236,10 @@ def main(argv=None) -> int:
         if expert_kernel(task.name) is None:
             print(f"{task.id}: no expert kernel, skipped", flush=True)
             continue
+        if task.gemm_count > 1:
+            print(f"{task.id}: {task.gemm_count} fused GEMMs: bench/run.py sweeps tasks of one GEMM; "
+                  f"`epiforge compare --task {task.id} --device gpu` times this one, skipped", flush=True)
+            continue
         module = load_kernel_module(expert_kernel(task.name))
         compiled_ref = None
         if args.compile:

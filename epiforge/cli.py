@@ -56,8 +56,12 @@ def cmd_tasks_list(args) -> int:
         table.add_column(col)
     one_b = sets["paper"][0].dims()
     for t in catalogue:
-        m, n, k = t.gemm_shape(one_b)
-        table.add_row(*(Text(x) for x in (t.id, t.name, t.title, f"{m} x {n} x {k}", ", ".join(t.launches))))
+        if t.gemm_count == 1:
+            m, n, k = t.gemm_shape(one_b)
+            gemm = f"{m} x {n} x {k}"
+        else:
+            gemm = f"{t.gemm_count} GEMMs, {t.flops(one_b) / 1e12:.1f} TFLOP in all"
+        table.add_row(*(Text(x) for x in (t.id, t.name, t.title, gemm, ", ".join(t.launches))))
     _console().print(table)
     return 1 if errors else 0
 
@@ -78,7 +82,11 @@ def cmd_tasks_show(args) -> int:
 
     say(f"{task.name} ({task.id}): {task.title}\n", "bold")
     say(task.description.strip() + "\n")
-    say(f"GEMM: D ({task.gemm.m} x {task.gemm.n}) = A ({task.gemm.m} x {task.gemm.k}) @ B; launches: {', '.join(task.launches)}")
+    for where, g in task.gemm_list:
+        a = f"{g.a} ({g.m} x {g.k})" if g.a_layout == "mk" else f"{g.a}^T ({g.a} is {g.k} x {g.m})"
+        b = f"{g.b}^T ({g.b} is {g.n} x {g.k})" if g.b_layout == "nk" else f"{g.b} ({g.k} x {g.n})"
+        say(f"{'GEMM' if where == 'gemm' else where}: D ({g.m} x {g.n}) = {a} @ {b}")
+    say(f"launches: {', '.join(task.launches)}")
     say(f"precisions: {', '.join(task.dtypes)} (judged in {task.dtypes[0]} unless --dtype names others; "
         "\"precision\" below is the run's)")
     for title, specs in (("inputs", task.inputs), ("outputs", task.outputs)):

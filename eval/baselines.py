@@ -54,14 +54,17 @@ REGISTRY = {b.name: b for b in (
 )}
 
 
-def sol_configs(task, dims: dict) -> list:
-    """The fastest known identity-GEMM configs for this task's GEMM (shape and B layout)."""
+def sol_configs(task, dims: dict, which: int = 0) -> list:
+    """The fastest known identity-GEMM configs for the task's GEMM number `which` (its
+    shape and operand layouts), from eval/data/sol-configs.json."""
     from epiforge.primitives.config import GemmConfig
 
     if not SOL_TABLE.is_file():
         return []
-    m, n, k = task.gemm_shape(dims)
-    known = json.loads(SOL_TABLE.read_text()).get("configs", {}).get(f"{m}x{n}x{k}:{task.gemm.b_layout}", [])
+    m, n, k = task.gemm_shapes(dims)[which]
+    g = task.gemm_list[which][1]
+    key = f"{m}x{n}x{k}:{g.b_layout}" + (":km" if g.a_layout == "km" else "")
+    known = json.loads(SOL_TABLE.read_text()).get("configs", {}).get(key, [])
     return [GemmConfig.parse(c) for c in known]
 
 
@@ -69,12 +72,19 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list, 
                     built_s: dict | None = None) -> tuple[dict[str, Callable], dict[str, str]]:
     """The plain GEMMs that may be the speed of light, {name: fn(j)} for input set j, and
     {name: why} for those left out (a config or quack that does not run here: cuBLAS stays).
-    built_s, if given, gets {name: seconds} of each one's first call (its build or load)."""
+    operand_sets[j] is Task.gemm_operand_sets of input set j: one (A, B) per fused GEMM.
+    A task of one GEMM: cuBLAS, and quack's identity GEMM at the kernel's configs and the
+    shape's fastest known ones. A task of several: each candidate runs all its GEMMs, one
+    after another: cuBLAS for each, or quack's identity GEMM for each at that GEMM's fastest
+    known config (else quack's default). built_s, if given, gets {name: seconds} of each
+    one's first call (its build or load)."""
     import time
 
     import torch
 
-    fns = {"cublas": lambda j: torch.mm(operand_sets[j][0], operand_sets[j][1].T)}
+    if task.gemm_count > 1:
+        return _sequence_candidates(task, dims, operand_sets, device, built_s)
+    fns = {"cublas": lambda j: torch.mm(operand_sets[j][0][0], operand_sets[j][0][1].T)}
     skipped = {}
     seen = set()
     for cfg in [*kernel_configs, *sol_configs(task, dims)]:
@@ -82,7 +92,7 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list, 
         if cfg is None or cfg.key() in seen:
             continue
         seen.add(cfg.key())
-        fn = (lambda j, _c=cfg: identity_gemm(operand_sets[j][0], operand_sets[j][1], config=_c))
+        fn = (lambda j, _c=cfg: identity_gemm(operand_sets[j][0][0], operand_sets[j][0][1], config=_c))
         name = f"quack_gemm@{cfg.key()}"
         t0 = time.perf_counter()
         try:
@@ -96,6 +106,36 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list, 
             if built_s is not None:
                 built_s[name] = round(time.perf_counter() - t0, 3)
         fns[name] = fn
+    return fns, skipped
+
+
+#: the candidate of a task of several GEMMs that runs each at its fastest known config
+QUACK_SEQUENCE = "quack_gemm@fastest_known"
+
+
+def _sequence_candidates(task, dims, operand_sets, device, built_s):
+    import time
+
+    import torch
+
+    from epiforge.primitives.config import DEFAULT_CONFIG
+
+    configs = [next(iter(sol_configs(task, dims, i)), DEFAULT_CONFIG).for_plain_gemm()
+               for i in range(task.gemm_count)]
+    fns = {"cublas": lambda j: [torch.mm(a, b.T) for a, b in operand_sets[j]],
+           QUACK_SEQUENCE: lambda j: [identity_gemm(a, b, config=c) for (a, b), c in zip(operand_sets[j], configs)]}
+    skipped = {}
+    t0 = time.perf_counter()
+    try:
+        fns[QUACK_SEQUENCE](0)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # quack does not run here: cuBLAS stays
+        skipped[QUACK_SEQUENCE] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        del fns[QUACK_SEQUENCE]
+    finally:
+        if built_s is not None:
+            built_s[QUACK_SEQUENCE] = round(time.perf_counter() - t0, 3)
     return fns, skipped
 
 
@@ -164,7 +204,7 @@ def extra_baselines(names, task, dims: dict, input_sets: list, device: str,
                                  if expert_author(task.name).startswith("quack library")
                                  else "quack's library has no epilogue for this task")
                 continue
-            a, w = task.gemm_operands(input_sets[0])
+            a, w = task.gemm_operand_sets(input_sets[0], dims)[0]
             cfg = P.pick_config(found[2], a, w)
             fn, note = (lambda j, _f=found[0], _c=cfg: _f(input_sets[j], _c)), found[1]
         try:

@@ -171,7 +171,7 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
                                      f"timed call {i + 1} returned outputs that do not fit the task")
         return us, wall
 
-    ab = [task.gemm_operands(x) for x in private]
+    ab = [task.gemm_operand_sets(x, dims) for x in private]
     from epiforge.primitives.config import GemmConfig
 
     stage("baselines")
@@ -235,7 +235,8 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     sol = fastest({n: timings[n] for n in plain}, timings["cublas"])
     timings["gemm_only"] = timings[sol]
     notes = {"gemm_only": f"the speed of light: {sol}, the fastest of {', '.join(plain)}",
-             "cublas": "torch.mm of the task's GEMM in its shape and operand layouts",
+             "cublas": "torch.mm of the task's GEMM in its shape and operand layouts" if task.gemm_count == 1
+             else f"torch.mm of each of the task's {task.gemm_count} GEMMs, in their shapes and operand layouts",
              "eager": "the task's unfused PyTorch, eager",
              **extra_notes, **{n: f"left out: {why}" for n, why in {**skipped, **extra_skipped}.items()}}
     out = {}

@@ -154,7 +154,8 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
             except KernelFailure as f:
                 c.finish(Outcome(f.outcome), f.message)
         named = shape_sets()[request["shapes"]]
-        hidden = hidden_shapes(request["shapes"], request["seed"]) if request.get("hidden_shapes", True) else []
+        hidden = (hidden_shapes(request["shapes"], request["seed"], tokens_in_rows=task.tokens_in_rows)
+                  if request.get("hidden_shapes", True) else [])
         # every shape (named, then hidden) in each precision, in this order; a job's place is
         # its seed index, so the first precision's seeds are those of a one-precision run
         jobs = [(p, shape, j >= len(named)) for p in precisions for j, shape in enumerate([*named, *hidden])]

@@ -1,8 +1,9 @@
 """Launch provenance: which GPU kernels one run() launched, judged against the task.
 
-A task allows exactly one fused GEMM, which must be a CuTe-DSL kernel minted by quack's
-epilogue frontend, plus at most its named finishing steps (task.launches[1:]), each one
-kernel (the built-ins' are Triton kernels of primitives/finish_gpu.py). Everything must run on the stream the harness
+A task allows exactly its fused GEMMs (one, "gemm", or each of a task of several,
+"gemm:<name>"), each a CuTe-DSL kernel minted by quack's epilogue frontend, plus at most
+its named finishing steps (Task.finishing_steps), each one kernel (the built-ins' are
+Triton kernels of primitives/finish_gpu.py). Everything must run on the stream the harness
 times (a side stream escapes the CUDA events). Pure logic: the GPU stage collects the
 names and streams with the torch profiler (eval/gpu_stages.py); tests feed it lists.
 
@@ -65,13 +66,25 @@ def short(name: str, n: int = 60) -> str:
     return name if len(name) <= n else name[: n - 3] + "..."
 
 
+def allowance(allowed: list[str]) -> tuple[int, list[str]]:
+    """task.launches as (how many fused GEMMs, the finishing steps): "gemm" and each
+    "gemm:<name>" is one fused GEMM, every other entry one finishing step."""
+    gemms = [x for x in allowed if x == "gemm" or x.startswith("gemm:")]
+    if not gemms:
+        raise ValueError("allowed launches must name a fused GEMM ('gemm' or 'gemm:<name>')")
+    return len(gemms), [x for x in allowed if x not in gemms]
+
+
+def _exactly(n: int) -> str:
+    return "exactly one is allowed" if n == 1 else f"exactly {n} are allowed"
+
+
 def classify(launches: list[Launch], allowed: list[str], stream: int | None = None) -> LaunchVerdict:
-    """`launches`: the kernels of one run() in launch order; `allowed`: task.launches
-    ("gemm" first, then finishing-step names); `stream`: the timed stream's id, or None
-    to skip the stream check."""
-    if not allowed or allowed[0] != "gemm":
-        raise ValueError("allowed launches must start with 'gemm'")
-    budget = Counter(finisher_kernel(f) for f in allowed[1:])
+    """`launches`: the kernels of one run() in launch order; `allowed`: task.launches (the
+    fused GEMMs and finishing-step names); `stream`: the timed stream's id, or None to skip
+    the stream check."""
+    n_gemms, steps = allowance(allowed)
+    budget = Counter(finisher_kernel(f) for f in steps)
     gemm, finishers, extra = [], [], []
     for launch in launches:
         if is_fused_gemm(launch.name):
@@ -92,16 +105,16 @@ def classify(launches: list[Launch], allowed: list[str], stream: int | None = No
         what = (f"a cuBLAS kernel ({short(cublas[0])}): the GEMM must be the fused CuTe-DSL one" if cublas
                 else f"kernels outside the allowance {allowed}: {[short(n) for n in extra]}")
         return LaunchVerdict(False, f"{len(launches)} launches, {what}", gemm, finishers, extra)
-    if len(gemm) != 1:
+    if len(gemm) != n_gemms:
         what = "no fused CuTe-DSL GEMM" if not gemm else f"{len(gemm)} fused GEMMs"
-        return LaunchVerdict(False, f"{what} in one run() (exactly one is allowed): {names}", gemm, finishers, extra)
+        return LaunchVerdict(False, f"{what} in one run() ({_exactly(n_gemms)}): {names}", gemm, finishers, extra)
     return LaunchVerdict(True, f"{len(launches)} launch(es): {names}", gemm, finishers, extra)
 
 
 def classify_recorded(launched: list[str], allowed: list[str]) -> tuple[bool, str]:
     """The CPU's launch check: primitives/trace.py's record of one run() ("gemm:<epilogue>",
     "finish:<step>", "prepare:<helper>") against the task's allowance, as classify() judges
-    the GPU profiler's kernels: exactly one fused GEMM, the named finishing steps at most
+    the GPU profiler's kernels: exactly the task's fused GEMMs, the named finishing steps at most
     as often as listed, and no prepare helper (they run in prepare(), once per weights)."""
     gemms = [x.split(":", 1)[1] for x in launched if x.startswith("gemm:")]
     finishes = [x.split(":", 1)[1] for x in launched if x.startswith("finish:")]
@@ -109,7 +122,8 @@ def classify_recorded(launched: list[str], allowed: list[str]) -> tuple[bool, st
     if prepares:
         return False, (f"run() called P.prepare.{prepares[0]}: prepare helpers are launches of their own; "
                        "call them in prepare(), which runs once per set of weights")
-    budget = Counter(allowed[1:])
+    n_gemms, steps = allowance(allowed)
+    budget = Counter(steps)
     extra = []
     for f in finishes:
         if budget[f] > 0:
@@ -119,7 +133,7 @@ def classify_recorded(launched: list[str], allowed: list[str]) -> tuple[bool, st
     if extra:
         return False, (f"finishing steps outside the allowance {allowed}: {extra} (each is a launch; the task "
                        "names the ones it allows)")
-    if len(gemms) != 1:
+    if len(gemms) != n_gemms:
         what = "no fused GEMM" if not gemms else f"{len(gemms)} fused GEMMs ({', '.join(gemms[:4])})"
-        return False, f"{what} in one run() (exactly one is allowed)"
+        return False, f"{what} in one run() ({_exactly(n_gemms)})"
     return True, f"{len(launched)} launch(es): {launched}"

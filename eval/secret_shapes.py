@@ -25,9 +25,11 @@ RANGES = {
 HEAD_DIM = 128
 
 
-def hidden_shapes(set_name: str, seed: int, count: int = 2) -> list[ShapeSet]:
+def hidden_shapes(set_name: str, seed: int, count: int = 2, *, tokens_in_rows: bool = False) -> list[ShapeSet]:
     """`count` shapes drawn from the seed (reproducible with it, unpredictable without).
-    From the second on, d is a width no named shape of the set has."""
+    From the second on, d is a width no named shape of the set has. tokens_in_rows: some GEMM
+    of the task has M as its N or K (a weight gradient), which the GPU's TMA needs a multiple
+    of 8 (16-byte rows): M is then a multiple of 8, still of no tile (Task.tokens_in_rows)."""
     from epiforge.tasks import shape_sets
 
     named = {s.d for s in shape_sets().get(set_name, [])}
@@ -39,7 +41,7 @@ def hidden_shapes(set_name: str, seed: int, count: int = 2) -> list[ShapeSet]:
         lo, hi = ranges["M"]
         batch = rng.choice((1, 2))
         seq = rng.randrange(lo // batch, hi // batch)
-        while (batch * seq) % 64 == 0:
+        while (batch * seq) % 64 == 0 or (tokens_in_rows and (batch * seq) % 8):
             seq += 1
         d_lo, d_hi = ranges["d"]
         widths = [HEAD_DIM * k for k in range(d_lo // HEAD_DIM, d_hi // HEAD_DIM + 1)]

@@ -1,7 +1,11 @@
-"""Finishing steps: tiny launches that fold an epilogue's per-tile partials into final values.
+"""Finishing steps: small launches beside the fused GEMMs, most of them folding an
+epilogue's per-tile partials into final values.
 
-They are the only launches besides the fused GEMM that a task may allow (by name, in its
-`launches` list). Each reads O(M x tiles) floats, a rounding error of the GEMM's traffic.
+They are the only launches besides the fused GEMMs that a task may allow (by name, in its
+`launches` list). A fold reads O(M x tiles) floats, a rounding error of the GEMM's traffic.
+One built-in step is not a fold: rope_backward, RoPE's backward on an incoming gradient
+(a whole M x N pass), which a task of several GEMMs needs before the QKV projection's
+backward GEMMs (no epilogue can do it: it acts on a GEMM's A operand).
 The steps form an open registry: a step is a name, what it computes, its torch function
 (the CPU, the emulator's world) and its GPU lowering (one kernel on CUDA tensors, whose
 name the GPU's launch check expects, eval/launches.py). The four below are built in; a task
@@ -23,14 +27,17 @@ from epiforge.primitives import trace
 
 @dataclass(frozen=True)
 class FinishingStep:
-    """One registered step: `cpu(partials, *args)` on CPU tensors, `gpu(partials, *args)` on
-    CUDA tensors launching exactly one kernel named `gpu_kernel`."""
+    """One registered step: `cpu(first, *args)` on CPU tensors, `gpu(first, *args)` on
+    CUDA tensors launching exactly one kernel named `gpu_kernel`. `first` is the kind of
+    its first argument: "partials" (a 2-D float32 tensor of per-tile partials, a fold) or
+    "tensor" (a 2-D row-major tensor of any floating dtype)."""
 
     name: str
     meaning: str
     cpu: Callable[..., Any]
     gpu: Callable[..., Any]
     gpu_kernel: str
+    first: str = "partials"
 
 
 #: every registered step by name
@@ -40,7 +47,7 @@ FINISHERS: dict[str, str] = {}
 
 
 def register(name: str, meaning: str, *, cpu: Callable[..., Any], gpu: Callable[..., Any],
-             gpu_kernel: str) -> Callable[..., Any]:
+             gpu_kernel: str, first: str = "partials") -> Callable[..., Any]:
     """Add a finishing step; returns the function kernels call (also `P.finish.<name>`).
     Registering the same name again with the same functions is a no-op (a module imported
     twice); another step under a taken name is a ValueError."""
@@ -48,7 +55,9 @@ def register(name: str, meaning: str, *, cpu: Callable[..., Any], gpu: Callable[
         raise ValueError(f"a finishing step's name must be a plain identifier, got {name!r}")
     if not (callable(cpu) and callable(gpu) and isinstance(gpu_kernel, str) and gpu_kernel):
         raise ValueError(f"finishing step {name!r}: cpu and gpu must be functions and gpu_kernel a kernel name")
-    step = FinishingStep(name, meaning, cpu, gpu, gpu_kernel)
+    if first not in ("partials", "tensor"):
+        raise ValueError(f"finishing step {name!r}: first must be 'partials' or 'tensor', got {first!r}")
+    step = FinishingStep(name, meaning, cpu, gpu, gpu_kernel, first)
     old = STEPS.get(name)
     if old is not None and (old.cpu.__qualname__, old.gpu.__qualname__, old.gpu_kernel) != (
             cpu.__qualname__, gpu.__qualname__, gpu_kernel):
@@ -62,8 +71,12 @@ def register(name: str, meaning: str, *, cpu: Callable[..., Any], gpu: Callable[
 def _run(name: str, partials, *args, **kw):
     step = STEPS[name]
     trace.record("finish", name)
-    if not (isinstance(partials, torch.Tensor) and partials.ndim == 2 and partials.dtype == torch.float32):
+    if step.first == "partials" and not (isinstance(partials, torch.Tensor) and partials.ndim == 2
+                                         and partials.dtype == torch.float32):
         raise ValueError(f"{name}: expected a 2-D float32 partials tensor")
+    if step.first == "tensor" and not (isinstance(partials, torch.Tensor) and partials.ndim == 2
+                                       and partials.is_floating_point() and partials.stride(-1) == 1):
+        raise ValueError(f"{name}: expected a 2-D floating tensor with contiguous rows")
     return (step.gpu if partials.is_cuda else step.cpu)(partials, *args, **kw)
 
 
@@ -105,6 +118,19 @@ def _cross_entropy_cpu(partials, target_logit):
     return lse - target_logit, lse
 
 
+def _rope_backward_cpu(dqkv, qkv, positions, inv_freq, rotary_cols, direction):
+    m = dqkv.shape[0]
+    half = inv_freq.shape[0]
+    g = dqkv.float()
+    angle = (positions.float()[:, None] * inv_freq.float()[None, :]) * float(-direction)  # the inverse rotation
+    cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
+    pairs = g[:, :rotary_cols].reshape(m, rotary_cols // (2 * half), half, 2)
+    x, y = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).reshape(m, rotary_cols)
+    dz = torch.cat((rotated, g[:, rotary_cols:]), dim=1).to(dqkv.dtype)
+    return dz, (qkv.float() * g).sum(dim=-1)
+
+
 _rstd = register("rstd_from_sumsq", "rstd[m] = rsqrt(sum_t partials[m, t] / n + eps)",
                  cpu=_rstd_cpu, gpu=_gpu("rstd_from_sumsq"), gpu_kernel="_row_fold")
 _row_sum = register("row_sum", "out[m] = sum_t partials[m, t]", cpu=_row_sum_cpu, gpu=_gpu("row_sum"),
@@ -114,6 +140,14 @@ _col_sum = register("col_sum", "out[n] = sum_t partials[t, n]", cpu=_col_sum_cpu
 _cross_entropy = register("cross_entropy",
                           "lse[m] = logsumexp_t partials[m, t]; loss[m] = lse[m] - target_logit[m]",
                           cpu=_cross_entropy_cpu, gpu=_gpu("cross_entropy"), gpu_kernel="_row_fold")
+
+_rope_backward = register(
+    "rope_backward",
+    "RoPE's backward and the ZdZ of the norm before it, from the gradient at the rotated projection: "
+    "dz = dqkv with its first rotary_cols columns' adjacent pairs (2j, 2j+1) of each head rotated back by "
+    "-direction * positions[m] * inv_freq[j] (the rest as they are), in dqkv's dtype; zdz[m] = sum_n qkv[m, n] * "
+    "dqkv[m, n] in float32 (the rotation is orthogonal, so it is the sum over the projection before RoPE)",
+    cpu=_rope_backward_cpu, gpu=_gpu("rope_backward"), gpu_kernel="_rope_bwd", first="tensor")
 
 
 #: the steps primitives itself provides (the docs' table; a task's own come on top)
@@ -133,6 +167,22 @@ def row_sum(partials: torch.Tensor) -> torch.Tensor:
 def col_sum(partials: torch.Tensor) -> torch.Tensor:
     """Fold ColReduce partials: (T, N) -> (N,) float32."""
     return _col_sum(partials)
+
+
+def rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                  rotary_cols: int, direction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's backward at the projection before it, and that projection's ZdZ: (M, N) dqkv
+    (the gradient at the rotated output) and qkv (the rotated output itself, as stored) ->
+    (dz: (M, N), dqkv's dtype, the first rotary_cols columns rotated back, pairs (2j, 2j+1)
+    adjacent within each head of 2 * len(inv_freq) columns; zdz: (M,) float32, sum_n qkv *
+    dqkv). `direction` is the forward rotation's sign (+1 Hugging Face, -1 CODA v0.1)."""
+    head = 2 * inv_freq.shape[0] if isinstance(inv_freq, torch.Tensor) and inv_freq.ndim == 1 else 0
+    if not (isinstance(qkv, torch.Tensor) and isinstance(dqkv, torch.Tensor) and qkv.shape == dqkv.shape
+            and qkv.stride(-1) == 1 and dqkv.shape[-1] % 2 == 0 and head and 0 <= rotary_cols <= dqkv.shape[-1]
+            and rotary_cols % head == 0 and direction in (1, -1)):
+        raise ValueError("rope_backward: dqkv and qkv must be (M, N) with contiguous rows and N even, rotary_cols "
+                         "whole heads of 2 * len(inv_freq) columns within N, direction +1 or -1")
+    return _rope_backward(dqkv, qkv, positions, inv_freq, rotary_cols, direction)
 
 
 def cross_entropy(lse_partials: torch.Tensor, target_logit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,3 +71,43 @@ def col_sum(partials: torch.Tensor) -> torch.Tensor:
     out = torch.empty(n, dtype=torch.float32, device=partials.device)
     _col_fold[(triton.cdiv(n, 256),)](partials, out, t, n, partials.stride(0), BLOCK_N=256)
     return out
+
+
+@triton.jit
+def _rope_bwd(G, Q, POS, INV, DZ, ZDZ, N, R, HALF, stride_g, stride_q, stride_dz, sign, BLOCK: tl.constexpr):
+    """One row: its column pairs rotated back (the first R columns), ZdZ summed over all."""
+    row = tl.program_id(0).to(tl.int64)
+    pos = tl.load(POS + row)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, N // 2, BLOCK):
+        p = start + tl.arange(0, BLOCK)
+        c0 = 2 * p
+        mask = p < N // 2
+        x = tl.load(G + row * stride_g + c0, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(G + row * stride_g + c0 + 1, mask=mask, other=0.0).to(tl.float32)
+        f = tl.load(INV + p % HALF, mask=mask, other=0.0)
+        angle = (pos * f) * sign
+        # tl.cos / tl.sin are the precise libdevice functions on NVIDIA GPUs (the fast ones are
+        # opt-in, libdevice.fast_cosf: intel/intel-xpu-backend-for-triton#7063 compares them),
+        # so large angles (positions * inv_freq reach thousands) keep their accuracy
+        cos = tl.cos(angle)
+        sin = tl.sin(angle)
+        rot = c0 < R
+        out_x = tl.where(rot, x * cos - y * sin, x)
+        out_y = tl.where(rot, x * sin + y * cos, y)
+        tl.store(DZ + row * stride_dz + c0, out_x.to(DZ.dtype.element_ty), mask=mask)
+        tl.store(DZ + row * stride_dz + c0 + 1, out_y.to(DZ.dtype.element_ty), mask=mask)
+        qx = tl.load(Q + row * stride_q + c0, mask=mask, other=0.0).to(tl.float32)
+        qy = tl.load(Q + row * stride_q + c0 + 1, mask=mask, other=0.0).to(tl.float32)
+        acc += qx * x + qy * y
+    tl.store(ZDZ + row, tl.sum(acc, axis=0))
+
+
+def rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                  rotary_cols: int, direction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = dqkv.shape
+    dz = torch.empty_like(dqkv, memory_format=torch.contiguous_format)
+    zdz = torch.empty(m, dtype=torch.float32, device=dqkv.device)
+    _rope_bwd[(m,)](dqkv, qkv, positions, inv_freq, dz, zdz, n, rotary_cols, inv_freq.shape[0], dqkv.stride(0),
+                    qkv.stride(0), dz.stride(0), float(-direction), BLOCK=512)
+    return dz, zdz

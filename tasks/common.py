@@ -76,6 +76,37 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()  # the CPU has no mm with out_dtype; bf16 and fp16 products are exact in float32
 
 
+def stored_as(dtype: torch.dtype):
+    """The `store` a task of several GEMMs hands its reference in the low-precision run: a
+    tensor a fused pipeline writes to memory between its kernels (an activation, a gradient)
+    is rounded once to `dtype` and read back, in the working precision (float32), the value
+    the next kernel reads. The exact reference stores nothing (`keep`); the plain PyTorch
+    pipeline holds each in the inputs' dtype (`held_in`)."""
+
+    def store(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype).to(t.dtype) if t.is_floating_point() and t.dtype.itemsize > dtype.itemsize else t
+
+    return store
+
+
+def keep(t: torch.Tensor) -> torch.Tensor:
+    """`store` of the exact reference: the value as computed."""
+    return t
+
+
+def held_in(dtype: torch.dtype):
+    """`store` of the plain PyTorch pipeline (Task.unfused, the eager and torch.compile
+    baselines): each stored tensor held in `dtype`, the inputs' precision, as a plain model
+    holds its activations, so that the next GEMM runs in it too."""
+    return lambda t: t.to(dtype) if t.is_floating_point() else t
+
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """t in float32, or float64 if it is (a reduction as plain PyTorch code writes it: HF's
+    RMSNorm upcasts before it squares; the exact reference stays float64)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def swiglu_interleaved(z: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for z = [g0, u0, g1, u1, ...] along the last axis."""
     g, u = z[..., 0::2], z[..., 1::2]

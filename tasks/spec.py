@@ -12,6 +12,7 @@ Defined once, here: TensorSpec, ScalarSpec, Tolerance, GemmDims, Task, ShapeSet.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -142,16 +143,20 @@ class OutputSpec(TensorSpec):
 
 
 class GemmDims(_Strict):
-    """The fused GEMM: D (m x n) = A (m x k) @ B (k x n), with A and B named inputs.
+    """A fused GEMM: D (m x n) = A (m x k) @ B (k x n). In a one-GEMM task ([gemm]) A and B
+    are named inputs; in a task of several ([gemms.<name>]) either may be a tensor the task
+    makes on the way (a stored intermediate), named for the reader.
     b_layout "nk": B is given as (n, k), nn.Linear's layout (D = A @ B^T); "kn": as (k, n)
-    (a dgrad GEMM reading a forward weight: D = A @ B)."""
+    (a dgrad GEMM reading a forward weight: D = A @ B). a_layout "mk": A is given as (m, k);
+    "km": as (k, m) (a weight-gradient GEMM reading activations: D = X^T @ Y)."""
 
     m: str
     n: str
     k: str
-    a: str = Field(description="the input that is the GEMM's A (m x k)")
-    b: str = Field(description="the input that is the GEMM's B")
+    a: str = Field(description="the tensor that is the GEMM's A")
+    b: str = Field(description="the tensor that is the GEMM's B")
     b_layout: Literal["nk", "kn"] = "nk"
+    a_layout: Literal["mk", "km"] = "mk"
 
     @field_validator("m", "n", "k")
     @classmethod
@@ -189,11 +194,14 @@ class Task(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="the folder's name: the id, or the id + '_' + words")
     title: str
     description: str
-    gemm: GemmDims
+    gemm: GemmDims | None = Field(None, description="the one fused GEMM (a task of several names them in gemms)")
+    gemms: dict[str, GemmDims] = Field({}, description="a task of several fused GEMMs: each by name, in the order "
+                                                       "the computation needs them (launches names each once)")
     inputs: list[TensorSpec] = Field(min_length=1)
     scalars: list[ScalarSpec] = []
     outputs: list[OutputSpec] = Field(min_length=1)
-    launches: list[str] = Field(min_length=1, description="the fused GEMM plus named finishing steps")
+    launches: list[str] = Field(min_length=1, description="the fused GEMMs ('gemm', or 'gemm:<name>' for each of "
+                                                          "gemms) and the named finishing steps, in order")
     reference_dtype: Literal["float64", "float32"] = "float64"
     dtypes: list[Precision] = Field(["bfloat16"], min_length=1,
                                     description="the precisions the task runs in, the first its default")
@@ -233,9 +241,11 @@ class Task(_Strict):
             raise ValueError(f"dtypes: {self.dtypes} lists a precision twice")
         if len(self.dtypes) > 1 and not self.follows_precision:
             raise ValueError(f'dtypes: {self.dtypes} lists several precisions but no tensor has dtype = "precision"')
-        a, b = (next((t for t in self.inputs if t.name == getattr(self.gemm, r)), None) for r in ("a", "b"))
-        if a is not None and b is not None and (a.dtype, a.follows_precision) != (b.dtype, b.follows_precision):
-            raise ValueError(f"gemm: a ({a.name}) and b ({b.name}) must have one dtype: both \"precision\" or both the same")
+        for where, g in self.gemm_list:
+            a, b = (next((t for t in self.inputs if t.name == getattr(g, r)), None) for r in ("a", "b"))
+            if a is not None and b is not None and (a.dtype, a.follows_precision) != (b.dtype, b.follows_precision):
+                raise ValueError(f"{where}: a ({a.name}) and b ({b.name}) must have one dtype: both \"precision\" "
+                                 "or both the same")
         return self
 
     @property
@@ -256,15 +266,33 @@ class Task(_Strict):
         return self.model_copy(update={"precision": precision, "inputs": resolve(self.inputs),
                                        "outputs": resolve(self.outputs)})
 
-    @field_validator("launches")
-    @classmethod
-    def _known_launches(cls, launches):
-        if launches[0] != "gemm" or launches.count("gemm") != 1:
-            raise ValueError("the first launch must be the one fused 'gemm'")
-        unknown = set(launches[1:]) - set(FINISHERS)
+    @model_validator(mode="after")
+    def _one_gemm_or_several(self):
+        if (self.gemm is None) == (not self.gemms):
+            raise ValueError("give the one fused GEMM as [gemm], or several as [gemms.<name>], not both or neither")
+        if self.gemms and len(self.gemms) < 2:
+            raise ValueError("gemms: a task of one GEMM gives it as [gemm]")
+        for name in self.gemms:
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                raise ValueError(f"gemms: {name!r} must be lowercase letters, digits and _")
+        return self
+
+    @model_validator(mode="after")
+    def _known_launches(self):
+        launches = self.launches
+        steps = [x for x in launches if x != "gemm" and not x.startswith("gemm:")]
+        if self.gemm is not None:
+            if launches[0] != "gemm" or launches.count("gemm") != 1 or any(x.startswith("gemm:") for x in launches):
+                raise ValueError("launches: the first launch must be the one fused 'gemm'")
+        else:
+            named = [x.split(":", 1)[1] for x in launches if x.startswith("gemm:")]
+            if "gemm" in launches or sorted(named) != sorted(self.gemms):
+                raise ValueError(f"launches: name each of gemms once, as 'gemm:<name>' ({', '.join(self.gemms)}); "
+                                 f"got {named}")
+        unknown = set(steps) - set(FINISHERS)
         if unknown:
-            raise ValueError(f"unknown finishing step(s) {sorted(unknown)}; known: {sorted(FINISHERS)}")
-        return launches
+            raise ValueError(f"launches: unknown finishing step(s) {sorted(unknown)}; known: {sorted(FINISHERS)}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -278,9 +306,44 @@ class Task(_Strict):
     def _gemm_operands_are_inputs(self):
         names = {t.name for t in self.inputs}
         for role in ("a", "b"):
-            if getattr(self.gemm, role) not in names:
+            if self.gemm is not None and getattr(self.gemm, role) not in names:
                 raise ValueError(f"gemm.{role} = {getattr(self.gemm, role)!r} is not an input")
+        if self.gemm is not None and self.gemm.a_layout != "mk":
+            raise ValueError("gemm.a_layout: a one-GEMM task reads A as (m, k)")
         return self
+
+    # ---- the fused GEMMs ----------------------------------------------------------------
+
+    @property
+    def gemm_list(self) -> list[tuple[str, GemmDims]]:
+        """Every fused GEMM as (where it is declared, its dims): [("gemm", ...)] for a task of
+        one, [("gemms.<name>", ...), ...] for a task of several, in their declared order."""
+        if self.gemm is not None:
+            return [("gemm", self.gemm)]
+        return [(f"gemms.{name}", g) for name, g in self.gemms.items()]
+
+    @property
+    def gemm_count(self) -> int:
+        """How many fused GEMMs one run() launches (the launch check's allowance)."""
+        return len(self.gemm_list)
+
+    @property
+    def tokens_in_rows(self) -> bool:
+        """Some GEMM has M (the tokens) as its N or K: a weight gradient, reading activations
+        transposed. M must then be a multiple of 8 (hidden shapes draw it so)."""
+        return any("M" in dimexpr.symbols(e) for _, g in self.gemm_list for e in (g.n, g.k))
+
+    @property
+    def finishing_steps(self) -> list[str]:
+        """The finishing steps `launches` allows, in order (repeats kept: each is one launch)."""
+        return [x for x in self.launches if x != "gemm" and not x.startswith("gemm:")]
+
+    @property
+    def gemm_operand_inputs(self) -> set[str]:
+        """The inputs some GEMM reads as A or B (the low-precision reference keeps them in
+        their dtype: the GEMM reads them as given)."""
+        names = {t.name for t in self.inputs}
+        return {getattr(g, r) for _, g in self.gemm_list for r in ("a", "b")} & names
 
     @model_validator(mode="after")
     def _unique_names(self):
@@ -362,10 +425,11 @@ class Task(_Strict):
         if exact:
             rdt = getattr(torch, self.reference_dtype)
             inputs = {k: v.to(rdt) if _floating(v) else v for k, v in inputs.items()}
-            return self._run_reference(inputs, dims, mm=common.mm)
-        operands = {self.gemm.a, self.gemm.b}
+            return self._run_reference(inputs, dims, mm=common.mm, **({"store": common.keep} if self.gemms else {}))
+        operands = self.gemm_operand_inputs
         inputs = {k: v.float() if _floating(v) and k not in operands else v for k, v in inputs.items()}
-        out = self._run_reference(inputs, dims, mm=mm or common.mm)
+        kw = {"store": common.stored_as(DTYPES[self.precision])} if self.gemms else {}
+        out = self._run_reference(inputs, dims, mm=mm or common.mm, **kw)
         return {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
 
     def _check_io(self, values: dict, specs, dims, where) -> None:
@@ -378,18 +442,55 @@ class Task(_Strict):
 
     # ---- roofline numbers -------------------------------------------------------------
 
+    def _one_gemm(self, what: str) -> GemmDims:
+        if self.gemm is None:
+            raise TaskError(f"{self.name} runs {self.gemm_count} GEMMs: {what} takes a task of one "
+                            "(gemm_shapes and gemm_operand_sets take any)")
+        return self.gemm
+
     def gemm_shape(self, dims: dict[str, int]) -> tuple[int, int, int]:
-        return tuple(dimexpr.evaluate(e, dims) for e in (self.gemm.m, self.gemm.n, self.gemm.k))
+        """(m, n, k) of a one-GEMM task's GEMM."""
+        g = self._one_gemm("gemm_shape")
+        return tuple(dimexpr.evaluate(e, dims) for e in (g.m, g.n, g.k))
+
+    def gemm_shapes(self, dims: dict[str, int]) -> list[tuple[int, int, int]]:
+        """(m, n, k) of every fused GEMM, in gemm_list's order."""
+        return [tuple(dimexpr.evaluate(e, dims) for e in (g.m, g.n, g.k)) for _, g in self.gemm_list]
 
     def gemm_operands(self, inputs: dict):
-        """(A, B) with B as (n, k): the GEMM-only baseline's operands, in the task's layouts."""
-        b = inputs[self.gemm.b]
-        return inputs[self.gemm.a], (b if self.gemm.b_layout == "nk" else b.T)
+        """(A, B) with B as (n, k): a one-GEMM task's GEMM-only baseline operands, in its layouts."""
+        g = self._one_gemm("gemm_operands")
+        b = inputs[g.b]
+        return inputs[g.a], (b if g.b_layout == "nk" else b.T)
+
+    def gemm_operand_sets(self, inputs: dict, dims: dict[str, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(A as (m, k), B as (n, k)) for every fused GEMM, views in the task's layouts: the
+        GEMM-only baseline's operands. An operand that is no input (an intermediate the task
+        makes on the way) is made here, N(0, 1) in the precision and in its layout, from a
+        generator seeded by its name and shape, so that the plain GEMMs read what they
+        would (the timing of a GEMM does not depend on the values beyond their scale)."""
+        out = []
+        for where, g in self.gemm_list:
+            m, n, k = (dimexpr.evaluate(e, dims) for e in (g.m, g.n, g.k))
+            pair = []
+            for role, layout in (("a", g.a_layout), ("b", g.b_layout)):
+                name = getattr(g, role)
+                given = (m, k) if role == "a" else (n, k)
+                stored = given if layout in ("mk", "nk") else given[::-1]
+                t = inputs.get(name)
+                if not isinstance(t, torch.Tensor):
+                    device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
+                    seed = int.from_bytes(hashlib.sha256(f"{where}:{role}:{stored}".encode()).digest()[:8], "little")
+                    gen = torch.Generator(device=device).manual_seed(seed)
+                    t = common.normal(stored, gen, device, dtype=DTYPES[self.precision])
+                pair.append(t if layout in ("mk", "nk") else t.T)
+            out.append((pair[0], pair[1]))
+        return out
 
     def flops(self, dims: dict[str, int]) -> int:
-        """2*m*n*k of the fused GEMM (the epilogue's few flops per element are not counted)."""
-        m, n, k = self.gemm_shape(dims)
-        return 2 * m * n * k
+        """2*m*n*k summed over the fused GEMMs (the epilogues' few flops per element are not
+        counted)."""
+        return sum(2 * m * n * k for m, n, k in self.gemm_shapes(dims))
 
     def min_bytes(self, dims: dict[str, int]) -> int:
         """Each input read once and each output written once."""
@@ -405,7 +506,9 @@ class Task(_Strict):
         """What `epiforge tasks list --json` prints for this task."""
         shapes = {
             set_name: [
-                {"name": s.name, "dims": s.dims(), "gemm_mnk": self.gemm_shape(s.dims()),
+                {"name": s.name, "dims": s.dims(),
+                 "gemm_mnk": self.gemm_shape(s.dims()) if self.gemm is not None else None,
+                 "gemms_mnk": self.gemm_shapes(s.dims()),
                  "flops": self.flops(s.dims()), "bytes": self.min_bytes(s.dims())}
                 for s in sets
             ]
@@ -416,7 +519,8 @@ class Task(_Strict):
             "name": self.name,
             "title": self.title,
             "description": self.description,
-            "gemm": self.gemm.model_dump(),
+            "gemm": self.gemm.model_dump() if self.gemm is not None else None,
+            "gemms": {where: g.model_dump() for where, g in self.gemm_list},
             "inputs": [t.model_dump() for t in self.inputs],
             "scalars": [s.model_dump() for s in self.scalars],
             "outputs": [o.model_dump() for o in self.outputs],
@@ -490,7 +594,10 @@ def _import_finishing(folder: Path) -> None:
 
 def _check_sizes(task: Task, path: Path) -> None:
     """Every dimension expression is a positive size at every shape of tasks/shapes.toml."""
-    fields = [(f"gemm.{r}", getattr(task.gemm, r)) for r in ("m", "n", "k")]
+    fields = [(f"{where}.{r}", getattr(g, r)) for where, g in task.gemm_list for r in ("m", "n", "k")]
+    # the GPU's TMA moves 16-byte rows: a GEMM's N and K are multiples of 8 (a task of several
+    # GEMMs reads some activations transposed, where K is a token count)
+    rows8 = {f"{where}.{r}" for where, g in task.gemm_list for r in ("n", "k")} if task.gemms else set()
     for group in ("inputs", "outputs"):
         fields += [(f"{group}.{i}.shape", e) for i, t in enumerate(getattr(task, group)) for e in t.shape]
     for rows in load_shape_sets().values():
@@ -502,6 +609,9 @@ def _check_sizes(task: Task, path: Path) -> None:
                     size = None
                 if size is None or size <= 0:
                     raise TaskError(f"{path}: {where}: {expr!r} is {size} at shape {row.name}, not a positive size")
+                if where in rows8 and size % 8:
+                    raise TaskError(f"{path}: {where}: {expr!r} is {size} at shape {row.name}, not a multiple of 8 "
+                                    "(the GPU's TMA moves 16-byte rows)")
 
 
 def load_shape_sets(path: Path = TASKS_DIR / "shapes.toml") -> dict[str, list[ShapeSet]]:

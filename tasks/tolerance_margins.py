@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     for task, shape in todo:
         module = modules.setdefault(task.name, load_expert(task))
         for seed in seeds:
-            case = {"task": task.id, "shape": shape.name, "seed": seed, "gemm_mnk": list(task.gemm_shape(shape.dims()))}
+            case = {"task": task.id, "shape": shape.name, "seed": seed, "gemm_mnk": list(task.gemm_shapes(shape.dims())[0]),
+                    "gemms_mnk": [list(x) for x in task.gemm_shapes(shape.dims())]}
             t0 = time.monotonic()
             try:
                 case["outputs"] = check_case(task, module, shape.dims(), seed, args.device)

@@ -172,3 +172,46 @@ def test_the_builtin_gpu_lowerings_compute_what_the_cpu_steps_do():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0 and "agree" in out.stdout, out.stderr[-2000:]
+
+
+def test_rope_backward_undoes_the_rotation_and_sums_zdz():
+    """rope_backward (the one built-in step that is no fold): on the CPU and as its Triton
+    kernel under the interpreter, dz rotated forward again is dqkv (to bf16 rounding), zdz is
+    the sum over the projection before RoPE (the rotation is orthogonal), the columns past
+    rotary_cols pass through, in both directions; bad arguments are one ValueError."""
+    import os
+    import subprocess
+    import sys
+
+    code = textwrap.dedent('''
+        import torch
+        from epiforge.primitives import finish, finish_gpu
+        from epiforge.tasks import common
+        g = torch.Generator().manual_seed(0)
+        m, d, hd = 37, 256, 128
+        z = torch.randn(m, 3 * d, generator=g, dtype=torch.float64)  # the projection before RoPE
+        dqkv = torch.randn(m, 3 * d, generator=g).to(torch.bfloat16)
+        pos = (torch.arange(m) % 20 * 397).float()  # angles up to ~7500 rad
+        inv = common.rope_inv_freq(hd, "cpu")
+        for direction in (1, -1):
+            qkv = common.rope_interleaved(z, pos.double(), inv.double(), 2 * d, direction=direction).to(torch.bfloat16)
+            for side in (finish.STEPS["rope_backward"].cpu, finish_gpu.rope_backward):
+                dz, zdz = side(dqkv, qkv, pos, inv, 2 * d, direction)
+                assert dz.dtype == torch.bfloat16 and dz.shape == dqkv.shape and zdz.dtype == torch.float32
+                back = common.rope_interleaved(dz.double(), pos.double(), inv.double(), 2 * d, direction=direction)
+                err = (back - dqkv.double()).abs().max()
+                assert err < 2 ** -7 * dqkv.double().abs().max(), err  # within a bf16 ulp of the largest value
+                assert torch.equal(dz[:, 2 * d:], dqkv[:, 2 * d:])
+                exact = (qkv.double() * dqkv.double()).sum(-1)
+                assert (zdz.double() - exact).abs().max() < 1e-4 * exact.abs().max()
+        print("agree")
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0 and "agree" in out.stdout, out.stderr[-2000:]
+    dqkv = torch.zeros(4, 24, dtype=torch.bfloat16)
+    inv = torch.ones(4)
+    for bad in [dict(qkv=torch.zeros(4, 26)), dict(rotary_cols=12), dict(direction=2)]:
+        kw = {"qkv": torch.zeros(4, 24), "rotary_cols": 16, "direction": 1, **bad}
+        with pytest.raises(ValueError, match="rope_backward"):
+            P.finish.rope_backward(dqkv, kw["qkv"], torch.zeros(4), inv, kw["rotary_cols"], kw["direction"])

@@ -20,6 +20,11 @@ from epiforge.tasks.tolerance import check_output
 CATALOGUE = tasks.load_catalogue()[0]
 #: every task in every precision it lists (Task.at), bf16 under the task's id
 PRECISE = [pytest.param(t.at(p), id=t.id if p == "bfloat16" else f"{t.id}-{p}") for t in CATALOGUE for p in t.dtypes]
+#: the tasks of one GEMM, whose low-precision reference rounds each output once. A task of
+#: several GEMMs stores bf16 intermediates by design (Task.reference's `store`), so a rounding
+#: of one of them flips later values: tests/test_layer_task.py checks its stores instead,
+#: against the expert kernel's
+ONE_GEMM = [p for p in PRECISE if p.values[0].gemm_count == 1]
 SMOKE = tasks.shape_sets()["smoke"]
 MID = ShapeSet(name="mid", M=2048, seq=1024, d=1024, F=2816, V=8192, head_dim=128)
 
@@ -52,7 +57,7 @@ def rounding_problems(task, exact: dict, lowprec: dict) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("task", PRECISE)
+@pytest.mark.parametrize("task", ONE_GEMM)
 def test_lowprec_reference_rounds_each_output_once(task):
     for shape in SMOKE:
         dims = shape.dims()
@@ -64,7 +69,7 @@ def test_lowprec_reference_rounds_each_output_once(task):
             assert lowprec[o.name].dtype == o.torch_dtype
 
 
-@pytest.mark.parametrize("task", PRECISE)
+@pytest.mark.parametrize("task", ONE_GEMM)
 def test_a_reference_that_rounds_its_gemm_is_caught(task, monkeypatch):
     """The check above has teeth: with the GEMM's result rounded to the operands' 16-bit
     dtype (what `@` on them does), some output of every task is off by more than one rounding."""
