@@ -191,6 +191,20 @@ def test_a_kernel_that_rotates_back_the_wrong_way_fails(tmp_path):
     assert checks["y"] and checks["qkv"] and not checks["dw_qkv"]
 
 
+def test_a_weight_gradient_left_to_torch_is_caught(tmp_path):
+    """One weight gradient as torch.matmul instead of a fused GEMM: the static rules reject
+    it; behind them (rules off) the CPU's launch check sees 11 fused GEMMs and a torch
+    matmul in run(): EXTRA_LAUNCHES."""
+    cheat = EXPERT.read_text().replace('dw_o": plain(dx.T, attn.T)["D"]', 'dw_o": torch.matmul(dx.T, attn)').replace(
+        "import primitives as P\n", "import torch\n\nimport primitives as P\n")
+    assert cheat != EXPERT.read_text()
+    kernel = tmp_path / "layer_torch_wgrad.py"
+    kernel.write_text(cheat)
+    assert evaluate("layer", str(kernel), seed=2).outcome.value == "STATIC_REJECTED"
+    r = evaluate("layer", str(kernel), seed=2, static_checks=False)
+    assert r.outcome.value == "EXTRA_LAUNCHES", r.message
+
+
 def test_the_timed_stages_time_the_gemm_only_sequence(tmp_path):
     """The judge's timed phase driven on a CPU for the task of 12 GEMMs: the launch check
     counts 12, and the speed of light is the fastest whole sequence of plain GEMMs (cuBLAS for
