@@ -15,6 +15,7 @@
 #   bench/h200.sh judge-compare-all  # epiforge compare --all at the paper shapes, as one command, its wall time kept
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
 #   bench/h200.sh judge-noise    # bench, compare under each of NOISE_LEADS (LEAD or LEAD@REPS) for NOISE_ROUNDS rounds, bench, of the same tasks: compare's run-to-run noise beside bench's (noise.md)
+#   bench/h200.sh layer          # the layer task (12 GEMMs): its expert through the evaluator at smoke and paper (check-layer.json), then compare at the paper shapes (compare-layer.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
 # the final's tuned.tar here so that the rerun times the same TUNED tables.
@@ -145,6 +146,18 @@ case "${1:-}" in
     done
     grep -E "^\| |exit" "$OUT/compare.md" | head -60
     ;;
+  layer)
+    # issue 15 section 5: the task of 12 GEMMs on the GPU, first correctness and the launch
+    # check (the profiler must count 12 fused GEMMs, rope_backward's Triton kernel and the
+    # folds), then one interleaved compare run per paper shape beside the sequence of 12
+    # plain GEMMs, eager PyTorch and torch.compile
+    mkdir -p "$OUT"
+    $PY -m epiforge.bench.check_gpu --tasks layer --shapes smoke paper --out "$OUT/check-layer.json" | tail -20
+    timeout "${LAYER_TIMEOUT_S:-420}" $PY -m epiforge compare --task layer --shapes paper --device gpu \
+      --baselines torch_compile --store "$OUT/compare-layer.sqlite" > "$OUT/compare-layer.md" \
+      2> "$OUT/compare-layer.log" || echo "compare: exit $?"
+    grep -E "^\| |^Judged" "$OUT/compare-layer.md" | head -20 || true
+    ;;
   judge-compare-all)
     # issue 12's benchmark: the whole of `epiforge compare --all --shapes paper` with the
     # precompiled kernels, every default baseline, one judge for all the tasks; how long it
@@ -219,7 +232,7 @@ case "${1:-}" in
     echo "judge-noise: $(( $(date +%s) - start )) s"
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|layer" >&2
     exit 2
     ;;
 esac
