@@ -1,6 +1,6 @@
 """Correctness of the expert track on the GPU: every kernel at the smoke and paper shapes
 (and the hidden shape the evaluator adds to each set) under its task's tolerance, and its
-launches counted with the torch profiler (one fused CuTe-DSL GEMM plus the task's named
+launches counted with the torch profiler (the task's fused CuTe-DSL GEMMs plus its named
 finishing steps, nothing else): the evaluator itself (eval.evaluate with timing off), so
 this check is exactly the one every candidate gets.
 

@@ -122,8 +122,8 @@ def measure_row(task, module, shape, regimes: list[Regime], reps: int) -> ClockS
     sets = [task.make_inputs(dims, seed=100 + i, device="cuda") for i in range(2)]
     consts = {t.name: sets[0][t.name] for t in task.inputs if t.constant}
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
-    operands = [task.gemm_operands(s) for s in sets]
-    config = P.pick_config(getattr(module, "TUNED", {}), *operands[0])
+    operands = [task.gemm_operand_sets(s, dims) for s in sets]  # one (A, B) per set: a task of one GEMM
+    config = P.pick_config(getattr(module, "TUNED", {}), *operands[0][0])
     plain, _ = gemm_candidates(task, dims, operands, [config], "cuda")
     fns = {"fused": lambda j: module.run(sets[j], prepared, config=None), **plain}
     timed = []

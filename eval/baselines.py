@@ -75,9 +75,10 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list, 
     operand_sets[j] is Task.gemm_operand_sets of input set j: one (A, B) per fused GEMM.
     A task of one GEMM: cuBLAS, and quack's identity GEMM at the kernel's configs and the
     shape's fastest known ones. A task of several: each candidate runs all its GEMMs, one
-    after another: cuBLAS for each, or quack's identity GEMM for each at that GEMM's fastest
-    known config (else quack's default). built_s, if given, gets {name: seconds} of each
-    one's first call (its build or load)."""
+    after another: cuBLAS for each; quack's identity GEMM for each at that GEMM's fastest
+    known config (else quack's default); and, mixed, each GEMM by whichever of the two ran it
+    faster in a few calls timed here. built_s, if given, gets {name: seconds} of each one's
+    first call (its build or load)."""
     import time
 
     import torch
@@ -109,21 +110,29 @@ def gemm_candidates(task, dims: dict, operand_sets: list, kernel_configs: list, 
     return fns, skipped
 
 
-#: the candidate of a task of several GEMMs that runs each at its fastest known config
+#: the candidates of a task of several GEMMs beside "cublas": quack's identity GEMM for each
+#: GEMM at its fastest known config, and each GEMM by the faster of the two
 QUACK_SEQUENCE = "quack_gemm@fastest_known"
+MIXED_SEQUENCE = "gemm_mixed"
+#: calls per GEMM and library that pick the mixed sequence's library for each GEMM
+MIXED_PICK_CALLS = 3
 
 
 def _sequence_candidates(task, dims, operand_sets, device, built_s):
+    import statistics
     import time
 
     import torch
 
+    from epiforge.eval.timing import timed_call
     from epiforge.primitives.config import DEFAULT_CONFIG
 
     configs = [next(iter(sol_configs(task, dims, i)), DEFAULT_CONFIG).for_plain_gemm()
                for i in range(task.gemm_count)]
-    fns = {"cublas": lambda j: [torch.mm(a, b.T) for a, b in operand_sets[j]],
-           QUACK_SEQUENCE: lambda j: [identity_gemm(a, b, config=c) for (a, b), c in zip(operand_sets[j], configs)]}
+    one = {"cublas": lambda j, i: torch.mm(operand_sets[j][i][0], operand_sets[j][i][1].T),
+           "quack": lambda j, i: identity_gemm(*operand_sets[j][i], config=configs[i])}
+    fns = {"cublas": lambda j: [one["cublas"](j, i) for i in range(task.gemm_count)],
+           QUACK_SEQUENCE: lambda j: [one["quack"](j, i) for i in range(task.gemm_count)]}
     skipped = {}
     t0 = time.perf_counter()
     try:
@@ -132,10 +141,19 @@ def _sequence_candidates(task, dims, operand_sets, device, built_s):
             torch.cuda.synchronize()
     except Exception as e:  # quack does not run here: cuBLAS stays
         skipped[QUACK_SEQUENCE] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        skipped[MIXED_SEQUENCE] = "quack does not run here: the mixed sequence is cuBLAS's"
         del fns[QUACK_SEQUENCE]
+        return fns, skipped
     finally:
         if built_s is not None:
             built_s[QUACK_SEQUENCE] = round(time.perf_counter() - t0, 3)
+    clock = "cuda" if device == "cuda" else "wall"
+    picks = []
+    for i in range(task.gemm_count):
+        times = {lib: statistics.median(timed_call(lambda f=f: f(0, i), clock=clock) for _ in range(MIXED_PICK_CALLS))
+                 for lib, f in one.items()}
+        picks.append(min(times, key=times.get))
+    fns[MIXED_SEQUENCE] = lambda j: [one[lib](j, i) for i, lib in enumerate(picks)]
     return fns, skipped
 
 

@@ -171,7 +171,8 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
                                      f"timed call {i + 1} returned outputs that do not fit the task")
         return us, wall
 
-    ab = [task.gemm_operand_sets(x, dims) for x in private]
+    made = {}  # the operands that are no input, made once for every set
+    ab = [task.gemm_operand_sets(x, dims, made) for x in private]
     from epiforge.primitives.config import GemmConfig
 
     stage("baselines")

@@ -69,7 +69,9 @@ def short(name: str, n: int = 60) -> str:
 def allowance(allowed: list[str]) -> tuple[int, list[str]]:
     """task.launches as (how many fused GEMMs, the finishing steps): "gemm" and each
     "gemm:<name>" is one fused GEMM, every other entry one finishing step."""
-    gemms = [x for x in allowed if x == "gemm" or x.startswith("gemm:")]
+    from epiforge.tasks.spec import is_gemm_launch
+
+    gemms = [x for x in allowed if is_gemm_launch(x)]
     if not gemms:
         raise ValueError("allowed launches must name a fused GEMM ('gemm' or 'gemm:<name>')")
     return len(gemms), [x for x in allowed if x not in gemms]

@@ -12,7 +12,7 @@ and run() in the runner, and these checks, in this order:
   wrong dtype                                       INCORRECT_DTYPE
   NaN/Inf or outside the tolerance rule             INCORRECT_NUMERICS (worst element)
   CPU: torch compute outside primitives, or other
-  launches than one fused GEMM + the task's named
+  launches than the task's fused GEMMs + its named
   finishing steps (primitives/trace.py)             EXTRA_LAUNCHES  (after the values, as on the GPU)
 The values judged are the judge's own buffers, which the runner filled and which start
 as NaN. Each shape runs two trials: the reference computed before the kernel, then the
@@ -105,11 +105,25 @@ def mainloop_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     operands go to tasks.common.mm."""
     from epiforge.tasks import common
 
+    # a task of several GEMMs hands its stored intermediates as float32 tensors of 16-bit values
+    # (common.stored_as): the GEMM reads them in the other operand's 16-bit dtype
+    half = next((t.dtype for t in (a, b) if t.dtype in (torch.bfloat16, torch.float16)), None)
+    if half is not None:
+        a, b = (_exactly_in(t, half) for t in (a, b))
     if not (a.is_cuda and a.dim() == b.dim() == 2 and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)):
         return common.mm(a, b)
     from epiforge.eval.baselines import identity_gemm
 
     return identity_gemm(a, b.T, dtypes={"D": torch.float32})["D"]
+
+
+def _exactly_in(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in `dtype` where that changes no value (a float32 tensor of stored 16-bit values)."""
+    if t.dtype == torch.float32:
+        narrow = t.to(dtype)
+        if torch.equal(narrow.float(), t):
+            return narrow
+    return t
 
 
 # ---- shared tensors -------------------------------------------------------------------------

@@ -218,7 +218,9 @@ def private_caches(workdir: Path) -> dict:
     quack = Path(os.environ.get("QUACK_CACHE_DIR") or Path(tempfile.gettempdir()) / getpass.getuser() / "quack_cache")
     env["QUACK_CACHE_DIR"] = str(_link_farm(quack, workdir / "quack-cache", depth=2))
     triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
-    env["TRITON_CACHE_DIR"] = str(_link_farm(triton, workdir / "triton-cache", depth=1))
+    # depth 2: a key's folder is the runner's own (Triton writes tmp.pid_* folders into it while it
+    # compiles), its files links
+    env["TRITON_CACHE_DIR"] = str(_link_farm(triton, workdir / "triton-cache", depth=2))
     shared = [quack, triton]
     if os.environ.get("CUTE_DSL_CACHE_DIR"):
         dsl = Path(os.environ["CUTE_DSL_CACHE_DIR"])
@@ -259,8 +261,9 @@ def _link_farm(source: Path, dest: Path, depth: int) -> Path:
 
 def _is_lock_or_temp(name: str) -> bool:
     """A cache entry that belongs to the process that made it: a lock, or an object still
-    being written (quack exports to `{sha}.o.tmp.{pid}` and renames)."""
-    return name.endswith(".lock") or ".tmp." in name or name.endswith(".tmp")
+    being written (quack exports to `{sha}.o.tmp.{pid}` and renames; Triton writes a key's
+    files into `tmp.pid_*` folders and renames them)."""
+    return name.endswith(".lock") or ".tmp." in name or name.endswith(".tmp") or name.startswith("tmp.")
 
 
 def remaining(deadline: float) -> float:

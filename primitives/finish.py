@@ -177,11 +177,15 @@ def rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor
     adjacent within each head of 2 * len(inv_freq) columns; zdz: (M,) float32, sum_n qkv *
     dqkv). `direction` is the forward rotation's sign (+1 Hugging Face, -1 CODA v0.1)."""
     head = 2 * inv_freq.shape[0] if isinstance(inv_freq, torch.Tensor) and inv_freq.ndim == 1 else 0
-    if not (isinstance(qkv, torch.Tensor) and isinstance(dqkv, torch.Tensor) and qkv.shape == dqkv.shape
-            and qkv.stride(-1) == 1 and dqkv.shape[-1] % 2 == 0 and head and 0 <= rotary_cols <= dqkv.shape[-1]
-            and rotary_cols % head == 0 and direction in (1, -1)):
-        raise ValueError("rope_backward: dqkv and qkv must be (M, N) with contiguous rows and N even, rotary_cols "
-                         "whole heads of 2 * len(inv_freq) columns within N, direction +1 or -1")
+    tensors = (dqkv, qkv, positions, inv_freq)
+    if not (all(isinstance(t, torch.Tensor) for t in tensors) and qkv.shape == dqkv.shape and qkv.stride(-1) == 1
+            and dqkv.shape[-1] % 2 == 0 and head and 0 <= rotary_cols <= dqkv.shape[-1] and rotary_cols % head == 0
+            and direction in (1, -1) and positions.shape == (dqkv.shape[0],)
+            and positions.dtype == inv_freq.dtype == torch.float32 and positions.is_contiguous()
+            and inv_freq.is_contiguous() and len({t.device for t in tensors}) == 1):
+        raise ValueError("rope_backward: dqkv and qkv must be (M, N) with contiguous rows and N even, positions (M,) "
+                         "and inv_freq contiguous float32, all on one device; rotary_cols whole heads of "
+                         "2 * len(inv_freq) columns within N, direction +1 or -1")
     return _rope_backward(dqkv, qkv, positions, inv_freq, rotary_cols, direction)
 
 

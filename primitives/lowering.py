@@ -212,14 +212,16 @@ def _gemm(epi: Epilogue, call: Call, config: GemmConfig, launch: bool, device):
     return result
 
 
-#: (epilogue, config, mode) this process has launched: the first launch of each compiles
+#: (epilogue, config, mode, operand dtypes and majors) this process has launched: the first
+#: launch of each compiles (an operand read transposed is another kernel)
 _LAUNCHED: set[tuple] = set()
 
 
 def launch(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Tensor]:
     """Run the fused GEMM on the GPU; returns D, outputs and raw reduction partials. The
     first launch of an epilogue and config JIT-compiles it (marked for trace's listener)."""
-    key = (epi.name, config.key(), epi.mode)
+    key = (epi.name, config.key(), epi.mode, call.a.dtype, call.a.stride(-1) == 1, call.w.stride(-1) == 1,
+           None if call.c is None else call.c.stride(-1) == 1)
     if key in _LAUNCHED:
         return _gemm(epi, call, config, True, call.a.device)
     with trace.building():

@@ -3,7 +3,7 @@
 Every fused GEMM (an epilogue call), finishing step and prepare helper records itself
 while a `recording()` block is active, and the GPU lowering tells a compile listener when
 it starts and ends building a kernel. The evaluator's kernel runner uses both: on a CPU
-the record is the launch check (one fused GEMM plus the task's named finishing steps, as
+the record is the launch check (the task's fused GEMMs plus its named finishing steps, as
 the GPU profiler counts them), and the compile marks tell a compiler crash apart from a
 kernel's own. Nothing here is part of the kernel-facing API.
 """

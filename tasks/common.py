@@ -33,8 +33,8 @@ def norm_weight(n: int, gen, device, dtype=torch.bfloat16) -> torch.Tensor:
 
 
 def rstd_of(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm's reciprocal rms of each row, float32."""
-    xf = x.float()
+    """RMSNorm's reciprocal rms of each row, in float32 (float64 for a float64 x)."""
+    xf = at_least_float32(x)
     return torch.rsqrt(xf.pow(2).mean(-1) + eps)
 
 

@@ -71,6 +71,11 @@ def _known_dims(expr: str) -> str:
     return expr
 
 
+def is_gemm_launch(entry: str) -> bool:
+    """A `launches` entry that is a fused GEMM: "gemm" (a task of one) or "gemm:<name>"."""
+    return entry == "gemm" or entry.startswith("gemm:")
+
+
 class TaskError(ValueError):
     """A malformed or unknown task: the message is one line naming the file and the field."""
 
@@ -280,7 +285,7 @@ class Task(_Strict):
     @model_validator(mode="after")
     def _known_launches(self):
         launches = self.launches
-        steps = [x for x in launches if x != "gemm" and not x.startswith("gemm:")]
+        steps = [x for x in launches if not is_gemm_launch(x)]
         if self.gemm is not None:
             if launches[0] != "gemm" or launches.count("gemm") != 1 or any(x.startswith("gemm:") for x in launches):
                 raise ValueError("launches: the first launch must be the one fused 'gemm'")
@@ -336,7 +341,7 @@ class Task(_Strict):
     @property
     def finishing_steps(self) -> list[str]:
         """The finishing steps `launches` allows, in order (repeats kept: each is one launch)."""
-        return [x for x in self.launches if x != "gemm" and not x.startswith("gemm:")]
+        return [x for x in self.launches if not is_gemm_launch(x)]
 
     @property
     def gemm_operand_inputs(self) -> set[str]:
@@ -463,12 +468,16 @@ class Task(_Strict):
         b = inputs[g.b]
         return inputs[g.a], (b if g.b_layout == "nk" else b.T)
 
-    def gemm_operand_sets(self, inputs: dict, dims: dict[str, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def gemm_operand_sets(self, inputs: dict, dims: dict[str, int],
+                          made: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(A as (m, k), B as (n, k)) for every fused GEMM, views in the task's layouts: the
         GEMM-only baseline's operands. An operand that is no input (an intermediate the task
         makes on the way) is made here, N(0, 1) in the precision and in its layout, from a
         generator seeded by its name and shape, so that the plain GEMMs read what they
-        would (the timing of a GEMM does not depend on the values beyond their scale)."""
+        would (the timing of a GEMM does not depend on the values beyond their scale); one
+        tensor per name and shape, shared by the GEMMs that read it and, through `made`, by
+        the calls that pass the same dict (the sets of inputs of one timed run)."""
+        made = {} if made is None else made
         out = []
         for where, g in self.gemm_list:
             m, n, k = (dimexpr.evaluate(e, dims) for e in (g.m, g.n, g.k))
@@ -479,10 +488,12 @@ class Task(_Strict):
                 stored = given if layout in ("mk", "nk") else given[::-1]
                 t = inputs.get(name)
                 if not isinstance(t, torch.Tensor):
+                    t = made.get((name, stored))
+                if not isinstance(t, torch.Tensor):
                     device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
-                    seed = int.from_bytes(hashlib.sha256(f"{where}:{role}:{stored}".encode()).digest()[:8], "little")
+                    seed = int.from_bytes(hashlib.sha256(f"{name}:{stored}".encode()).digest()[:8], "little")
                     gen = torch.Generator(device=device).manual_seed(seed)
-                    t = common.normal(stored, gen, device, dtype=DTYPES[self.precision])
+                    t = made[name, stored] = common.normal(stored, gen, device, dtype=DTYPES[self.precision])
                 pair.append(t if layout in ("mk", "nk") else t.T)
             out.append((pair[0], pair[1]))
         return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from epiforge import tasks
-from epiforge.tasks.tolerance import check_output
+from epiforge.tasks.tolerance import RowsCheck, check_output
 from epiforge.eval.machine import expert_kernel
 
 
@@ -52,16 +52,33 @@ def run_expert(task, module, inputs: dict) -> dict:
     return out
 
 
-def check_case(task, module, dims: dict, seed: int, device: str) -> dict:
-    """One kernel call on fresh inputs, judged output by output: {name: margins and verdict}."""
+def rows_separable(task) -> bool:
+    """Every output is one row per token (its first dimension M), so its references can be
+    made for blocks of rows from the inputs' matching rows (a column sum such as k6's dw,
+    or a weight gradient, is not)."""
+    return all(o.shape[0] == "M" for o in task.outputs)
+
+
+def check_case(task, module, dims: dict, seed: int, device: str, row_blocks: int = 1) -> dict:
+    """One kernel call on fresh inputs, judged output by output: {name: margins and verdict}.
+    row_blocks > 1 (a task whose outputs are rows of tokens): the kernel runs on the whole
+    inputs as usual, and the references, whose float64 copies of a 70B shape do not fit a
+    CPU's memory at once, are made for that many blocks of rows in turn; the verdict is the
+    same as on the whole (tasks/tolerance.check_output_rows)."""
     inputs = task.make_inputs(dims, seed, device)
     out = run_expert(task, module, inputs)
     from epiforge.eval.numerics import references  # the judge's own references (on a GPU: its mainloop GEMM too)
 
-    exact, lowprec = references(task, inputs, dims)
+    if row_blocks > 1:
+        if not rows_separable(task):
+            raise ValueError(f"{task.id}: an output is not one row per token; its references cannot be made by rows")
+        checks = _checks_by_rows(task, inputs, out, dims, row_blocks, references)
+    else:
+        exact, lowprec = references(task, inputs, dims)
+        checks = {o.name: check_output(o, out.get(o.name), exact[o.name], lowprec[o.name]) for o in task.outputs}
     rows = {}
     for o in task.outputs:
-        c = check_output(o, out.get(o.name), exact[o.name], lowprec[o.name])
+        c = checks[o.name]
         rows[o.name] = {
             "dtype": o.dtype, "ok": c.ok, "problem": c.problem,
             "max_error": c.max_error, "allowed": c.allowed,
@@ -70,6 +87,28 @@ def check_case(task, module, dims: dict, seed: int, device: str) -> dict:
             "rms_margin": c.rms_error / c.rms_allowed if c.rms_allowed else None,
         }
     return rows
+
+
+def _checks_by_rows(task, inputs: dict, out: dict, dims: dict, blocks: int, references) -> dict:
+    m = dims["M"]
+    edges = [m * i // blocks for i in range(blocks + 1)]
+    by_token = {t.name for t in task.inputs if t.shape[0] == "M"}
+    checks, rows = {}, {}
+    for o in task.outputs:  # what check_output checks before any value
+        got = out.get(o.name)
+        want = o.concrete_shape(dims)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != want or got.dtype != o.torch_dtype:
+            checks[o.name] = check_output(o, got, torch.empty(want, dtype=torch.float64), torch.empty(want))
+        else:
+            rows[o.name] = RowsCheck(o, want)
+    for r0, r1 in zip(edges, edges[1:]):
+        part = {k: v[r0:r1] if k in by_token else v for k, v in inputs.items()}
+        exact, lowprec = references(task, part, {**dims, "M": r1 - r0})
+        for name, check in rows.items():
+            check.add(r0, out[name][r0:r1], exact[name], lowprec[name])
+        del exact, lowprec
+        gc.collect()
+    return {**checks, **{name: check.result() for name, check in rows.items()}}
 
 
 def environment(device: str, argv: list[str]) -> dict:
@@ -106,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the JSON file to (re)write after every case")
     ap.add_argument("--tasks", nargs="*", default=None, help="task ids (default: all)")
     ap.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 for smoke, 0 otherwise")
+    ap.add_argument("--row-blocks", type=int, default=1,
+                    help="make the references of a task whose outputs are rows of tokens in this many blocks of rows "
+                         "(the float64 copies of a 70B shape do not fit a CPU's memory at once); other tasks as one")
     ap.add_argument("--max-gib", type=float, default=None,
                     help="CPU: cap this process's address space; a case that needs more is recorded as an error")
     args = ap.parse_args(argv)
@@ -147,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                     "gemms_mnk": [list(x) for x in task.gemm_shapes(shape.dims())]}
             t0 = time.monotonic()
             try:
-                case["outputs"] = check_case(task, module, shape.dims(), seed, args.device)
+                blocks = args.row_blocks if rows_separable(task) else 1
+                case["outputs"] = check_case(task, module, shape.dims(), seed, args.device, row_blocks=blocks)
+                case["row_blocks"] = blocks
             except (RuntimeError, MemoryError) as e:
                 case["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             case["seconds"] = round(time.monotonic() - t0, 1)

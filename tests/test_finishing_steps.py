@@ -211,7 +211,10 @@ def test_rope_backward_undoes_the_rotation_and_sums_zdz():
     assert out.returncode == 0 and "agree" in out.stdout, out.stderr[-2000:]
     dqkv = torch.zeros(4, 24, dtype=torch.bfloat16)
     inv = torch.ones(4)
-    for bad in [dict(qkv=torch.zeros(4, 26)), dict(rotary_cols=12), dict(direction=2)]:
-        kw = {"qkv": torch.zeros(4, 24), "rotary_cols": 16, "direction": 1, **bad}
+    # the GPU kernel reads positions and inv_freq as contiguous float32 vectors, one position a row
+    for bad in [dict(qkv=torch.zeros(4, 26)), dict(rotary_cols=12), dict(direction=2), dict(positions=torch.zeros(1)),
+                dict(positions=torch.zeros(8)[::2]), dict(positions=torch.zeros(4, dtype=torch.float64))]:
+        kw = {"qkv": torch.zeros(4, 24), "rotary_cols": 16, "direction": 1, "positions": torch.zeros(4), **bad}
         with pytest.raises(ValueError, match="rope_backward"):
-            P.finish.rope_backward(dqkv, kw["qkv"], torch.zeros(4), inv, kw["rotary_cols"], kw["direction"])
+            P.finish.rope_backward(dqkv, kw["qkv"], kw["positions"], inv, kw["rotary_cols"], kw["direction"])
+    assert P.finish.rope_backward(dqkv, torch.zeros(4, 24), torch.zeros(4), inv, 16, 1)[0].shape == (4, 24)

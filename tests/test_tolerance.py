@@ -199,3 +199,47 @@ def test_margins_script_writes_its_report(tmp_path):
     r = report["cases"][0]["outputs"]["out"]
     assert r["ok"] and r["margin"] == r["max_error"] / r["allowed"] and 0 < r["margin"] <= 1
     assert report["worst"]["k1"]["out"]["ok"]
+
+
+def test_the_rule_by_blocks_of_rows_is_the_rule():
+    """check_output_rows (references made block by block, for shapes whose float64 copies do
+    not fit at once) gives check_output's verdict, numbers and worst element."""
+    from epiforge.tasks.tolerance import check_output_rows
+
+    spec = tasks.get_task("k7").outputs[0]  # dz, bf16
+    g = torch.Generator().manual_seed(1)
+    exact = torch.randn(50, 24, generator=g, dtype=torch.float64)
+    low = exact.bfloat16()
+    honest = (exact + 1e-3 * torch.randn(50, 24, generator=g, dtype=torch.float64)).bfloat16()
+    far = honest.clone()
+    far[37, 5] += 1.0  # one element far off, in the third block
+    biased = (exact + 0.006).bfloat16()  # a systematic offset under the max rule's allowance: the RMS guard
+    nan = honest.clone()
+    nan[21, 3] = float("nan")  # non-finite in the second block, the first in row order
+    nan[40, 0] = float("nan")
+    for out in (honest, far, biased, nan):
+        whole = check_output(spec, out, exact, low)
+        edges = [0, 13, 29, 50]
+        by_rows = check_output_rows(spec, tuple(out.shape), [(r0, out[r0:r1], exact[r0:r1], low[r0:r1])
+                                                            for r0, r1 in zip(edges, edges[1:])])
+        a, b = whole.model_dump(), by_rows.model_dump()
+        for key in ("name", "ok", "problem", "worst_index"):
+            assert a[key] == b[key], (key, whole, by_rows)
+        for key in ("max_error", "allowed", "rms_error", "rms_allowed", "got", "expected"):
+            assert (a[key] is None) == (b[key] is None) and (a[key] is None or b[key] == pytest.approx(a[key], rel=1e-12, nan_ok=True)), key
+    assert [check_output(spec, o, exact, low).problem for o in (honest, far, biased, nan)] == \
+        [None, "tolerance", "rms", "nonfinite"]
+
+
+def test_margins_by_blocks_of_rows_match_the_whole(tmp_path):
+    out = tmp_path / "m.json"
+    args = ["--shapes", "smoke", "--device", "cpu", "--tasks", "k7", "k6", "--seeds", "0"]
+    assert tolerance_margins.main([*args, "--out", str(out)]) == 0
+    blocks = tmp_path / "b.json"
+    assert tolerance_margins.main([*args, "--row-blocks", "3", "--out", str(blocks)]) == 0
+    whole, by_rows = (json.loads(p.read_text())["cases"] for p in (out, blocks))
+    for a, b in zip(whole, by_rows):
+        assert (a["task"], a["shape"]) == (b["task"], b["shape"])
+        assert b["row_blocks"] == (3 if a["task"] == "k7" else 1)  # k6's dw sums over the rows: as one
+        for name, r in a["outputs"].items():
+            assert b["outputs"][name]["margin"] == pytest.approx(r["margin"], rel=1e-6), (a["task"], name)

@@ -29,22 +29,17 @@ def make_inputs(dims, gen, device):
     }
 
 
-def _rstd(x, eps):
-    x = common.at_least_float32(x)
-    return (x * x).mean(-1).add(eps).rsqrt()
-
-
 def forward(inputs, dims, mm=torch.matmul, store=None) -> dict:
     """The forward: y and qkv, and what the backward reads (each as a fused cut stores it).
     store: Task.reference's (see the module's docstring); by default, plain PyTorch's."""
     store = store or common.held_in(inputs["attn"].dtype)
     eps, d = inputs["eps"], dims["d"]
     x1_acc = mm(inputs["attn"], inputs["w_o"].T) + inputs["x"]  # k0: the residual add in the epilogue
-    x1, rstd1 = store(x1_acc), _rstd(x1_acc, eps)
+    x1, rstd1 = store(x1_acc), common.rstd_of(x1_acc, eps)
     z_acc = rstd1[:, None] * mm(store(x1_acc * inputs["post_norm"]), inputs["w_gu"].T)  # k2
     z, act = store(z_acc), store(common.swiglu_interleaved(z_acc))
     y_acc = mm(act, inputs["w_down"].T) + x1  # k0 with the next layer's norm weight
-    y, rstd2 = store(y_acc), _rstd(y_acc, eps)
+    y, rstd2 = store(y_acc), common.rstd_of(y_acc, eps)
     qkv_acc = common.rope_interleaved(rstd2[:, None] * mm(store(y_acc * inputs["next_norm"]), inputs["w_qkv"].T),
                                       inputs["positions"], inputs["inv_freq"], 2 * d, direction=inputs["rope_direction"])
     return {"y": y, "qkv": store(qkv_acc), "x1": x1, "rstd1": rstd1, "z": z, "rstd2": rstd2}

@@ -446,19 +446,36 @@ def test_the_speed_of_light_is_the_fastest_per_repetition_against_cublas():
 # ---- the static stage never takes the harness down -------------------------------------
 
 
-@pytest.mark.parametrize("broken", ["check_source", "parse_bounded"])
-def test_a_fault_of_the_static_stage_is_one_typed_line(monkeypatch, broken):
+@pytest.mark.parametrize("module,broken", [("static_checks", "check_source"), ("static_checks", "parse_bounded"),
+                                           ("kernel", "read_kernel")])
+def test_a_fault_of_the_static_stage_is_one_typed_line(monkeypatch, module, broken):
     """Whatever the harness's own reader or checker raises on a source (a bug no rule names)
     is a STATIC_REJECTED Result in one line, never an exception out of evaluate(): the CLI
     and the agent's session live on, and the source is not run. The fault is injected, since
     no source is known to raise one."""
-    import epiforge.eval.static_checks as static_checks
+    import importlib
+
     from epiforge.eval import evaluate
 
     def fault(*args, **kwargs):
         raise KeyError("a checker bug")
 
-    monkeypatch.setattr(static_checks, broken, fault)
+    monkeypatch.setattr(importlib.import_module(f"epiforge.eval.{module}"), broken, fault)
     r = evaluate("k1", str(REPO / "tests" / "eval" / "honest_kernels" / "k1_typed_eager.py"), seed=1)
     assert r.outcome.value == "STATIC_REJECTED" and r.stage == "static" and r.wall_s is None
     assert "KeyError" in r.message and "evaluator fault" in r.message and "\n" not in r.message
+
+
+def test_the_mainloop_reads_stored_intermediates_in_their_16_bit_dtype():
+    """A task of several GEMMs hands the mainloop GEMM its stored intermediates as float32
+    tensors of bf16 values: they go to the mainloop (quack) in bf16, exactly; a float32
+    tensor of other values stays float32 (and goes to the plain float32 GEMM)."""
+    from epiforge.eval.numerics import _exactly_in
+
+    stored = torch.randn(6, 5).bfloat16().float()
+    assert _exactly_in(stored, torch.bfloat16).dtype == torch.bfloat16
+    assert torch.equal(_exactly_in(stored, torch.bfloat16).float(), stored)
+    wide = stored + 1e-4
+    assert _exactly_in(wide, torch.bfloat16) is wide
+    half = torch.randn(3, 3).bfloat16()
+    assert _exactly_in(half, torch.bfloat16) is half

@@ -213,6 +213,9 @@ def test_the_runner_takes_its_own_compile_locks(tmp_path, monkeypatch):
     (shared / "fp").mkdir(parents=True)
     for name in ("key.lock", "done.o", "done.lock", "half.o.tmp.4242"):
         (shared / "fp" / name).write_text("shared")
+    triton = tmp_path / "shared-triton-cache"  # Triton compiles into tmp.pid_* folders inside a key's folder
+    (triton / "key" / "tmp.pid_1_2").mkdir(parents=True)
+    (triton / "key" / "k.json").write_text("shared")
     kernel = tmp_path / "k1_locks.py"
     kernel.write_text(
         '"""Takes locks in the compile cache, as quack does."""\nimport os\nTASK = "k1_gemm_rmsnorm"\n\n'
@@ -227,11 +230,16 @@ def test_the_runner_takes_its_own_compile_locks(tmp_path, monkeypatch):
         "            got.append(f'{name}: {e.strerror}')\n"
         "    got.append(open(os.path.join(fp, 'done.o')).read())\n"
         "    got.append(str(os.path.exists(os.path.join(fp, 'half.o.tmp.4242'))))\n"
+        "    key = os.path.join(os.environ['TRITON_CACHE_DIR'], 'key')\n"
+        "    os.makedirs(os.path.join(key, 'tmp.pid_9_9'))\n"
+        "    got.append(open(os.path.join(key, 'k.json')).read() + str(os.path.exists(os.path.join(key, 'tmp.pid_1_2'))))\n"
         "    raise RuntimeError(f'LOCKS {got}')\n")
     monkeypatch.setenv("QUACK_CACHE_DIR", str(shared))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton))
     r = evaluate("k1", str(kernel), seed=1, static_checks=False)
     assert r.environment.get("runner_sandbox") == SANDBOXED, r.environment
-    assert "LOCKS ['key.lock', 'done.lock', 'new.lock', 'shared', 'False']" in r.message, r.message + r.stderr_tail
+    assert "LOCKS ['key.lock', 'done.lock', 'new.lock', 'shared', 'False', 'sharedFalse']" in r.message, \
+        r.message + r.stderr_tail
     assert sorted(p.name for p in (shared / "fp").iterdir()) == ["done.lock", "done.o", "half.o.tmp.4242", "key.lock"]
 
 
