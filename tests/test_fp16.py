@@ -65,10 +65,8 @@ def test_a_task_that_says_nothing_runs_in_bf16_only(tmp_path):
     assert [t.dtype for t in task.inputs] == ["bfloat16", "float32", "bfloat16"]
     with pytest.raises(TaskError, match="runs in bfloat16, not float16"):
         task.at("float16")
-    # a task without a dtypes line is bf16-only; the shipped ones of one GEMM list both (the
-    # layer task of 12 GEMMs runs in bf16 only so far)
-    assert all(t.dtypes == ["bfloat16", "float16"] for t in CATALOGUE if t.gemm_count == 1)
-    assert tasks.get_task("layer").dtypes == ["bfloat16"]
+    # a task without a dtypes line is bf16-only; the shipped ones list both
+    assert all(t.dtypes == ["bfloat16", "float16"] for t in CATALOGUE)
 
 
 @pytest.mark.parametrize("edit, message", [

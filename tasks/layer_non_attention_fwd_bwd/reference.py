@@ -2,7 +2,7 @@
 forward as the fused cut computes it (each norm deferred to the next GEMM), the backward as
 the chain k6 -> k7 -> k6 with the weight gradients. `store` marks every tensor a fused
 pipeline writes to memory and another kernel reads back (Task.reference rounds it once to
-bf16 in the low-precision reference; the exact one keeps it); values an epilogue uses
+the run's precision in the low-precision reference; the exact one keeps it); values an epilogue uses
 straight from its accumulator are not stored. tests/test_layer_task.py checks the written
 backward against torch.autograd of the forward in float64."""
 
@@ -11,21 +11,21 @@ import torch
 from epiforge.tasks import common
 
 
-def make_inputs(dims, gen, device):
+def make_inputs(dims, gen, device, dtype=torch.bfloat16):
     M, d, F = dims["M"], dims["d"], dims["F"]
     return {
-        "attn": common.normal((M, d), gen, device),
-        "x": common.normal((M, d), gen, device),
-        "w_o": common.linear_weight(d, d, gen, device),
-        "post_norm": common.norm_weight(d, gen, device),
-        "w_gu": common.linear_weight(2 * F, d, gen, device),
-        "w_down": common.linear_weight(d, F, gen, device),
-        "next_norm": common.norm_weight(d, gen, device),
-        "w_qkv": common.linear_weight(3 * d, d, gen, device),
+        "attn": common.normal((M, d), gen, device, dtype=dtype),
+        "x": common.normal((M, d), gen, device, dtype=dtype),
+        "w_o": common.linear_weight(d, d, gen, device, dtype=dtype),
+        "post_norm": common.norm_weight(d, gen, device, dtype=dtype),
+        "w_gu": common.linear_weight(2 * F, d, gen, device, dtype=dtype),
+        "w_down": common.linear_weight(d, F, gen, device, dtype=dtype),
+        "next_norm": common.norm_weight(d, gen, device, dtype=dtype),
+        "w_qkv": common.linear_weight(3 * d, d, gen, device, dtype=dtype),
         "positions": common.positions(M, dims["seq"], device),
         "inv_freq": common.rope_inv_freq(dims["head_dim"], device),
-        "dqkv": common.normal((M, 3 * d), gen, device, std=1e-2),
-        "dy": common.normal((M, d), gen, device, std=1e-2),
+        "dqkv": common.normal((M, 3 * d), gen, device, std=1e-2, dtype=dtype),
+        "dy": common.normal((M, d), gen, device, std=1e-2, dtype=dtype),
     }
 
 
