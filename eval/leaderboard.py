@@ -297,6 +297,11 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
     out.append("fraction of the speed of light: GEMM-only time / the kernel's (1.00 = as fast as the plain GEMM). "
                "x baseline: how many times faster than it (median of per-repetition ratios, geometric mean over "
                "the shapes).")
+    untimed = _untimed(tasks, dtype)
+    if untimed:
+        out.append("")
+        out.append(f"Not timed here yet: {', '.join(untimed)} (catalogue tasks with an expert kernel and no result "
+                   f"in {dtype} among these sources; `epiforge compare --task ID --device gpu` times one).")
     if stale:
         out.append("")
         out.append(f"expert (earlier version): {', '.join(stale)} were timed with an earlier version of today's "
@@ -320,6 +325,15 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
                 out.append(f"| {track} | {b} | " + " | ".join(f"{h}/{t}" for h, t in counts) + " |")
     out.append("")
     return out
+
+
+def _untimed(listed: list[str], dtype: str) -> list[str]:
+    """The ids of the catalogue's tasks that have an expert kernel and run in `dtype` but are
+    not among the table's rows."""
+    from epiforge.tasks import load_catalogue
+
+    return [t.id for t in load_catalogue()[0]
+            if t.name not in listed and dtype in t.dtypes and expert_kernel(t.name) is not None]
 
 
 def _agents_table(board: Board) -> list[str]:
