@@ -49,7 +49,7 @@ def _leaderboard() -> None:
     from epiforge.eval import leaderboard as lb
 
     shipped = lb.load_shipped()
-    board = lb.build(shipped, sources=[lb.describe_source(shipped, f"shipped ({lb.SHIPPED.relative_to(lb.REPO)})")])
+    board = lb.build(shipped, sources=lb.describe_shipped())
     print()
     print(lb.render_markdown(board), end="")
 

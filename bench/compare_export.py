@@ -169,12 +169,14 @@ def main(argv=None) -> int:
         return 1
     args.jsonl.write_text("".join(r.model_dump_json() + "\n" for r in results))
     env = results[0].environment
+    fi_timed = any("flashinfer" in s.timing.speedup for r in results for s in r.per_shape if s.timing)
+    fi = env.get("flashinfer-python") or (FLASHINFER_UNRECORDED if fi_timed else None)
     sets = " and ".join(dict.fromkeys(r.shapes for r in results))
     head = [f"# epiforge compare at the {sets} shapes on the {env.get('gpu')}", "",
             f"Made by `{args.command}` at commit {commits}, {env.get('date', '')[:10]}; driver "
             f"{env.get('driver')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, quack-kernels "
             f"{env.get('quack-kernels')}, nvidia-cutlass-dsl {env.get('nvidia-cutlass-dsl')}, liger-kernel "
-            f"{env.get('liger-kernel')}, flashinfer-python {env.get('flashinfer-python', FLASHINFER_UNRECORDED)}; "
+            f"{env.get('liger-kernel')}, " + (f"flashinfer-python {fi}; " if fi else "no FlashInfer (not installed, so not timed); ") +
             f"before each timed call the GPU ran {env.get('timed_lead', LEAD_UNRECORDED)}. "
             f"Tables by `python -m epiforge.bench.compare_export` from {_repo_relative(args.jsonl)}. Each task's kernels and baselines "
             "were timed in one interleaved run per shape; every ratio is a median of per-repetition ratios "

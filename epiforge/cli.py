@@ -311,9 +311,8 @@ def cmd_leaderboard(args) -> int:
 
     results, sources = [], []
     if not args.no_shipped:
-        shipped = lb.load_shipped()
-        results += shipped
-        sources.append(lb.describe_source(shipped, f"shipped ({lb.SHIPPED.relative_to(lb.REPO)})"))
+        results += lb.load_shipped()
+        sources += lb.describe_shipped()
     path = Path(args.store or os.environ.get(ENV_PATH) or DEFAULT_PATH)
     if path.is_file() or args.store:
         stored = [row.result for row in ResultStore(path).rows()]

@@ -33,9 +33,13 @@ from epiforge.tasks import id_of, task_order
 from epiforge.tasks.spec import PRECISIONS
 from epiforge.eval.machine import DATA_DIR, REPO, expert_kernel  # noqa: F401 (REPO: for callers naming files relative to it)
 
-#: the H200 Results shipped with the repo: `epiforge compare --shapes paper` of every task
-#: (bench/results/h200/compare-paper.md says how they were made; bench/compare_export.py)
+#: the H200 Results shipped with the repo, one file per run of the judge (each at one commit):
+#: `epiforge compare --all --shapes paper` (bench/results/h200/compare-paper.md says how it was
+#: made), then the tasks added after it, compared on their own (bench/results/h200/layer/);
+#: bench/compare_export.py writes them
 SHIPPED = DATA_DIR / "h200-compare.jsonl"
+SHIPPED_LATER = (DATA_DIR / "h200-compare-layer.jsonl",)
+SHIPPED_FILES = (SHIPPED, *SHIPPED_LATER)
 BASELINE_COLUMNS = REPORTED
 FAST_P = (1.0, 1.2, 1.5)
 
@@ -46,11 +50,22 @@ def track_of(r: Result) -> str:
     return r.track
 
 
-def load_shipped(path: Path = SHIPPED) -> list[Result]:
-    """The Results shipped with the repo (see SHIPPED)."""
+def load_shipped_file(path: Path) -> list[Result]:
+    """The Results of one shipped file (none if it is not there)."""
     if not path.is_file():
         return []
     return [Result.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_shipped() -> list[Result]:
+    """The Results shipped with the repo (SHIPPED_FILES), the compare --all run first."""
+    return [r for path in SHIPPED_FILES for r in load_shipped_file(path)]
+
+
+def describe_shipped() -> list[str]:
+    """A source line for each shipped file that has Results (each is one run, one environment)."""
+    return [describe_source(rs, f"shipped ({path.relative_to(REPO)})")
+            for path in SHIPPED_FILES if (rs := load_shipped_file(path))]
 
 
 @dataclass

@@ -81,8 +81,9 @@ def fingerprint(device: str | None = None, command: str | None = None, *, commit
         except (OSError, subprocess.SubprocessError):
             env["driver"] = None
     env["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    if command is not None:
-        env["command"] = command
+    if command is not None:  # the device's output folder by its name, not its path
+        out = os.environ.get("OUT")
+        env["command"] = command.replace(out, "$OUT") if out and len(out) > 1 else command
     if commit:
         env["commit"] = source_commit()
     return env

@@ -8,7 +8,8 @@ on the RMS error.
 
 The expert kernels are trusted, so they run in this process (on a CPU through the
 emulator). Cases run from the smallest GEMM to the largest and the file is rewritten after
-each one, so a run cut short still holds every case it finished.
+each one, so a run cut short still holds every case it finished; `--resume` takes such a
+file up again (its finished cases kept, the rest run, both environments recorded).
 """
 
 from __future__ import annotations
@@ -137,6 +138,22 @@ def worst(cases: list[dict]) -> dict:
     return {t: table[t] for t in sorted(table, key=tasks.task_order)}
 
 
+def _resumable(path: Path, shapes: str, seeds: list[int], row_blocks: int) -> dict:
+    """The report at path, if a run of the same shapes, seeds and row blocks made it; else
+    SystemExit with one line (cases made otherwise would not be comparable)."""
+    try:
+        before = json.loads(path.read_text())
+        same = (before["shapes"], before["seeds"]) == (shapes, seeds)
+        blocks = {c.get("row_blocks", 1) for c in before["cases"] if "outputs" in c} - {1}
+        cases_ok = all({"task", "shape", "seed"} <= set(c) for c in before["cases"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--resume: {path} is not a margins report ({type(e).__name__}: {e})")
+    if not same or not cases_ok or blocks - {row_blocks}:
+        raise SystemExit(f"--resume: {path} was made with other --shapes, --seeds or --row-blocks "
+                         f"({before.get('shapes')}, seeds {before.get('seeds')}, row blocks {sorted(blocks) or [1]})")
+    return before
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -150,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(the float64 copies of a 70B shape do not fit a CPU's memory at once); other tasks as one")
     ap.add_argument("--max-gib", type=float, default=None,
                     help="CPU: cap this process's address space; a case that needs more is recorded as an error")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the finished cases of an --out file made with the same --shapes, --seeds and "
+                         "--row-blocks, and run only the rest")
     args = ap.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else ([0, 1, 2] if args.shapes == "smoke" else [0])
     if args.max_gib:
@@ -172,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {"environment": environment(args.device, argv), "shapes": args.shapes, "seeds": seeds,
               "complete": False, "worst": {}, "cases": []}
     out_path = Path(args.out)
+    done: set[tuple[str, str, int]] = set()
+    if args.resume and out_path.is_file():
+        before = _resumable(out_path, args.shapes, seeds, args.row_blocks)
+        report["cases"] = [c for c in before["cases"] if "error" not in c]  # an error is tried again
+        done = {(c["task"], c["shape"], c["seed"]) for c in report["cases"]}
+        report["environment"]["resumed_from"] = before["environment"]
+        print(f"resuming {out_path}: {len(done)} case(s) kept", flush=True)
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
     def write():
@@ -183,8 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     write()
     modules = {}
     for task, shape in todo:
+        if all((task.id, shape.name, seed) in done for seed in seeds):
+            continue
         module = modules.setdefault(task.name, load_expert(task))
         for seed in seeds:
+            if (task.id, shape.name, seed) in done:
+                continue
             case = {"task": task.id, "shape": shape.name, "seed": seed, "gemm_mnk": list(task.gemm_shapes(shape.dims())[0]),
                     "gemms_mnk": [list(x) for x in task.gemm_shapes(shape.dims())]}
             t0 = time.monotonic()

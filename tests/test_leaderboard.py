@@ -112,33 +112,32 @@ def test_the_bench_files_numbers_import_as_results():
         assert s.timing.speedup["torch_compile"].median == pytest.approx(row["speedup_vs_compile"], rel=1e-9)
 
 
-#: tasks added after the last H200 compare, not timed there yet (the compare --all of
-#: 2026-12-03, bench/results/h200/compare-all-5.md, has every other task): the layer task of
-#: 12 GEMMs came on 2026-12-05, when no GPU was lent (bench/h200.sh layer runs it)
-PENDING_H200: set[str] = {"layer_non_attention_fwd_bwd"}
-
-
 def test_the_shipped_h200_results_are_compares_of_every_task():
-    """eval/data/h200-compare.jsonl: `epiforge compare --shapes paper` of every task with an
+    """eval/data/h200-compare*.jsonl: `epiforge compare --shapes paper` of every task with an
     expert kernel, on the H200, by the judge (not imported from bench), FlashInfer timed where
-    it has the op, no machine path."""
+    it has the op, no machine path; each file one run of the judge at one commit."""
     from epiforge.bench.flashinfer import ROPE_TASKS
+    from epiforge.eval.timing import DEFAULT_LEAD, Lead
 
     shipped = lb.load_shipped()
-    experts = {r.task: r for r in shipped if r.track == "expert"}
+    experts = [r.task for r in shipped if r.track == "expert"]
     have_expert = {t.name for t in tasks.load_catalogue()[0] if lb.expert_kernel(t.name) is not None}
-    assert not PENDING_H200 & set(experts), "shipped now: drop them from PENDING_H200"
-    assert set(experts) == have_expert - PENDING_H200
-    # the page says which tasks it has no result for
+    assert sorted(experts) == sorted(have_expert), "each task with an expert kernel once, in one of the files"
+    # with every task timed, the page names none as missing
+    assert not [x for x in lb.render_markdown(lb.build(shipped)).splitlines() if x.startswith("Not timed here yet:")]
+    # and without one file's tasks, it names exactly those
     from epiforge.tasks import id_of
 
-    (line,) = [x for x in lb.render_markdown(lb.build(shipped)).splitlines() if x.startswith("Not timed here yet:")]
-    assert sorted(line.split(": ", 1)[1].split(" (")[0].split(", ")) == sorted(id_of(t) for t in PENDING_H200)
+    later = {r.task for r in lb.load_shipped_file(lb.SHIPPED_LATER[0])}
+    first = lb.load_shipped_file(lb.SHIPPED)
+    (line,) = [x for x in lb.render_markdown(lb.build(first)).splitlines() if x.startswith("Not timed here yet:")]
+    assert sorted(line.split(": ", 1)[1].split(" (")[0].split(", ")) == sorted(id_of(t) for t in later)
     fi_tasks = {"k0_gemm_residual_partial_rmsnorm", "k1_gemm_rmsnorm", "k2_gemm_rmsnorm_swiglu", "k8_gemm_swiglu",
                 *ROPE_TASKS}
     for r in shipped:
         assert r.ranked and r.environment["gpu"] == "NVIDIA H200" and r.environment["commit"]
         assert not Path(r.kernel).is_absolute() and (REPO / r.kernel).is_file()
+        assert "/work/" not in r.model_dump_json() and "/root/" not in r.model_dump_json()
         shown = [s for s in r.per_shape if not s.hidden]
         assert [s.shape for s in shown] == ["1B", "7B", "70B"]
         for s in shown:
@@ -147,11 +146,15 @@ def test_the_shipped_h200_results_are_compares_of_every_task():
             assert ("flashinfer" in s.timing.speedup) == (r.task in fi_tasks), (r.task, s.timing.notes.get("flashinfer"))
     (gen,) = [r for r in shipped if r.track == "generated"]
     assert all("kernel:expert" in s.timing.speedup for s in gen.per_shape if s.timing)
-    # one run of the judge as it stands: one commit, the default timed lead (eval/timing.py)
-    from epiforge.eval.timing import DEFAULT_LEAD, Lead
-
-    assert len({r.environment["commit"] for r in shipped}) == 1
-    assert {r.environment.get("timed_lead") for r in shipped} == {Lead.parse(DEFAULT_LEAD).describe()}
+    # each file: one run of the judge as it stood (one commit), the default timed lead (eval/timing.py)
+    assert lb.SHIPPED_FILES[0] == lb.SHIPPED and all(p.is_file() for p in lb.SHIPPED_FILES)
+    for path in lb.SHIPPED_FILES:
+        rs = lb.load_shipped_file(path)
+        assert rs and len({r.environment["commit"] for r in rs}) == 1, path
+        assert {r.environment.get("timed_lead") for r in rs} == {Lead.parse(DEFAULT_LEAD).describe()}, path
+    # the leaderboard names each file as a source of its own
+    lines = lb.describe_shipped()
+    assert len(lines) == len(lb.SHIPPED_FILES) and all("NVIDIA H200" in x and "commit " in x for x in lines)
 
 
 def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):

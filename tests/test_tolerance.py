@@ -243,3 +243,31 @@ def test_margins_by_blocks_of_rows_match_the_whole(tmp_path):
         assert b["row_blocks"] == (3 if a["task"] == "k7" else 1)  # k6's dw sums over the rows: as one
         for name, r in a["outputs"].items():
             assert b["outputs"][name]["margin"] == pytest.approx(r["margin"], rel=1e-6), (a["task"], name)
+
+
+def test_margins_resume_keeps_finished_cases_and_runs_the_rest(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    args = ["--shapes", "smoke", "--device", "cpu", "--seeds", "0", "--out", str(out)]
+    assert tolerance_margins.main([*args, "--tasks", "k1"]) == 0
+    first = json.loads(out.read_text())
+    # as if cut short after k1's first shape, with an error recorded on its second
+    first["complete"] = False
+    first["cases"][1] = {**{k: first["cases"][1][k] for k in ("task", "shape", "seed")}, "error": "MemoryError: x"}
+    out.write_text(json.dumps(first))
+    assert tolerance_margins.main([*args, "--tasks", "k1", "k8", "--resume"]) == 0
+    report = json.loads(out.read_text())
+    assert "1 case(s) kept" in capsys.readouterr().out
+    assert report["complete"] and report["environment"]["resumed_from"] == first["environment"]
+    assert report["cases"][0] == first["cases"][0]  # kept as it was, not run again
+    got = sorted((c["task"], c["shape"]) for c in report["cases"])
+    assert got == sorted([("k1", s.name) for s in SMOKE] + [("k8", s.name) for s in SMOKE])
+    assert all("outputs" in c and "error" not in c for c in report["cases"])
+    # a file made with other seeds is not taken up: one line, nothing written
+    before = out.read_text()
+    with pytest.raises(SystemExit) as e:
+        tolerance_margins.main(["--shapes", "smoke", "--device", "cpu", "--seeds", "0", "1", "--out", str(out), "--resume"])
+    assert "other --shapes, --seeds or --row-blocks" in str(e.value) and out.read_text() == before
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SystemExit) as e:
+        tolerance_margins.main([*args[:-1], str(tmp_path / "bad.json"), "--resume"])
+    assert "not a margins report" in str(e.value)

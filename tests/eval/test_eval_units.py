@@ -425,6 +425,23 @@ def test_the_h200_check_of_the_qk_norm_task_passed():
     assert all(len(r["launch_names"]) == 1 for r in rows if not r["hidden"])
 
 
+def test_the_h200_check_of_the_layer_task_passed():
+    """bench/results/h200/layer/check-layer.json (`bench.check_gpu --tasks layer`): the task of
+    12 GEMMs through the judge on the H200, every named and hidden shape, and the profiler saw
+    exactly its 12 fused GEMMs, rope_backward's kernel and the partials' folds (no other launch)."""
+    from collections import Counter
+
+    report = json.loads((H200_CHECK.parent / "layer" / "check-layer.json").read_text())
+    rows = report["rows"]
+    assert report["all_passed"] and {r["task"] for r in rows} == {"layer_non_attention_fwd_bwd"}
+    assert {r["shape"] for r in rows if not r["hidden"]} == {"smoke-a", "smoke-b", "1B", "7B", "70B"}
+    assert sum(r["hidden"] for r in rows) >= 4 and all(r["outcome"] == "PASSED" for r in rows)
+    for r in (r for r in rows if not r["hidden"]):
+        kinds = Counter("gemm" if n.startswith("kernel_cutlass") else n for n in r["launch_names"])
+        assert r["launches_ok"] and kinds["gemm"] == 12 and set(kinds) <= {"gemm", "_row_fold", "_col_fold", "_rope_bwd"}
+        assert kinds["_rope_bwd"] == 1, kinds
+
+
 def test_the_speed_of_light_is_the_fastest_per_repetition_against_cublas():
     """eval.stats.fastest, the one rule the evaluator and bench/ pick GEMM-only by: per-
     repetition ratios to cuBLAS (the clock's drift cancels), medians only without samples."""
@@ -479,3 +496,16 @@ def test_the_mainloop_reads_stored_intermediates_in_their_16_bit_dtype():
     assert _exactly_in(wide, torch.bfloat16) is wide
     half = torch.randn(3, 3).bfloat16()
     assert _exactly_in(half, torch.bfloat16) is half
+
+
+def test_a_fingerprint_names_the_device_output_folder_not_its_path(monkeypatch, tmp_path):
+    """A results file's command says $OUT where the device machine's output folder was (no
+    machine path in a committed file); without OUT the command is kept as given."""
+    from epiforge.eval.machine import fingerprint
+
+    out = str(tmp_path / "out")
+    monkeypatch.setenv("OUT", out)
+    env = fingerprint(None, f"python -m x --out {out}/a.json --store {out}/b.sqlite", commit=False)
+    assert env["command"] == "python -m x --out $OUT/a.json --store $OUT/b.sqlite"
+    monkeypatch.delenv("OUT")
+    assert fingerprint(None, f"python -m x --out {out}/a.json", commit=False)["command"] == f"python -m x --out {out}/a.json"
