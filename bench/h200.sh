@@ -15,6 +15,7 @@
 #   bench/h200.sh judge-compare-all  # epiforge compare --all at the paper shapes, as one command, its wall time kept
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
 #   bench/h200.sh judge-noise    # bench, compare under each of NOISE_LEADS (LEAD or LEAD@REPS) for NOISE_ROUNDS rounds, bench, of the same tasks: compare's run-to-run noise beside bench's (noise.md)
+#   bench/h200.sh quack-upstream # the C-load warp patch's quack-side test on a patched copy of quack (SHARDS processes)
 #   bench/h200.sh layer          # the layer task (12 GEMMs): its expert through the evaluator at smoke and paper (check-layer.json), then compare at the paper shapes (compare-layer.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
@@ -157,6 +158,13 @@ case "${1:-}" in
       --baselines torch_compile --store "$OUT/compare-layer.sqlite" > "$OUT/compare-layer.md" \
       2> "$OUT/compare-layer.log" || echo "compare: exit $?"
     grep -E "^\| |^Judged" "$OUT/compare-layer.md" | head -20 || true
+    ;;
+  quack-upstream)
+    # issue 16 section 3: the C-load warp patch's own quack-side test (every case, flag on
+    # against off, bit for bit) on a patched copy of the bundle's quack, SHARDS processes
+    $PY -m epiforge.bench.quack_upstream.gpu_test --out "$OUT" --shards "${SHARDS:-8}" \
+      --timeout "${UPSTREAM_TIMEOUT_S:-500}" || echo "gpu_test: exit $?"
+    grep -E "passed|failed|FAILED|ERROR|killed" "$OUT/pytest-gpu-quack-upstream.log" | tail -20 || true
     ;;
   judge-compare-all)
     # issue 12's benchmark: the whole of `epiforge compare --all --shapes paper` with the

@@ -259,3 +259,39 @@ def test_the_patch_applies_and_cross_compiles_for_sm90a_with_the_flag_off_and_on
                 "gather_A": "c_load_warp: gather_A takes every producer warp for A; not supported",
                 "arch 120": "c_load_warp: only GemmSm90's own SM90 kernel has the C-load warp (arch 120)"}
     assert refused == expected
+
+
+def test_shards_keep_each_kernels_cases_together():
+    from epiforge.bench.quack_upstream.gpu_test import shard
+
+    ids = [f"t.py::test_same_bits[{ep}-{cfg}-{shape}]" for ep in ("a", "b") for cfg in ("c1", "c2", "c3")
+           for shape in ("s1", "s2")] + ["t.py::test_computes", "t.py::test_refusals[split_k]"]
+    groups = shard(ids, 4)
+    assert len(groups) == 4 and sorted(x for g in groups for x in g) == sorted(ids)
+    kernel = {x: x.rsplit("-", 1)[0] for x in ids if "same_bits" in x}
+    for g in groups:  # no kernel's cases in two shards
+        assert not {kernel[x] for x in g if x in kernel} & {kernel[x] for h in groups if h is not g for x in h if x in kernel}
+    assert max(map(len, groups)) - min(map(len, groups)) <= 2
+    assert shard(ids[:2], 8) == [ids[:2]]
+
+
+def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path):
+    """bench/quack_upstream/gpu_test.py, off a GPU: it patches a copy of the installed quack,
+    the generated test imports that copy, every case is collected, sharded and (here) skipped
+    by the test's own SM90 check; the log says so, and the installed quack is untouched."""
+    installed = make_patch.quack_root() / "quack" / "gemm_sm90.py"
+    before = installed.read_bytes()
+    out = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path),
+                          "--shards", "3"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = (tmp_path / "pytest-gpu-quack-upstream.log").read_text()
+    head = log.splitlines()
+    assert head[0].startswith("environment: ") and json.loads(head[0][len("environment: "):])["quack-kernels"] == "0.6.5"
+    m = re.search(r"quack imported from the patched copy \(its c_load_warp default False\); (\d+) cases in 3 shards", log)
+    assert m and int(m[1]) >= 100
+    skipped = sum(int(x) for x in re.findall(r"^(\d+) skipped", log, flags=re.M))
+    assert skipped == int(m[1]) and "needs an SM90 GPU" in log and "passed" not in log and "failed" not in log
+    assert (tmp_path / "DESCRIPTION.md").is_file() and installed.read_bytes() == before
+    bad = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path),
+                          "--shards", "0"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and "--shards must be at least 1" in bad.stderr
