@@ -22,6 +22,13 @@ loss on the same first batch, so a contender that computed something else shows.
   so the allocator's plain peak would count the others).
   The breakdown: the kernels of one profiled step, summed by kind (attention, GEMMs with
   their fused epilogues, the optimizer, the rest), with the largest kernels by name.
+
+FlashInfer is not a contender here, though bench/run.py and compare time it per kernel: in
+flashinfer-python 0.7.2.post1 (the version ../shared/gpu/stage-flashinfer installs; read from
+its wheel) the norm, SwiGLU and RoPE ops that run on Hopper have no backward, and its
+training kernels (cake_rmsnorm_train.py, RMSNorm forward and backward; chunked_lm_head.py, LM
+head + loss) say SM100 / SM103 (/ SM107) only. A layer or a step with FlashInfer would be
+FlashInfer's forwards beside torch's backwards, not a FlashInfer training step.
 """
 
 from __future__ import annotations
