@@ -10,7 +10,8 @@ unpatched quack builds the same GEMMs (epiforge's C-load warp, primitives/c_load
 for the flag): with the flag off the patched quack's object is byte-identical to
 unpatched quack's, and with it on its SASS is the instruction stream of the kernel measured
 on the H200 (bench/results/h200/c-load-warp.md). The GPU test itself (flag on against off,
-bit for bit) needs an SM90 GPU and is not run here."""
+bit for bit) needs an SM90 GPU: off one, its runner (gpu_test.py) is tested here with every
+case skipped, and on the H200 its log is checked (bench/results/h200/quack-upstream/)."""
 
 import json
 import os
@@ -295,3 +296,15 @@ def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path)
     bad = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path),
                           "--shards", "0"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "--shards must be at least 1" in bad.stderr
+
+
+def test_the_generated_test_passed_on_the_h200_against_the_patched_quack():
+    """bench/h200.sh quack-upstream: every case of the generated test, on a patched copy of
+    quack-kernels 0.6.5, on an H200; none failed or skipped, and the count is the file's."""
+    log = (REPO / "bench" / "results" / "h200" / "quack-upstream" / "pytest-gpu-quack-upstream.log").read_text()
+    env = json.loads(log.splitlines()[0][len("environment: "):])
+    assert env["gpu"] == "NVIDIA H200" and env["quack-kernels"] == "0.6.5" and env["commit"]
+    m = re.search(r"quack imported from the patched copy \(its c_load_warp default False\); (\d+) cases in (\d+) shards", log)
+    passed = [int(x) for x in re.findall(r"^(\d+) passed(?:, \d+ warnings?)? in ", log, flags=re.M)]
+    assert m and len(passed) == int(m[2]) and sum(passed) == int(m[1]) >= 100
+    assert not re.search(r"failed|skipped|error|killed", log, flags=re.I)

@@ -383,6 +383,27 @@ def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
     assert all(r["outcome"] == "PASSED" and r["shape"] == "hidden" for r in rows if r["hidden"])
 
 
+def test_the_h200_check_of_every_expert_kernel_at_a_recent_commit_passed():
+    """bench/results/h200/check-all.json (`bench.check_gpu`, all tasks): every task of the
+    catalogue with an expert kernel, through the judge on the H200, at the smoke and paper
+    shapes and the two hidden shapes of each set; every named shape's launches accepted,
+    one fused GEMM a GEMM the task names."""
+    from collections import Counter
+
+    from epiforge import tasks
+    from epiforge.eval.machine import expert_kernel
+
+    report = json.loads((H200_CHECK.parent / "check-all.json").read_text())
+    rows = report["rows"]
+    experts = {t.name: t for t in tasks.load_catalogue()[0] if expert_kernel(t.name) is not None}
+    assert report["all_passed"] and report["environment"]["gpu"] == "NVIDIA H200"
+    assert Counter(r["task"] for r in rows) == {name: 9 for name in experts}
+    assert all(r["outcome"] == "PASSED" for r in rows)
+    for r in (r for r in rows if not r["hidden"]):
+        gemms = [n for n in r["launch_names"] if n.startswith("kernel_cutlass")]
+        assert r["launches_ok"] and len(gemms) == experts[r["task"]].gemm_count, (r["task"], r["shape"])
+
+
 def test_the_allowance_takes_the_mainloops_larger_error_up_to_a_cap():
     from epiforge.eval.numerics import MAINLOOP_ERROR_CAP, larger_honest_error
 
