@@ -30,6 +30,11 @@ STATE=${STATE:-/tmp/epiforge-h200}
 R=bench/results/h200
 SWEEPS="$R/sweep.json $R/sweep-cs.json $R/sweep-c8.json"
 PY=${PYTHON:-python3}
+# the first line of a log: "environment: " and the machine's fingerprint (GPU, driver,
+# versions, date, command, commit; EPIFORGE_COMMIT where the machine has no .git)
+fingerprint_line() {
+  $PY -c 'import json, sys; from epiforge.eval.machine import fingerprint; print("environment: " + json.dumps(fingerprint("cuda", sys.argv[1])))' "$1"
+}
 REPS=${REPS:-60}  # the final's repetitions: twice the sweeps', for the 70B rows whose clocks wander most
 
 case "${1:-}" in
@@ -112,7 +117,8 @@ case "${1:-}" in
   judge-tests)
     mkdir -p "$OUT"
     $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
-    timeout 540 $PY -m pytest -m gpu tests/eval -q -p no:cacheprovider > "$OUT/pytest-gpu-eval.log" 2>&1 || true
+    fingerprint_line "bash bench/h200.sh judge-tests" > "$OUT/pytest-gpu-eval.log"
+    timeout 540 $PY -m pytest -m gpu tests/eval -q -p no:cacheprovider >> "$OUT/pytest-gpu-eval.log" 2>&1 || true
     tail -25 "$OUT/pytest-gpu-eval.log"
     ;;
   judge-exploits)
@@ -130,8 +136,9 @@ case "${1:-}" in
       timeout "${EXPLOIT_TIMEOUT_S:-330}" $PY -m pytest -m gpu -q -p no:cacheprovider -rfEX "${ids[@]}" > "$s.log" 2>&1 &
     done
     wait
-    for s in "$STATE"/shard.??; do echo "== $(basename "$s"): $(wc -l < "$s") cases"; cat "$s.log"; done \
-      > "$OUT/pytest-gpu-exploits.log"
+    { fingerprint_line "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-exploits"
+      for s in "$STATE"/shard.??; do echo "== $(basename "$s"): $(wc -l < "$s") cases"; cat "$s.log"; done
+    } > "$OUT/pytest-gpu-exploits.log"
     tail -3 "$OUT/margins.log"
     grep -E "passed|failed|FAILED|XPASS|ERROR" "$OUT/pytest-gpu-exploits.log" | tail -30
     ;;

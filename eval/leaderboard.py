@@ -63,9 +63,9 @@ def load_shipped() -> list[Result]:
 
 
 def describe_shipped() -> list[str]:
-    """A source line for each shipped file that has Results (each is one run, one environment)."""
-    return [describe_source(rs, f"shipped ({path.relative_to(REPO)})")
-            for path in SHIPPED_FILES if (rs := load_shipped_file(path))]
+    """A source line for each shipped file (each is one run, one environment; "no results"
+    where it is missing or empty)."""
+    return [describe_source(load_shipped_file(path), f"shipped ({path.relative_to(REPO)})") for path in SHIPPED_FILES]
 
 
 @dataclass

@@ -7,6 +7,7 @@ import datetime
 import importlib.metadata as md
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -59,6 +60,15 @@ def source_commit(where: Path | None = None) -> str | None:
     return None
 
 
+def name_output_folder(command: str) -> str:
+    """The device's output folder ($OUT) by its name, not its path: each whole path
+    component equal to it (followed by "/", a space, a quote or the end) becomes $OUT."""
+    out = (os.environ.get("OUT") or "").rstrip("/")
+    if len(out) < 2:
+        return command
+    return re.sub(re.escape(out) + r"(?=/|\s|['\"]|$)", "$OUT", command)
+
+
 def fingerprint(device: str | None = None, command: str | None = None, *, commit: bool = True) -> dict:
     """Versions of this machine (never a path or a name): Python, torch, CUDA, the pinned
     packages, and with device "cuda" the GPU, its driver and capability; the date; the
@@ -81,9 +91,8 @@ def fingerprint(device: str | None = None, command: str | None = None, *, commit
         except (OSError, subprocess.SubprocessError):
             env["driver"] = None
     env["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    if command is not None:  # the device's output folder by its name, not its path
-        out = os.environ.get("OUT")
-        env["command"] = command.replace(out, "$OUT") if out and len(out) > 1 else command
+    if command is not None:
+        env["command"] = name_output_folder(command)
     if commit:
         env["commit"] = source_commit()
     return env

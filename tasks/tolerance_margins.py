@@ -138,20 +138,30 @@ def worst(cases: list[dict]) -> dict:
     return {t: table[t] for t in sorted(table, key=tasks.task_order)}
 
 
-def _resumable(path: Path, shapes: str, seeds: list[int], row_blocks: int) -> dict:
-    """The report at path, if a run of the same shapes, seeds and row blocks made it; else
-    SystemExit with one line (cases made otherwise would not be comparable)."""
+def _resumable(path: Path, shapes: str, seeds: list[int], row_blocks: int, device: str) -> dict:
+    """The report at path, if a run of the same shapes, seeds, row blocks and kind of device
+    made it; else SystemExit with one line (cases made otherwise would not be comparable).
+    A report from before these were recorded: its device from its environment, its row
+    blocks from its cases."""
     try:
         before = json.loads(path.read_text())
-        same = (before["shapes"], before["seeds"]) == (shapes, seeds)
-        blocks = {c.get("row_blocks", 1) for c in before["cases"] if "outputs" in c} - {1}
-        cases_ok = all({"task", "shape", "seed"} <= set(c) for c in before["cases"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        cases = before["cases"]
+        if not isinstance(cases, list) or not all(isinstance(c, dict) and {"task", "shape", "seed"} <= set(c)
+                                                  for c in cases):
+            raise ValueError("its cases are not task / shape / seed records")
+        made_on = before.get("device_kind") or ("cuda" if before["environment"].get("gpu") else "cpu")
+        blocks = before.get("row_blocks") or max([c.get("row_blocks", 1) for c in cases if "outputs" in c] or [1])
+        same = (before["shapes"], before["seeds"], blocks, made_on) == (shapes, seeds, row_blocks, _kind(device))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SystemExit(f"--resume: {path} is not a margins report ({type(e).__name__}: {e})")
-    if not same or not cases_ok or blocks - {row_blocks}:
-        raise SystemExit(f"--resume: {path} was made with other --shapes, --seeds or --row-blocks "
-                         f"({before.get('shapes')}, seeds {before.get('seeds')}, row blocks {sorted(blocks) or [1]})")
+    if not same:
+        raise SystemExit(f"--resume: {path} was made with other --shapes, --seeds, --row-blocks or --device "
+                         f"({before['shapes']}, seeds {before['seeds']}, row blocks {blocks}, {made_on})")
     return before
+
+
+def _kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                          "--row-blocks, and run only the rest")
     args = ap.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else ([0, 1, 2] if args.shapes == "smoke" else [0])
+    before = None  # the report taken up again, checked before anything runs
+    if args.resume and Path(args.out).is_file():
+        before = _resumable(Path(args.out), args.shapes, seeds, args.row_blocks, args.device)
     if args.max_gib:
         limit = int(args.max_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -190,11 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     todo = [(task, shape) for task in catalogue for shape in tasks.shape_sets()[args.shapes]]
     todo.sort(key=lambda ts: (ts[0].flops(ts[1].dims()), tasks.task_order(ts[0].id)))
     report = {"environment": environment(args.device, argv), "shapes": args.shapes, "seeds": seeds,
-              "complete": False, "worst": {}, "cases": []}
+              "device_kind": _kind(args.device), "row_blocks": args.row_blocks, "complete": False, "worst": {},
+              "cases": []}
     out_path = Path(args.out)
     done: set[tuple[str, str, int]] = set()
-    if args.resume and out_path.is_file():
-        before = _resumable(out_path, args.shapes, seeds, args.row_blocks)
+    if before is not None:
         report["cases"] = [c for c in before["cases"] if "error" not in c]  # an error is tried again
         done = {(c["task"], c["shape"], c["seed"]) for c in report["cases"]}
         report["environment"]["resumed_from"] = before["environment"]

@@ -296,6 +296,11 @@ def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path)
     bad = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path),
                           "--shards", "0"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "--shards must be at least 1" in bad.stderr
+    # one deadline for all the shards: past it the rest are killed and the log says so
+    cut = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path / "cut"),
+                          "--shards", "2", "--timeout", "0.5"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    cut_log = (tmp_path / "cut" / "pytest-gpu-quack-upstream.log").read_text()
+    assert cut.returncode == 124 and cut_log.count("(killed after 0 s)") == 2 and "(running)" not in cut_log
 
 
 def test_the_generated_test_passed_on_the_h200_against_the_patched_quack():

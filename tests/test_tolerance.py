@@ -266,7 +266,15 @@ def test_margins_resume_keeps_finished_cases_and_runs_the_rest(tmp_path, capsys)
     before = out.read_text()
     with pytest.raises(SystemExit) as e:
         tolerance_margins.main(["--shapes", "smoke", "--device", "cpu", "--seeds", "0", "1", "--out", str(out), "--resume"])
-    assert "other --shapes, --seeds or --row-blocks" in str(e.value) and out.read_text() == before
+    assert "other --shapes, --seeds, --row-blocks or --device" in str(e.value) and out.read_text() == before
+    for other in (["--row-blocks", "4"], ["--device", "cuda"]):  # the other row blocks, the other device
+        with pytest.raises(SystemExit) as e:
+            tolerance_margins.main([*args, *other, "--resume"])
+        assert "was made with other" in str(e.value) and out.read_text() == before
+    (tmp_path / "list.json").write_text(json.dumps({**first, "cases": [[1, 2]]}))
+    with pytest.raises(SystemExit) as e:
+        tolerance_margins.main([*args[:-1], str(tmp_path / "list.json"), "--resume"])
+    assert "not a margins report" in str(e.value)
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(SystemExit) as e:
         tolerance_margins.main([*args[:-1], str(tmp_path / "bad.json"), "--resume"])

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from epiforge.bench.quack_upstream import make_patch
@@ -65,7 +66,10 @@ def _pytest(args: list[str], env: dict, cwd: Path, timeout: float) -> subprocess
 
 
 def run(out: Path, shards: int, timeout_s: float, command: str) -> int:
-    """Patch, collect, run the shards, write the log; the exit status is pytest's worst."""
+    """Patch, collect, run the shards, write the log; the exit status is pytest's worst. One
+    deadline for all the shards; the log is rewritten as each shard ends, so a run cut off
+    from outside keeps the shards that finished."""
+    from epiforge.bench.compare_export import scrub_paths
     from epiforge.eval.machine import fingerprint
 
     out.mkdir(parents=True, exist_ok=True)
@@ -79,42 +83,59 @@ def run(out: Path, shards: int, timeout_s: float, command: str) -> int:
         if which.returncode != 0:
             raise RuntimeError(f"the patched quack does not import: {which.stderr.strip().splitlines()[-1:]}")
         imported = json.loads(which.stdout.strip().splitlines()[-1])
-        if not (Path(imported["quack"]).is_relative_to(site) and imported["patched"]):
+        if not (imported["quack"] and Path(imported["quack"]).is_relative_to(site) and imported["patched"]):
             raise RuntimeError(f"the test would import {imported['quack']}, not the patched copy")
         test = files["test"]
         collected = _pytest(["--collect-only", "-q", test.name], env, test.parent, 600)
         ids = [line for line in collected.stdout.splitlines() if "::" in line]
-        if not ids:
-            raise RuntimeError(f"no test collected: {(collected.stdout + collected.stderr).strip()[-500:]}")
+        if collected.returncode != 0 or not ids:
+            raise RuntimeError(f"collection failed (pytest exit {collected.returncode}): "
+                               f"{(collected.stdout + collected.stderr).strip()[-500:]}")
         groups = shard(ids, shards)
-        procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEXs", *g],
-                                  env=env, cwd=test.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for g in groups]
-        texts, codes = [], []
-        for proc in procs:
-            try:
-                text, _ = proc.communicate(timeout=timeout_s)
-                codes.append(proc.returncode)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                text = proc.communicate()[0] + f"\n(killed after {timeout_s:.0f} s)\n"
-                codes.append(124)
-            texts.append(text)
-        env_line = json.dumps(fingerprint("cuda", command))
-        head = [f"environment: {env_line}",
+        head = [f"environment: {json.dumps(fingerprint('cuda', command))}",
                 f"quack imported from the patched copy (its c_load_warp default {imported['default']}); "
                 f"{len(ids)} cases in {len(groups)} shards; the patch: {make_patch.diffstat(make_patch.edited())}"]
-        body = [f"== shard {i + 1}: {len(g)} cases\n{t.strip()}" for i, (g, t) in enumerate(zip(groups, texts))]
-        log.write_text("\n".join(head + body) + "\n")
+        outputs = [work / f"shard-{i + 1}.txt" for i in range(len(groups))]
+        procs = []
+        for g, path in zip(groups, outputs):
+            with path.open("w") as f:  # a file, not a pipe: a shard never waits on a reader
+                procs.append(subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                               "-rfEXs", *g], env=env, cwd=test.parent, stdout=f,
+                                              stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout_s
+        codes: list[int | None] = [None] * len(procs)
+        ends = [""] * len(procs)
+
+        def write_log():
+            body = [f"== shard {i + 1}: {len(g)} cases\n"
+                    f"{scrub_paths(outputs[i].read_text()).strip() if codes[i] is not None else '(running)'}{ends[i]}"
+                    for i, g in enumerate(groups)]
+            log.write_text("\n".join(head + body) + "\n")
+
+        while None in codes:
+            for i, proc in enumerate(procs):
+                if codes[i] is None and proc.poll() is not None:
+                    codes[i] = proc.returncode
+                    write_log()
+            if None in codes and time.monotonic() > deadline:
+                for i, proc in enumerate(procs):
+                    if codes[i] is None:
+                        proc.kill()
+                        proc.wait()
+                        codes[i], ends[i] = 124, f"\n(killed after {timeout_s:.0f} s)"
+                write_log()
+            time.sleep(0.5)
+        write_log()
         shutil.copy(files["description"], out / "DESCRIPTION.md")
-    return max(codes)
+    return max(c for c in codes if c is not None)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help=f"the folder for {LOG_NAME} and the patch's DESCRIPTION.md")
     ap.add_argument("--shards", type=int, default=8, help="pytest processes side by side (default 8)")
-    ap.add_argument("--timeout", type=float, default=540, help="seconds for each shard (default 540)")
+    ap.add_argument("--timeout", type=float, default=540,
+                    help="seconds for all the shards together, after which the rest are killed (default 540)")
     args = ap.parse_args(argv)
     if args.shards < 1:
         ap.error("--shards must be at least 1")

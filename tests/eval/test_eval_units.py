@@ -526,7 +526,11 @@ def test_a_fingerprint_names_the_device_output_folder_not_its_path(monkeypatch, 
 
     out = str(tmp_path / "out")
     monkeypatch.setenv("OUT", out)
-    env = fingerprint(None, f"python -m x --out {out}/a.json --store {out}/b.sqlite", commit=False)
-    assert env["command"] == "python -m x --out $OUT/a.json --store $OUT/b.sqlite"
+    env = fingerprint(None, f"python -m x --out {out}/a.json --store {out}/b.sqlite --dir {out}", commit=False)
+    assert env["command"] == "python -m x --out $OUT/a.json --store $OUT/b.sqlite --dir $OUT"
+    # only the whole folder: a sibling whose name starts the same stays as it is
+    assert fingerprint(None, f"x {out}put/a.json", commit=False)["command"] == f"x {out}put/a.json"
+    monkeypatch.setenv("OUT", out + "/")
+    assert fingerprint(None, f"x {out}/a.json", commit=False)["command"] == "x $OUT/a.json"
     monkeypatch.delenv("OUT")
     assert fingerprint(None, f"python -m x --out {out}/a.json", commit=False)["command"] == f"python -m x --out {out}/a.json"
