@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from epiforge import tasks
+from epiforge.tasks.spec import TaskCodeError
 from epiforge.tasks.tolerance import RowsCheck, check_output
 from epiforge.eval.machine import expert_kernel
 
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 blocks = args.row_blocks if rows_separable(task) else 1
                 case["outputs"] = check_case(task, module, shape.dims(), seed, args.device, row_blocks=blocks)
                 case["row_blocks"] = blocks
-            except (RuntimeError, MemoryError) as e:
+            except (RuntimeError, MemoryError, TaskCodeError) as e:  # the reference out of memory, too
                 case["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             case["seconds"] = round(time.monotonic() - t0, 1)
             report["cases"].append(case)

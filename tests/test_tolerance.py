@@ -7,12 +7,14 @@ every precision a task lists (bf16, fp16): the same rule, the allowance from the
 in that precision."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from epiforge import tasks
-from epiforge.eval.machine import expert_kernel
+from epiforge.eval.machine import REPO, expert_kernel
 from epiforge.tasks import common, tolerance_margins
 from epiforge.tasks.spec import ShapeSet
 from epiforge.tasks.tolerance import check_output
@@ -279,3 +281,17 @@ def test_margins_resume_keeps_finished_cases_and_runs_the_rest(tmp_path, capsys)
     with pytest.raises(SystemExit) as e:
         tolerance_margins.main([*args[:-1], str(tmp_path / "bad.json"), "--resume"])
     assert "not a margins report" in str(e.value)
+
+
+def test_a_case_out_of_memory_is_recorded_and_the_run_goes_on(tmp_path):
+    """--max-gib caps the process: the paper shapes' references do not fit 1.5 GiB, so each
+    case is an error in the report (raised in the task's reference or in the check), and the
+    run still ends with complete: true, exit 1, and no traceback."""
+    out = tmp_path / "m.json"
+    run = subprocess.run([sys.executable, "-m", "epiforge.tasks.tolerance_margins", "--shapes", "paper", "--device", "cpu",
+                          "--tasks", "k1", "--max-gib", "1.5", "--out", str(out)], capture_output=True, text=True,
+                         cwd=REPO, timeout=600)
+    report = json.loads(out.read_text())
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert report["complete"] and [c["shape"] for c in report["cases"]] == ["1B", "7B", "70B"]
+    assert all("allocate" in c["error"] and "outputs" not in c for c in report["cases"])
