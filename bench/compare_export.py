@@ -176,7 +176,7 @@ def main(argv=None) -> int:
             f"Made by `{args.command}` at commit {commits}, {env.get('date', '')[:10]}; driver "
             f"{env.get('driver')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, quack-kernels "
             f"{env.get('quack-kernels')}, nvidia-cutlass-dsl {env.get('nvidia-cutlass-dsl')}, liger-kernel "
-            f"{env.get('liger-kernel')}, " + (f"flashinfer-python {fi}; " if fi else "no FlashInfer (not installed, so not timed); ") +
+            f"{env.get('liger-kernel')}, " + (f"flashinfer-python {fi}; " if fi else "FlashInfer not timed; ") +
             f"before each timed call the GPU ran {env.get('timed_lead', LEAD_UNRECORDED)}. "
             f"Tables by `python -m epiforge.bench.compare_export` from {_repo_relative(args.jsonl)}. Each task's kernels and baselines "
             "were timed in one interleaved run per shape; every ratio is a median of per-repetition ratios "

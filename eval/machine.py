@@ -62,11 +62,12 @@ def source_commit(where: Path | None = None) -> str | None:
 
 def name_output_folder(command: str) -> str:
     """The device's output folder ($OUT) by its name, not its path: each whole path
-    component equal to it (followed by "/", a space, a quote or the end) becomes $OUT."""
+    component equal to it (at the start, or after a space, "=" or a quote; followed by "/", a
+    space, a quote or the end) becomes $OUT."""
     out = (os.environ.get("OUT") or "").rstrip("/")
     if len(out) < 2:
         return command
-    return re.sub(re.escape(out) + r"(?=/|\s|['\"]|$)", "$OUT", command)
+    return re.sub(r"(?:(?<=^)|(?<=[\s='\"]))" + re.escape(out) + r"(?=/|\s|['\"]|$)", "$OUT", command)
 
 
 def fingerprint(device: str | None = None, command: str | None = None, *, commit: bool = True) -> dict:

@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gib", type=float, default=None,
                     help="CPU: cap this process's address space; a case that needs more is recorded as an error")
     ap.add_argument("--resume", action="store_true",
-                    help="keep the finished cases of an --out file made with the same --shapes, --seeds and "
-                         "--row-blocks, and run only the rest")
+                    help="keep the finished cases of an --out file made with the same --shapes, --seeds, "
+                         "--row-blocks and kind of --device, and run only the rest (its errors run again)")
     args = ap.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else ([0, 1, 2] if args.shapes == "smoke" else [0])
     before = None  # the report taken up again, checked before anything runs

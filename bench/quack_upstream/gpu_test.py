@@ -47,8 +47,8 @@ def patched_copy(work: Path) -> tuple[Path, dict[str, Path]]:
 def shard(ids: list[str], n: int) -> list[list[str]]:
     """The test ids in at most n groups, the cases that share a compiled kernel together (a
     case's epilogue and config, its first two parameters; its shape does not recompile), so
-    that no two processes compile the same kernel; the largest groups placed first, each on
-    the shard with the fewest cases."""
+    that the same-bits cases of one kernel compile it once; the largest groups placed first,
+    each on the shard with the fewest cases."""
     by_kernel: dict[str, list[str]] = {}
     for test_id in ids:
         name, _, params = test_id.partition("[")

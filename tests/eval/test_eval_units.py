@@ -530,6 +530,7 @@ def test_a_fingerprint_names_the_device_output_folder_not_its_path(monkeypatch, 
     assert env["command"] == "python -m x --out $OUT/a.json --store $OUT/b.sqlite --dir $OUT"
     # only the whole folder: a sibling whose name starts the same stays as it is
     assert fingerprint(None, f"x {out}put/a.json", commit=False)["command"] == f"x {out}put/a.json"
+    assert fingerprint(None, f"x /a{out}/b --o={out}/c", commit=False)["command"] == f"x /a{out}/b --o=$OUT/c"
     monkeypatch.setenv("OUT", out + "/")
     assert fingerprint(None, f"x {out}/a.json", commit=False)["command"] == "x $OUT/a.json"
     monkeypatch.delenv("OUT")
