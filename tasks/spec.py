@@ -145,6 +145,15 @@ class Tolerance(_Strict):
 
 class OutputSpec(TensorSpec):
     tolerance: Tolerance = Tolerance()
+    sum_over_rows: bool = Field(False, description="a sum over the tokens (M) of per-token terms, as a weight "
+                                "gradient is: its references can be made for blocks of rows and added "
+                                "(tasks/tolerance_margins --row-blocks); no dimension of it is M")
+
+    @model_validator(mode="after")
+    def _sum_has_no_rows(self):
+        if self.sum_over_rows and any("M" in dimexpr.symbols(e) for e in self.shape):
+            raise ValueError(f"output {self.name}: sum_over_rows, but its shape {self.shape} has M in it")
+        return self
 
 
 class GemmDims(_Strict):
@@ -419,14 +428,17 @@ class Task(_Strict):
         self._check_io(inputs, self.inputs, dims, "make_inputs")
         return inputs
 
-    def reference(self, inputs: dict, dims: dict[str, int], exact: bool = True, mm=None) -> dict[str, torch.Tensor]:
+    def reference(self, inputs: dict, dims: dict[str, int], exact: bool = True, mm=None,
+                  rounded: bool = True) -> dict[str, torch.Tensor]:
         """The reference outputs. exact: every floating input cast to reference_dtype, the
         whole computation in it. Otherwise the low-precision reference that sets the
         tolerance (see Tolerance): what an honest fused kernel computes. The GEMM operands
         stay in their dtype and the GEMM accumulates in float32 (common.mm, or `mm`: the
         judge passes the fixed mainloop's own GEMM on a GPU, eval/numerics.references);
         every other floating input is cast to float32, so the epilogue and its reductions
-        run in float32 on unrounded values; each output is rounded once, to its dtype."""
+        run in float32 on unrounded values; each output is rounded once, to its dtype
+        (rounded=False: not yet, float32, so that partial sums over blocks of rows can be
+        added before that one rounding)."""
         if exact:
             rdt = getattr(torch, self.reference_dtype)
             inputs = {k: v.to(rdt) if _floating(v) else v for k, v in inputs.items()}
@@ -435,7 +447,7 @@ class Task(_Strict):
         inputs = {k: v.float() if _floating(v) and k not in operands else v for k, v in inputs.items()}
         kw = {"store": common.stored_as(DTYPES[self.precision])} if self.gemms else {}
         out = self._run_reference(inputs, dims, mm=mm or common.mm, **kw)
-        return {o.name: out[o.name].to(o.torch_dtype) for o in self.outputs}
+        return {o.name: out[o.name].to(o.torch_dtype if rounded else torch.float32) for o in self.outputs}
 
     def _check_io(self, values: dict, specs, dims, where) -> None:
         for spec in specs:

@@ -114,3 +114,28 @@ class RowsCheck:
         return OutputCheck(name=name, ok=problem is None, problem=problem, max_error=self.err_max, allowed=allowed,
                            rms_error=rms_err, rms_allowed=rms_allowed, worst_index=idx, got=got, expected=expected,
                            detail=f"{name}: {where}")
+
+
+class SumCheck:
+    """check_output for an output that sums per-token terms over the rows
+    (OutputSpec.sum_over_rows), its references given as the partial sums of blocks of rows
+    (`add`, then `result`). The exact partials are added in float64; the low-precision ones
+    come unrounded (float32, Task.reference(rounded=False)), are added in float64 and
+    rounded once to the output's dtype, as a kernel accumulating every row in float32
+    rounds once. Adding the blocks' float32 sums in float64 errs a little less than one
+    float32 sum over all rows, so the allowance is if anything tighter than on the whole."""
+
+    def __init__(self, spec: OutputSpec, shape: tuple[int, ...]):
+        self.spec = spec
+        self.exact = torch.zeros(shape, dtype=torch.float64)
+        self.lowprec = torch.zeros(shape, dtype=torch.float64)
+
+    def add(self, exact: torch.Tensor, lowprec: torch.Tensor) -> None:
+        if lowprec.dtype != torch.float32:
+            raise ValueError(f"{self.spec.name}: the low-precision partial sum must come unrounded (float32), "
+                             f"not {lowprec.dtype}")
+        self.exact.add_(exact.to(self.exact.device))
+        self.lowprec.add_(lowprec.to(self.lowprec.device))
+
+    def result(self, out) -> OutputCheck:
+        return check_output(self.spec, out, self.exact, self.lowprec.to(self.spec.torch_dtype))

@@ -28,7 +28,7 @@ import torch
 
 from epiforge import tasks
 from epiforge.tasks.spec import TaskCodeError
-from epiforge.tasks.tolerance import RowsCheck, check_output
+from epiforge.tasks.tolerance import RowsCheck, SumCheck, check_output
 from epiforge.eval.machine import expert_kernel
 
 
@@ -55,25 +55,27 @@ def run_expert(task, module, inputs: dict) -> dict:
 
 
 def rows_separable(task) -> bool:
-    """Every output is one row per token (its first dimension M), so its references can be
-    made for blocks of rows from the inputs' matching rows (a column sum such as k6's dw,
-    or a weight gradient, is not)."""
-    return all(o.shape[0] == "M" for o in task.outputs)
+    """Every output is one row per token (its first dimension M) or a sum over the tokens
+    (OutputSpec.sum_over_rows, a weight gradient), so its references can be made for
+    blocks of rows from the inputs' matching rows."""
+    return all(o.shape[0] == "M" or o.sum_over_rows for o in task.outputs)
 
 
 def check_case(task, module, dims: dict, seed: int, device: str, row_blocks: int = 1) -> dict:
     """One kernel call on fresh inputs, judged output by output: {name: margins and verdict}.
-    row_blocks > 1 (a task whose outputs are rows of tokens): the kernel runs on the whole
-    inputs as usual, and the references, whose float64 copies of a 70B shape do not fit a
-    CPU's memory at once, are made for that many blocks of rows in turn; the verdict is the
-    same as on the whole (tasks/tolerance.check_output_rows)."""
+    row_blocks > 1 (a task whose outputs are rows of tokens or sums over them): the kernel
+    runs on the whole inputs as usual, and the references, whose float64 copies of a 70B
+    shape do not fit a CPU's memory at once, are made for that many blocks of rows in turn:
+    a row output's verdict is the same as on the whole (tasks/tolerance.check_output_rows),
+    a sum's references are the blocks' partial sums added (tasks/tolerance.SumCheck)."""
     inputs = task.make_inputs(dims, seed, device)
     out = run_expert(task, module, inputs)
     from epiforge.eval.numerics import references  # the judge's own references (on a GPU: its mainloop GEMM too)
 
     if row_blocks > 1:
         if not rows_separable(task):
-            raise ValueError(f"{task.id}: an output is not one row per token; its references cannot be made by rows")
+            raise ValueError(f"{task.id}: an output is neither one row per token nor a sum over them; "
+                             "its references cannot be made by rows")
         checks = _checks_by_rows(task, inputs, out, dims, row_blocks, references)
     else:
         exact, lowprec = references(task, inputs, dims)
@@ -95,22 +97,28 @@ def _checks_by_rows(task, inputs: dict, out: dict, dims: dict, blocks: int, refe
     m = dims["M"]
     edges = [m * i // blocks for i in range(blocks + 1)]
     by_token = {t.name for t in task.inputs if t.shape[0] == "M"}
-    checks, rows = {}, {}
+    checks, rows, sums = {}, {}, {}
     for o in task.outputs:  # what check_output checks before any value
         got = out.get(o.name)
         want = o.concrete_shape(dims)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != want or got.dtype != o.torch_dtype:
             checks[o.name] = check_output(o, got, torch.empty(want, dtype=torch.float64), torch.empty(want))
+        elif o.sum_over_rows:
+            sums[o.name] = SumCheck(o, want)
         else:
             rows[o.name] = RowsCheck(o, want)
+    specs = {o.name: o for o in task.outputs}
     for r0, r1 in zip(edges, edges[1:]):
         part = {k: v[r0:r1] if k in by_token else v for k, v in inputs.items()}
-        exact, lowprec = references(task, part, {**dims, "M": r1 - r0})
+        exact, lowprec = references(task, part, {**dims, "M": r1 - r0}, rounded=False)
         for name, check in rows.items():
-            check.add(r0, out[name][r0:r1], exact[name], lowprec[name])
-        del exact, lowprec
+            check.add(r0, out[name][r0:r1], exact[name], lowprec[name].to(specs[name].torch_dtype))
+        for name, check in sums.items():
+            check.add(exact[name], lowprec[name])
+        del exact, lowprec, part
         gc.collect()
-    return {**checks, **{name: check.result() for name, check in rows.items()}}
+    return {**checks, **{name: check.result() for name, check in rows.items()},
+            **{name: check.result(out[name]) for name, check in sums.items()}}
 
 
 def environment(device: str, argv: list[str]) -> dict:
@@ -174,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", nargs="*", default=None, help="task ids (default: all)")
     ap.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 for smoke, 0 otherwise")
     ap.add_argument("--row-blocks", type=int, default=1,
-                    help="make the references of a task whose outputs are rows of tokens in this many blocks of rows "
-                         "(the float64 copies of a 70B shape do not fit a CPU's memory at once); other tasks as one")
+                    help="make the references of a task whose outputs are rows of tokens or sums over them in this many "
+                         "blocks of rows (the float64 copies of a 70B shape do not fit a CPU's memory at once); "
+                         "other tasks as one")
     ap.add_argument("--max-gib", type=float, default=None,
                     help="CPU: cap this process's address space; a case that needs more is recorded as an error")
     ap.add_argument("--resume", action="store_true",

@@ -235,16 +235,70 @@ def test_the_rule_by_blocks_of_rows_is_the_rule():
 
 def test_margins_by_blocks_of_rows_match_the_whole(tmp_path):
     out = tmp_path / "m.json"
-    args = ["--shapes", "smoke", "--device", "cpu", "--tasks", "k7", "k6", "--seeds", "0"]
+    args = ["--shapes", "smoke", "--device", "cpu", "--tasks", "k7", "k6", "layer", "--seeds", "0"]
     assert tolerance_margins.main([*args, "--out", str(out)]) == 0
     blocks = tmp_path / "b.json"
     assert tolerance_margins.main([*args, "--row-blocks", "3", "--out", str(blocks)]) == 0
     whole, by_rows = (json.loads(p.read_text())["cases"] for p in (out, blocks))
     for a, b in zip(whole, by_rows):
         assert (a["task"], a["shape"]) == (b["task"], b["shape"])
-        assert b["row_blocks"] == (3 if a["task"] == "k7" else 1)  # k6's dw sums over the rows: as one
+        assert b["row_blocks"] == 3  # k6's dw and the layer's weight gradients, sums over the rows: by blocks too
+        sums = {o.name for o in tasks.get_task(a["task"]).outputs if o.sum_over_rows}
+        assert sums or a["task"] == "k7"
         for name, r in a["outputs"].items():
-            assert b["outputs"][name]["margin"] == pytest.approx(r["margin"], rel=1e-6), (a["task"], name)
+            got = b["outputs"][name]
+            if name in sums:  # the same exact sum; an allowance from float32 sums taken in another order
+                assert got["max_error"] == pytest.approx(r["max_error"], rel=1e-9)
+                assert got["allowed"] == pytest.approx(r["allowed"], rel=0.25) and got["ok"] == r["ok"]
+            else:
+                assert got["margin"] == pytest.approx(r["margin"], rel=1e-6), (a["task"], name)
+
+
+def test_a_sum_over_rows_by_blocks_is_judged_as_the_whole():
+    """SumCheck (a weight gradient's references made as partial sums over blocks of rows):
+    the exact sum is the whole's, the low-precision one is rounded once after the blocks
+    are added (not once per block), and the verdicts are check_output's on the whole."""
+    from epiforge.tasks.tolerance import SumCheck
+
+    spec = next(o for o in tasks.get_task("layer").outputs if o.name == "dw_gu")  # bf16, sum_over_rows
+    assert spec.sum_over_rows and spec.dtype == "bfloat16"
+    g = torch.Generator().manual_seed(3)
+    terms = torch.randn(300, 8, 16, generator=g, dtype=torch.float64)  # per-token terms, 300 rows
+    exact = terms.sum(0)
+    low = terms.float().sum(0).bfloat16()
+    honest = (exact + 1e-3 * torch.randn(8, 16, generator=g, dtype=torch.float64)).bfloat16()
+    far = honest.clone()
+    far[5, 9] += 1.0
+    biased = (exact * 1.02).bfloat16()  # 2 % high everywhere
+    nan = honest.clone()
+    nan[2, 2] = float("nan")
+    edges = [0, 70, 71, 222, 300]
+    for out in (honest, far, biased, nan):
+        check = SumCheck(spec, (8, 16))
+        for r0, r1 in zip(edges, edges[1:]):
+            check.add(terms[r0:r1].sum(0), terms[r0:r1].float().sum(0))
+        whole, by_blocks = check_output(spec, out, exact, low), check.result(out)
+        assert (whole.ok, whole.problem, whole.worst_index) == (by_blocks.ok, by_blocks.problem, by_blocks.worst_index)
+        if whole.max_error is not None:
+            assert by_blocks.max_error == pytest.approx(whole.max_error, rel=1e-9)
+            assert by_blocks.allowed == pytest.approx(whole.allowed, rel=0.05)  # one bf16 rounding either way
+    assert [check_output(spec, o, exact, low).problem for o in (honest, far, biased, nan)] == \
+        [None, "tolerance", "tolerance", "nonfinite"]
+    # rounding each block's partial sum before adding would widen the allowance: refused
+    with pytest.raises(ValueError, match="unrounded"):
+        SumCheck(spec, (8, 16)).add(exact, low)
+
+
+def test_sum_over_rows_is_declared_only_where_no_dimension_is_m():
+    from epiforge.tasks.spec import OutputSpec
+
+    with pytest.raises(ValueError, match="has M in it"):
+        OutputSpec(name="dw", shape=["M", "d"], dtype="float32", description="x", sum_over_rows=True)
+    sums = {t.id: sorted(o.name for o in t.outputs if o.sum_over_rows) for t in tasks.load_catalogue()[0]}
+    # every output of these without a row per token is a weight (or norm weight) gradient
+    assert sums["k6"] == ["dw"]
+    assert sums["layer"] == sorted(["dw_o", "d_post_norm", "dw_gu", "dw_down", "d_next_norm", "dw_qkv"])
+    assert all(tolerance_margins.rows_separable(t) for t in tasks.load_catalogue()[0])
 
 
 def test_margins_resume_keeps_finished_cases_and_runs_the_rest(tmp_path, capsys):
