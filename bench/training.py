@@ -21,7 +21,9 @@ loss on the same first batch, so a contender that computed something else shows.
   contender's own parameters and optimizer state (every contender lives on the GPU at once,
   so the allocator's plain peak would count the others).
   The breakdown: the kernels of one profiled step, summed by kind (attention, GEMMs with
-  their fused epilogues, the optimizer, the rest), with the largest kernels by name.
+  their fused epilogues, the optimizer, the rest), with the largest kernels by name, and
+  the GEMM time by GEMM shape, so that each fused GEMM sits beside the cuBLAS GEMM it
+  replaces (on a CPU, --tiny: the GEMM calls by shape, whose counts the tests compare).
 
 FlashInfer is not a contender here, though bench/run.py and compare time it per kernel: in
 flashinfer-python 0.7.2.post1 (the version ../shared/gpu/stage-flashinfer installs; read from
@@ -85,11 +87,29 @@ class Contender(BaseModel):
     error: str | None = Field(None, description="why it did not run (then nothing else is set)")
 
 
+class GemmShare(BaseModel):
+    """The GEMM time of one profiled call at one GEMM shape."""
+
+    shape: str = Field(description="'m x n x k', the longer output side first (a GEMM and its transpose are one "
+                                   "shape; k is the reduction), or '?' for GEMM kernels whose launching op was "
+                                   "not found")
+    launches: int = Field(description="on a GPU the GEMM kernels launched at this shape, on a CPU the GEMM calls")
+    ms: float = Field(description="on a GPU the kernels' time, on a CPU the calls' CPU time")
+    by: list[str] = Field(description="what launched them: fused GEMMs by epilogue name, or the aten op "
+                                      "(with '?': the kernels' names)")
+
+
 class Breakdown(BaseModel):
-    """The GPU kernel time of one profiled call, summed by kind, in milliseconds."""
+    """The GPU kernel time of one profiled call, summed by kind, in milliseconds, and the
+    GEMM time by GEMM shape."""
 
     by_kind_ms: dict[str, float]
     top_kernels: list[tuple[str, float]] = Field(description="(kernel name, ms), the largest first")
+    gemms: list[GemmShare] = Field(default_factory=list,
+                                   description="the GEMM time by shape, the largest first: each GEMM kernel goes "
+                                               "to the op that launched it (a fused GEMM's profiler range, "
+                                               "primitives.epilogue.PROFILE_LABEL, or aten::mm / addmm / bmm), "
+                                               "so that fused and unfused models can be compared shape by shape")
 
 
 class Row(BaseModel):
@@ -195,16 +215,21 @@ def _kind(name: str) -> str:
     return next((kind for kind, pattern in KINDS if pattern.search(name)), "rest")
 
 
-def profile_breakdown(fn: Callable[[], object], top: int = 40) -> Breakdown:
-    """The GPU kernels of one call of fn, by kind (KINDS), from torch.profiler."""
+def profile_breakdown(fn: Callable[[], object], top: int = 40, cuda: bool = True) -> Breakdown:
+    """The GPU kernels of one call of fn, by kind (KINDS), and its GEMM time by shape, from
+    torch.profiler (on a CPU: the GEMM calls' CPU time only)."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+    if cuda:
         torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
     per_kernel: dict[str, float] = {}
-    for e in prof.events():
+    for e in events:
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time_total / 1000.0
     by_kind: dict[str, float] = {}
@@ -212,7 +237,82 @@ def profile_breakdown(fn: Callable[[], object], top: int = 40) -> Breakdown:
         by_kind[_kind(name)] = by_kind.get(_kind(name), 0.0) + ms
     ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
     return Breakdown(by_kind_ms={k: round(v, 3) for k, v in sorted(by_kind.items())},
-                     top_kernels=[(n[:160], round(ms, 3)) for n, ms in ranked])
+                     top_kernels=[(n[:160], round(ms, 3)) for n, ms in ranked],
+                     gemms=gemm_shares(events, on_gpu=cuda))
+
+
+#: aten's GEMM ops: the positions of A and B among their inputs
+ATEN_GEMMS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),
+              "aten::_scaled_mm": (0, 1)}
+
+
+def gemm_shape(event) -> tuple[tuple[int, int, int], str] | None:
+    """((m, n, k), launcher) of a profiled op that is one GEMM call: a fused GEMM's range
+    (primitives.epilogue.PROFILE_LABEL) or an aten GEMM with its input shapes recorded (a
+    batched one as m = batch x rows); None for any other op."""
+    from epiforge.primitives.epilogue import PROFILE_LABEL
+
+    name = event.name
+    if name.startswith(PROFILE_LABEL + " "):
+        words = name.split(" ")
+        try:
+            m, n, k = (int(x) for x in words[1].split("x"))
+        except ValueError:
+            return None
+        return (m, n, k), " ".join(words[2:]) or "fused"
+    if name not in ATEN_GEMMS:
+        return None
+    shapes = getattr(event, "input_shapes", None) or []
+    ia, ib = ATEN_GEMMS[name]
+    if len(shapes) <= ib:
+        return None
+    a, b = shapes[ia], shapes[ib]
+    if len(a) == 2 and len(b) == 2:
+        return (a[0], b[1], a[1]), name
+    if len(a) == 3 and len(b) == 3:
+        return (a[0] * a[1], b[2], a[2]), name
+    return None
+
+
+def gemm_shares(events, on_gpu: bool) -> list[GemmShare]:
+    """GEMM time by shape (GemmShare). On a GPU each GEMM kernel (KINDS) goes to the
+    nearest GEMM op enclosing its launch (the op itself or a parent), else to '?'. On a CPU
+    each outermost GEMM op counts its CPU time (an aten::mm inside a fused GEMM's range is
+    the emulator's, counted by that range)."""
+
+    def owner(e):
+        while e is not None:
+            found = gemm_shape(e)
+            if found is not None:
+                return found
+            e = e.cpu_parent
+        return None
+
+    table: dict[str, list] = {}
+
+    def add(mnk, by: str, launches: int, ms: float) -> None:
+        key = "?" if mnk is None else f"{max(mnk[0], mnk[1])} x {min(mnk[0], mnk[1])} x {mnk[2]}"
+        row = table.setdefault(key, [0, 0.0, set()])
+        row[0] += launches
+        row[1] += ms
+        row[2].add(by)
+
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        if on_gpu:
+            kernels = [k for k in e.kernels if _kind(k.name) == "gemm"]
+            if not kernels:
+                continue
+            found = owner(e)
+            add(found and found[0], found[1] if found else kernels[0].name[:80], len(kernels),
+                sum(k.duration for k in kernels) / 1000.0)
+        else:
+            found = gemm_shape(e)
+            if found is not None and owner(e.cpu_parent) is None:
+                add(found[0], found[1], 1, e.cpu_time_total / 1000.0)
+    ranked = sorted(table.items(), key=lambda kv: -kv[1][1])
+    return [GemmShare(shape=key, launches=n, ms=round(ms, 3), by=sorted(by)) for key, (n, ms, by) in ranked]
 
 
 class _Entry:
@@ -268,7 +368,8 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
               file=sys.stderr, flush=True)
     ok = [e for e in entries if e.record.error is None]
     row = Row(part=part, config=config, reps=reps if cuda else 0, contenders=[e.record for e in entries])
-    if not cuda:
+    if not cuda:  # nothing timed; the GEMM calls by shape (profile_breakdown on a CPU)
+        _breakdowns(row, ok, breakdown_of, cuda)
         return row
     timings = time_cuda_interleaved({e.record.name: (e.call, [(i,) for i in range(2)]) for e in ok},
                                     warmup=1, reps=reps)
@@ -284,11 +385,15 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
         for a, b in ratio_pairs:
             if a in rest and b in rest:
                 row.ratios[f"non-attention {a}/{b}"] = paired_ratio(rest[a], rest[b], ci=True)
-    for name in breakdown_of:
+    _breakdowns(row, ok, breakdown_of, cuda)
+    return row
+
+
+def _breakdowns(row: Row, ok: list[_Entry], names: tuple[str, ...], cuda: bool) -> None:
+    for name in names:
         entry = next((e for e in ok if e.record.name == name), None)
         if entry is not None:
-            row.breakdown[name] = profile_breakdown(lambda: entry.call(0))
-    return row
+            row.breakdown[name] = profile_breakdown(lambda: entry.call(0), cuda=cuda)
 
 
 def _skipped(entries: list[_Entry], skip: tuple[str, ...]) -> list[_Entry]:
@@ -362,7 +467,7 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
               "ffn": cfg.ffn, "batch": batch, "seq": seq, "tokens": batch * seq}
     pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused"), ("fused-eager-glue", "fused")]
     return _run_row("layer", config, _skipped(entries, skip), reps, cuda, pairs,
-                    breakdown_of=("fused", "compile", "liger") if cuda else ())
+                    breakdown_of=("fused", "compile", "liger", "eager"))
 
 
 def _attention_call(cfg: LlamaLayerConfig, batch: int, seq: int, device):
@@ -431,7 +536,7 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
              ("liger", "fused+compile"), ("fused-eager-glue", "fused"), ("compile", "fused-stored-logits"),
              ("fused", "fused-stored-logits"), ("liger", "fused-stored-logits")]
     return _run_row("step", config, _skipped(entries, skip), reps, cuda, pairs,
-                    breakdown_of=("fused", "fused-stored-logits", "fused+compile", "compile", "liger") if cuda else ())
+                    breakdown_of=("fused", "fused-stored-logits", "fused+compile", "compile", "liger", "eager"))
 
 
 @contextmanager
@@ -477,7 +582,8 @@ def render(reports: list[Report]) -> str:
                              f"{ratio(f'non-attention {k.name}/fused')} | {k.peak_gib if k.peak_gib is not None else ''} "
                              f"| {k.loss if k.loss is not None else ''} |")
             lines.append("")
-            if row.breakdown:
+            lines += render_gemm_shares(row)
+            if any(b.by_kind_ms for b in row.breakdown.values()):
                 kinds = sorted({kind for b in row.breakdown.values() for kind in b.by_kind_ms})
                 lines += ["GPU kernel time of one profiled call, ms:", "",
                           "| contender | " + " | ".join(kinds) + " | total |", "|---" * (len(kinds) + 2) + "|"]
@@ -486,6 +592,26 @@ def render(reports: list[Report]) -> str:
                                  + f" | {sum(b.by_kind_ms.values()):.1f} |")
                 lines.append("")
     return "\n".join(lines)
+
+
+def render_gemm_shares(row: Row) -> list[str]:
+    """The row's GEMM time by shape, one column per profiled contender: ms (launches)."""
+    have = {name: {g.shape: g for g in b.gemms} for name, b in row.breakdown.items() if b.gemms}
+    if not have:
+        return []
+    order: dict[str, float] = {}
+    for shares in have.values():
+        for key, g in shares.items():
+            order[key] = max(order.get(key, 0.0), g.ms)
+    cuda = row.reps > 0
+    lines = [f"{'GEMM kernel' if cuda else 'GEMM call (CPU)'} time by GEMM shape (m x n x k, the longer output "
+             "side first), ms (launches):", "", "| shape | " + " | ".join(have) + " |", "|---" * (len(have) + 1) + "|"]
+    for key in sorted(order, key=lambda k: -order[k]):
+        cells = [f"{s[key].ms:.2f} ({s[key].launches})" if key in s else "" for s in have.values()]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines.append("| total | " + " | ".join(f"{sum(g.ms for g in s.values()):.2f} "
+                                             f"({sum(g.launches for g in s.values())})" for s in have.values()) + " |")
+    return lines + [""]
 
 
 def main(argv=None) -> int:

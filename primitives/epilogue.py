@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -38,6 +39,10 @@ from epiforge.primitives.spec import (
 )
 
 _HALF = (torch.bfloat16, torch.float16)
+#: while torch.profiler runs, each fused GEMM call is a range named
+#: "<PROFILE_LABEL> <m>x<n>x<k> <epilogue>", so that a profile can tell its kernels' GEMM
+#: shape (bench/training.py attributes GEMM time by shape)
+PROFILE_LABEL = "epiforge.gemm"
 
 
 class EpilogueError(ValueError):
@@ -144,18 +149,25 @@ class Epilogue:
         if config.c_load_warp and call.c is None and not any(isinstance(k, Tile) for k in self.operands.values()):
             raise EpilogueError(f"{self.name}(): config {config.key()} has c_load_warp, which issues the epilogue's C "
                                 "loads, but this call loads no C and no tile (pass c= or drop the flag)")
-        if a.device.type == "cuda":
-            from epiforge.primitives.lowering import launch
+        with self._profiled(call):
+            if a.device.type == "cuda":
+                from epiforge.primitives.lowering import launch
 
-            return launch(self, call, config)
-        if os.environ.get("EPIFORGE_CROSS_COMPILE") == "1":
-            # the CPU compile check: build the exact GPU kernel for sm_90a, then emulate
-            from epiforge.primitives.lowering import cross_compile
+                return launch(self, call, config)
+            if os.environ.get("EPIFORGE_CROSS_COMPILE") == "1":
+                # the CPU compile check: build the exact GPU kernel for sm_90a, then emulate
+                from epiforge.primitives.lowering import cross_compile
 
-            cross_compile(self, call, config)
-        from epiforge.primitives.emulator import emulate
+                cross_compile(self, call, config)
+            from epiforge.primitives.emulator import emulate
 
-        return emulate(self, call, config)
+            return emulate(self, call, config)
+
+    def _profiled(self, call: "Call"):
+        """The call's profiler range (PROFILE_LABEL), only while a profiler runs."""
+        if not torch.autograd._profiler_enabled():
+            return nullcontext()
+        return torch.profiler.record_function(f"{PROFILE_LABEL} {call.m}x{call.n}x{call.k} {self.name}")
 
     def check_call(self, a, w, c, values, dtypes, store_d) -> "Call":
         """Validate a call against the declarations; one clear error line when it does not fit."""

@@ -27,6 +27,68 @@ def test_tiny_run_writes_a_report_whose_contenders_agree(tmp_path):
         if row.part == "step":  # k5l's loss is k5's: both from the unrounded float32 logits
             assert abs(by_name["fused-stored-logits"].loss - fused) <= 1e-6 * abs(fused), row.contenders
         assert row.reps == 0 and not row.ratios and all(c.timing is None for c in row.contenders), "a CPU time reported"
+        _same_gemms_as_eager(row)
+    text = bt.render([report])
+    step = report.rows[1].breakdown
+    assert text.count("GEMM call (CPU) time by GEMM shape") == 2 and "| shape | fused | fused-stored-logits | eager |" in text
+    assert (f"| total | {sum(g.ms for g in step['fused'].gemms):.2f} ({sum(g.launches for g in step['fused'].gemms)}) |"
+            in text)
+
+
+def _same_gemms_as_eager(row):
+    """The CPU breakdown counts GEMM calls by shape: the fused model makes the eager one's
+    GEMMs, shape by shape, except its one recomputed LM-head GEMM in the backward (a step's
+    fused contender), which fused-stored-logits does not make."""
+    c = row.config
+    calls = {name: {g.shape: g.launches for g in b.gemms} for name, b in row.breakdown.items()}
+    assert set(calls) == {"fused", "eager"} | ({"fused-stored-logits"} if row.part == "step" else set()), calls
+    assert all(b.by_kind_ms == {} for b in row.breakdown.values())  # no GPU kernels on a CPU
+    eager = calls["eager"]
+    # per layer: QKV, O, gate/up, down; each forward, input-gradient and weight-gradient GEMM
+    assert sum(eager.values()) == 12 * c.get("n_layers", 1) + (3 if row.part == "step" else 0), eager
+    for name, got in calls.items():
+        want = dict(eager)
+        if name == "fused" and row.part == "step":
+            lm_head = f"{max(c['tokens'], c['vocab'])} x {min(c['tokens'], c['vocab'])} x {c['d']}"
+            want[lm_head] += 1
+        assert got == want, (row.part, name, got, want)
+
+
+def test_gemm_time_goes_to_the_op_that_launched_it():
+    """On a GPU, each GEMM kernel counts at the shape of the nearest GEMM op around its
+    launch (a fused GEMM's range, aten::mm / addmm / bmm), other kernels not at all, and a
+    GEMM kernel without such an op under '?'. (Profiler events as torch.profiler makes them.)"""
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from epiforge.primitives.epilogue import PROFILE_LABEL
+
+    def op(i, name, shapes=(), kernels=(), parent=None):
+        e = FunctionEvent(id=i, name=name, thread=0, start_us=0, end_us=10, input_shapes=list(shapes), use_device="cuda")
+        for kernel, us in kernels:
+            e.append_kernel(kernel, 0, us)
+        if parent is not None:
+            e.set_cpu_parent(parent)
+            parent.append_cpu_child(e)
+        return e
+
+    fused = op(1, f"{PROFILE_LABEL} 16384x8192x2048 k7_dswiglu")
+    launch = op(2, "cuLaunchKernelEx-wrapper", kernels=[("kernel_cutlass_kernel_quackepilogue_x", 900.0)], parent=fused)
+    fill = op(3, "aten::zero_", kernels=[("vectorized_elementwise_kernel<FillFunctor>", 50.0)], parent=fused)
+    linear = op(4, "aten::linear")
+    mm = op(5, "aten::mm", shapes=[[16384, 2048], [2048, 8192]], kernels=[("nvjet_sm90_tst_128x256", 700.0)],
+            parent=linear)
+    wgrad = op(6, "aten::mm", shapes=[[8192, 16384], [16384, 2048]], kernels=[("nvjet_sm90_tst_256x128", 650.0)])
+    bmm = op(7, "aten::bmm", shapes=[[4, 128, 64], [4, 64, 256]], kernels=[("cutlass_80_gemm", 10.0)])
+    stray = op(8, "triton_tem_fused_mm", kernels=[("triton_tem_fused_mm_0_gemm", 30.0)])
+    shares = {g.shape: g for g in bt.gemm_shares([fused, launch, fill, linear, mm, wgrad, bmm, stray], on_gpu=True)}
+    assert set(shares) == {"16384 x 8192 x 2048", "8192 x 2048 x 16384", "512 x 256 x 64", "?"}, shares
+    # the fused GEMM (16384 x 8192, k 2048) and the unfused one it replaces are one shape
+    both = shares["16384 x 8192 x 2048"]
+    assert both.launches == 2 and both.ms == pytest.approx(1.6) and both.by == ["aten::mm", "k7_dswiglu"]
+    assert shares["8192 x 2048 x 16384"].ms == pytest.approx(0.65)  # the fill kernel counted nowhere
+    assert shares["512 x 256 x 64"].launches == 1
+    assert shares["?"].by == ["triton_tem_fused_mm_0_gemm"] and shares["?"].ms == pytest.approx(0.03)
+    assert list(shares) == ["16384 x 8192 x 2048", "8192 x 2048 x 16384", "?", "512 x 256 x 64"]  # largest first
 
 
 def test_a_cpu_run_without_tiny_is_refused(tmp_path, capsys):
