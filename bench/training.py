@@ -105,6 +105,10 @@ class Breakdown(BaseModel):
 
     by_kind_ms: dict[str, float]
     top_kernels: list[tuple[str, float]] = Field(description="(kernel name, ms), the largest first")
+    kernel_ops: dict[str, list[str]] = Field(default_factory=dict,
+                                             description="for each of top_kernels, what launched it: the "
+                                                         "outermost epiforge op around the launch, if any, "
+                                                         "' > ' the innermost op (at most 3 such pairs)")
     gemms: list[GemmShare] = Field(default_factory=list,
                                    description="the GEMM time by shape, the largest first: each GEMM kernel goes "
                                                "to the op that launched it (a fused GEMM's profiler range, "
@@ -236,9 +240,31 @@ def profile_breakdown(fn: Callable[[], object], top: int = 40, cuda: bool = True
     for name, ms in per_kernel.items():
         by_kind[_kind(name)] = by_kind.get(_kind(name), 0.0) + ms
     ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
+    launchers = kernel_launchers(events)
     return Breakdown(by_kind_ms={k: round(v, 3) for k, v in sorted(by_kind.items())},
                      top_kernels=[(n[:160], round(ms, 3)) for n, ms in ranked],
+                     kernel_ops={n[:160]: launchers[n] for n, _ in ranked if n in launchers},
                      gemms=gemm_shares(events, on_gpu=cuda))
+
+
+def kernel_launchers(events) -> dict[str, list[str]]:
+    """Kernel name -> the ops that launched it, 'outermost epiforge op > innermost op' (or
+    the innermost alone), at most 3 distinct, in the order first seen."""
+    found: dict[str, list[str]] = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU or not e.kernels:
+            continue
+        outer, p = None, e
+        while p is not None:
+            if p.name.startswith("epiforge::"):
+                outer = p.name
+            p = p.cpu_parent
+        path = e.name if outer is None or outer == e.name else f"{outer} > {e.name}"
+        for k in e.kernels:
+            seen = found.setdefault(k.name, [])
+            if path not in seen and len(seen) < 3:
+                seen.append(path)
+    return found
 
 
 #: aten's GEMM ops: the positions of A and B among their inputs

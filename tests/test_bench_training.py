@@ -89,6 +89,13 @@ def test_gemm_time_goes_to_the_op_that_launched_it():
     assert shares["512 x 256 x 64"].launches == 1
     assert shares["?"].by == ["triton_tem_fused_mm_0_gemm"] and shares["?"].ms == pytest.approx(0.03)
     assert list(shares) == ["16384 x 8192 x 2048", "8192 x 2048 x 16384", "?", "512 x 256 x 64"]  # largest first
+    # what launched each kernel: the outermost epiforge op around it, then the innermost op
+    block = op(9, "epiforge::decoder_block_backward")
+    fused.set_cpu_parent(block)
+    launchers = bt.kernel_launchers([fused, launch, fill, mm, stray])
+    assert launchers["vectorized_elementwise_kernel<FillFunctor>"] == ["epiforge::decoder_block_backward > aten::zero_"]
+    assert launchers["nvjet_sm90_tst_128x256"] == ["aten::mm"]
+    assert launchers["triton_tem_fused_mm_0_gemm"] == ["triton_tem_fused_mm"]
 
 
 def test_a_cpu_run_without_tiny_is_refused(tmp_path, capsys):

@@ -102,6 +102,24 @@ K0 = "k0_gemm_residual_partial_rmsnorm"
 K2 = "k2_gemm_rmsnorm_swiglu"
 
 
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+               direction: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of direction * positions[m] * inv_freq[j], each (M, head_dim / 2): angles and
+    their cosines and sines in float64, then cast to dtype."""
+    angle = direction * positions.double()[:, None] * inv_freq.double()[None, :]
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def rotate_by_table(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_cols: int) -> torch.Tensor:
+    """rotate_adjacent_pairs with its (cos, sin) table given (rope_table, in z's dtype)."""
+    m, half = cos.shape
+    pairs = z[:, :rotary_cols].reshape(m, rotary_cols // (2 * half), half, 2)
+    x, y = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).reshape(m, rotary_cols)
+    return torch.cat((rotated, z[:, rotary_cols:]), dim=1)
+
+
 def rotate_adjacent_pairs(z: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                           rotary_cols: int, direction: int = 1) -> torch.Tensor:
     """RoPE as the kernels lay it out: columns (2j, 2j+1) of every head in the first
@@ -109,13 +127,7 @@ def rotate_adjacent_pairs(z: torch.Tensor, positions: torch.Tensor, inv_freq: to
     (x, y) -> (x cos - y sin, x sin + y cos); the other columns pass through. direction +1 is
     Hugging Face LLaMA's rotation (after the pairing permutation, see training/layer.py); -1
     is its inverse, the RoPE backward. Angles in float64, the rotation in z's precision."""
-    m, head_dim = z.shape[0], 2 * inv_freq.shape[0]
-    angle = direction * positions.double()[:, None] * inv_freq.double()[None, :]
-    cos, sin = (f(angle).to(z.dtype)[:, None, :] for f in (torch.cos, torch.sin))
-    pairs = z[:, :rotary_cols].reshape(m, rotary_cols // head_dim, head_dim // 2, 2)
-    x, y = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).reshape(m, rotary_cols)
-    return torch.cat((rotated, z[:, rotary_cols:]), dim=1)
+    return rotate_by_table(z, *rope_table(positions, inv_freq, z.dtype, direction), rotary_cols)
 
 
 def _row_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -186,10 +198,14 @@ def rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torch.Te
                           torch.zeros_like(x))
 
 
-def _rope_backward_and_zdz(dqkv, qkv, positions, inv_freq, rotary_cols: int):
-    """RoPE's backward at the pre-RoPE projection (the inverse rotation of dqkv, in dqkv's
-    dtype) and ZdZ = sum_k qkv_k dqkv_k per row (the rotation is orthogonal)."""
-    dz = rotate_adjacent_pairs(dqkv.float(), positions, inv_freq, rotary_cols, direction=-1).to(dqkv.dtype)
+def _rope_backward_and_zdz(dqkv, qkv, cos, sin, rotary_cols: int):
+    """RoPE's backward at the pre-RoPE projection (the inverse rotation of dqkv by the float32
+    table (cos, sin) of -angle, in dqkv's dtype) and ZdZ = sum_k qkv_k dqkv_k per row (the
+    rotation is orthogonal). The table is made before, outside the compiled glue: made
+    inside, its float64 cosine and sine went into the rotation's one pointwise kernel, so
+    per element of dqkv rather than per (row, pair); that kernel took 8.7 ms of the 1B
+    step's 248 (bench/results/h200/training/step-configs-2.json)."""
+    dz = rotate_by_table(dqkv.float(), cos, sin, rotary_cols).to(dqkv.dtype)
     return dz.contiguous(), (qkv.float() * dqkv.float()).sum(-1)
 
 
@@ -223,7 +239,8 @@ def _glue(fn, *args):
 def qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols: int, dx_in):
     """The backward of RMSNorm -> QKV -> RoPE with dx_in, the residual stream's other
     gradient, as k6's accumulate input -> (dx_in + dx through the norm, dnorm_weight, dw_qkv)."""
-    dz, zdz = _glue(_rope_backward_and_zdz, dqkv, qkv, positions, inv_freq, rotary_cols)
+    cos, sin = rope_table(positions, inv_freq, torch.float32, direction=-1)
+    dz, zdz = _glue(_rope_backward_and_zdz, dqkv, qkv, cos, sin, rotary_cols)
     out = _kernel(K6).run({"dz": dz, "w_gu": w_qkv.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
                            "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": zdz}, {})
     return out["dx"], out["dw"].to(norm_weight.dtype), dz.T @ out["h"]
