@@ -95,6 +95,35 @@ def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu(n_layers
                                store_logits)
 
 
+def test_the_backward_fills_no_zeros_for_the_saved_activations():
+    """The fused ops return saved activations (x_mid, z, h, rstd, ...) that nothing uses:
+    autograd must not make zero gradients for them before each backward (with
+    materialised gradients it filled every block's M x 2F z with zeros). Counted here as
+    zero-fills outside the fused ops, in the backward of the 3-layer model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = LlamaModelConfig(CPU_CONFIG.vocab, 3, CPU_CONFIG.layer)
+    fused = _models(cfg, "cpu")[0]
+    tokens, targets = _tokens(cfg, CPU_BATCH, CPU_SEQ, "cpu")
+    loss = fused(tokens, targets)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        loss.backward()
+
+    def inside_an_op(e):
+        while e is not None:
+            if e.name.startswith("epiforge"):
+                return True
+            e = e.cpu_parent
+        return False
+
+    m = CPU_BATCH * CPU_SEQ
+    fills = [(e.name, e.input_shapes[0]) for e in prof.events()
+             if e.name in ("aten::zero_", "aten::fill_") and e.input_shapes and e.input_shapes[0][:1] == [m]
+             and not inside_an_op(e)]
+    assert fills == [], fills
+    assert all(p.grad is not None for p in fused.parameters())
+
+
 @pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
 def test_ignored_targets_leave_the_loss_and_gradients_as_torch_cross_entropy_gives(store_logits):
     """Rows whose target is -100 (padding) drop out of the mean and give no gradient, in the

@@ -50,6 +50,7 @@ from epiforge.training.ops import (
     _row_rstd,
     attention_out_mlp_grads,
     attention_out_swiglu_kernels,
+    no_zero_grads,
     normalised,
     qk_norm_rope_grads,
     qk_norm_rope_kernel,
@@ -176,12 +177,16 @@ def _embed_setup(ctx, inputs, output):
     tokens, embed, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps, q_norm, k_norm = inputs
     qkv, x, rstd = output
     ctx.mark_non_differentiable(rstd)
+    no_zero_grads(ctx)
     ctx.rotary_cols = rotary_cols
     ctx.save_for_backward(qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq, q_norm, k_norm)
 
 
 def _embed_backward(ctx, dqkv, dx, drstd_unused):
     qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq, q_norm, k_norm = ctx.saved_tensors
+    if dqkv is None and dx is None:
+        return (None,) * 10
+    dqkv = torch.zeros_like(qkv) if dqkv is None else dqkv
     dx = torch.zeros_like(x) if dx is None else dx.to(x.dtype).contiguous()
     *grads, dq_norm, dk_norm = embed_rmsnorm_qkv_rope_backward(
         dqkv.to(x.dtype).contiguous(), dx, qkv, x, rstd, tokens, embed, norm_weight, w_qkv, positions, inv_freq,
@@ -266,6 +271,7 @@ def _block_setup(ctx, inputs, output):
      next_q_norm, next_k_norm) = inputs
     qkv, x, x_mid, z, rstd_mid, rstd = output
     ctx.mark_non_differentiable(x_mid, z, rstd_mid, rstd)
+    no_zero_grads(ctx)
     ctx.rotary_cols = rotary_cols
     ctx.save_for_backward(qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
                           positions, inv_freq, next_q_norm, next_k_norm)
@@ -273,7 +279,10 @@ def _block_setup(ctx, inputs, output):
 
 def _block_backward(ctx, dqkv, dx, *unused):
     *saved, next_q_norm, next_k_norm = ctx.saved_tensors
-    x = saved[1]
+    if dqkv is None and dx is None:
+        return (None,) * 14
+    qkv, x = saved[0], saved[1]
+    dqkv = torch.zeros_like(qkv) if dqkv is None else dqkv
     dx = torch.zeros_like(x) if dx is None else dx.to(x.dtype).contiguous()
     *grads, dq_norm, dk_norm = decoder_block_backward(dqkv.to(x.dtype).contiguous(), dx, *saved, ctx.rotary_cols,
                                                       next_q_norm, next_k_norm)
@@ -417,11 +426,14 @@ def _loss_setup(ctx, inputs, output):
     attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits = inputs
     loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits = output
     ctx.mark_non_differentiable(lse, x_mid, z, rstd_mid, x, h, rstd, logits)
+    no_zero_grads(ctx)
     ctx.save_for_backward(lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm,
                           targets, logits)
 
 
 def _loss_backward(ctx, dloss, *unused):
+    if dloss is None:
+        return (None,) * 11
     grads = decoder_block_loss_backward(dloss.float().contiguous(), *ctx.saved_tensors)
     return (*grads, None, None, None)
 

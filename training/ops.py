@@ -81,13 +81,25 @@ def _(dy, a, w_gu, w_down, z):
     return torch.empty_like(a), torch.empty_like(w_gu), torch.empty_like(w_down)
 
 
+def no_zero_grads(ctx) -> None:
+    """In an op's setup_context: the gradients of outputs that nothing used (the saved
+    activations an op returns, mark_non_differentiable's outputs included) reach its
+    backward as None, not as zero tensors autograd fills first: in the 1B step about 9 GiB
+    of bf16 zeros (every block's x_mid and its M x 2F z), the size of the bf16 FillFunctor
+    kernel's 3.0 ms there (bench/results/h200/training/step-configs-2.json)."""
+    ctx.set_materialize_grads(False)
+
+
 def _setup(ctx, inputs, output):
     a, w_gu, w_down = inputs
+    no_zero_grads(ctx)
     ctx.save_for_backward(a, w_gu, w_down, output[1])
 
 
 def _backward(ctx, dy, dz_unused):
     a, w_gu, w_down, z = ctx.saved_tensors
+    if dy is None:
+        return None, None, None
     return swiglu_mlp_backward(dy.to(a.dtype), a, w_gu, w_down, z)
 
 
@@ -254,6 +266,7 @@ def _(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols):
 def _qkv_setup(ctx, inputs, output):
     x, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps = inputs
     qkv, rstd = output
+    no_zero_grads(ctx)
     ctx.mark_non_differentiable(rstd)
     ctx.rotary_cols = rotary_cols
     ctx.save_for_backward(qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq)
@@ -261,6 +274,8 @@ def _qkv_setup(ctx, inputs, output):
 
 def _qkv_backward(ctx, dqkv, drstd_unused):
     qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq = ctx.saved_tensors
+    if dqkv is None:
+        return (None,) * 7
     dx, dnorm, dw_qkv = rmsnorm_qkv_rope_backward(dqkv.to(x.dtype).contiguous(), qkv, x, rstd, norm_weight, w_qkv,
                                                   positions, inv_freq, ctx.rotary_cols)
     return dx, dnorm, dw_qkv, None, None, None, None
@@ -366,12 +381,16 @@ def _(dy, dx_extra, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd):
 def _mlp_block_setup(ctx, inputs, output):
     attn, residual, w_o, norm_weight, w_gu, w_down, eps = inputs
     y, x, z, rstd = output
+    no_zero_grads(ctx)
     ctx.mark_non_differentiable(z, rstd)
     ctx.save_for_backward(attn, w_o, norm_weight, w_gu, w_down, x, z, rstd)
 
 
 def _mlp_block_backward(ctx, dy, dx_extra, dz_unused, drstd_unused):
     attn, w_o, norm_weight, w_gu, w_down, x, z, rstd = ctx.saved_tensors
+    if dy is None and dx_extra is None:
+        return (None,) * 7
+    dy = torch.zeros_like(x) if dy is None else dy
     dx_extra = torch.zeros_like(x) if dx_extra is None else dx_extra.to(x.dtype).contiguous()
     grads = attention_out_mlp_backward(dy.to(x.dtype).contiguous(), dx_extra, attn, w_o, norm_weight, w_gu, w_down,
                                        x, z, rstd)
@@ -505,6 +524,7 @@ def _(dqkv, qkv, x, rstd, norm_weight, w_qkv, q_norm, k_norm, positions, inv_fre
 def _qk_norm_setup(ctx, inputs, output):
     x, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq, rotary_cols, eps = inputs
     qkv, rstd = output
+    no_zero_grads(ctx)
     ctx.mark_non_differentiable(rstd)
     ctx.rotary_cols = rotary_cols
     ctx.save_for_backward(qkv, x, rstd, norm_weight, w_qkv, q_norm, k_norm, positions, inv_freq)
@@ -512,6 +532,8 @@ def _qk_norm_setup(ctx, inputs, output):
 
 def _qk_norm_backward(ctx, dqkv, drstd_unused):
     qkv, x, *rest = ctx.saved_tensors
+    if dqkv is None:
+        return (None,) * 9
     grads = rmsnorm_qk_norm_rope_backward(dqkv.to(x.dtype).contiguous(), qkv, x, *rest, ctx.rotary_cols)
     return (*grads, None, None, None, None)
 
