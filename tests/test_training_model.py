@@ -319,13 +319,38 @@ def test_each_op_passes_torch_library_opcheck(which):
     args, _, _ = _op_inputs(which, m=32)
     op = {"embed_rmsnorm_qkv_rope": embed_rmsnorm_qkv_rope, "decoder_block": decoder_block}.get(which,
                                                                                                    decoder_block_loss)
+    # With stored logits the op's logits output is its backward's workspace: after an eager
+    # backward it holds dlogits (test_the_stored_logits_become_dlogits), while a traced
+    # backward writes them to a new tensor; test_aot_dispatch_dynamic compares the outputs
+    # after the backward, so it would see exactly that. The traced path is tested through
+    # torch.compile of the whole model instead (..._under_torch_compile[stored-logits]).
+    aot = () if which == "decoder_block_loss-stored-logits" else ("test_aot_dispatch_dynamic",)
     result = torch.library.opcheck(op, args, test_utils=(
-        "test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+        "test_schema", "test_autograd_registration", "test_faketensor", *aot))
     assert all(v == "SUCCESS" for v in result.values()), result
 
 
-def test_the_model_traces_whole_under_torch_compile_and_gives_the_eager_numbers():
-    fused = _models(CPU_CONFIG, "cpu")[0]
+def test_the_stored_logits_become_dlogits():
+    """decoder_block_loss with stored logits: its backward overwrites them with dlogits =
+    dloss * (softmax - onehot(target)) (one M x V tensor at the backward's peak, not two)."""
+    args, _, _ = _op_inputs("decoder_block_loss-stored-logits", m=32)
+    out = decoder_block_loss(*args)
+    loss, lse, logits = out[0], out[1], out[8]
+    kept = logits.clone()
+    weights = torch.rand(loss.shape, generator=torch.Generator().manual_seed(3))
+    (loss * weights).sum().backward()
+    targets = args[8]
+    want = weights.double()[:, None] * (torch.exp(kept.double() - lse.double()[:, None])
+                                        - torch.nn.functional.one_hot(targets, kept.shape[1]).double())
+    assert logits.dtype == torch.bfloat16 and not torch.equal(logits, kept)
+    assert ((logits.double() - want).abs() <= 2.0 ** -8 * want.abs() + 1e-6).all()
+
+
+@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
+def test_the_model_traces_whole_under_torch_compile_and_gives_the_eager_numbers(store_logits):
+    """Stored logits: the traced backward writes dlogits to a new tensor, the eager one over
+    the logits (model_ops.dlogits_from_stored_logits); the same numbers either way."""
+    fused = _models(CPU_CONFIG, "cpu", store_logits=store_logits)[0]
     tokens, targets = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", seed=2)
     targets = _padded(targets)                         # the ignore_index mask and assert trace too
 
@@ -380,7 +405,7 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
     """lm_head_loss_grads against torch.autograd of the same loss in float64: dlogits (seen
     through dw_lm and dx), with targets on every column, the first and the last included;
     from the logits recomputed by a GEMM, and from the bf16 logits k5l stores."""
-    from epiforge.training.model_ops import lm_head_loss_grads
+    from epiforge.training.model_ops import dlogits_from_stored_logits, lm_head_loss_grads
 
     torch.manual_seed(0)
     m, v, d = 64, 96, 32
@@ -393,8 +418,9 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
     h = (x.float() * final_norm.float()).bfloat16()
     logits = (h.float() @ w_lm.float().T) * rstd[:, None]
     lse = torch.logsumexp(logits, -1)
-    dx, dnorm, dw = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets,
-                                       logits.bfloat16() if stored else None)
+    kept = logits.bfloat16()
+    given = dlogits_from_stored_logits(kept, lse, dloss, targets) if stored else (None, None)
+    dx, dnorm, dw = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, *given)
 
     x64, n64, w64 = (t.double().requires_grad_() for t in (x, final_norm, w_lm))
     hn = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * n64
@@ -403,6 +429,14 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
     for name, got, want in (("dx", dx, x64.grad), ("dfinal_norm", dnorm, n64.grad), ("dw_lm", dw, w64.grad)):
         err = (got.double() - want).norm() / want.norm()
         assert err < 0.02, (name, float(err))
-    if stored:  # the stored logits are what the gradient is taken from: others give another one
-        other = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, (1.5 * logits).bfloat16())[2]
+    if stored:  # dlogits took the stored logits' place (no second M x V tensor): softmax - onehot, scaled
+        assert given[0] is kept
+        probs = torch.exp(logits.bfloat16().double() - lse.double()[:, None])  # the lse given, of the float32 logits
+        want = dloss.double()[:, None] * (probs - torch.nn.functional.one_hot(targets, v).double())
+        assert kept.dtype == torch.bfloat16 and ((kept.double() - want).abs() <= 2.0 ** -8 * want.abs() + 1e-9).all()
+        zdz = (logits.bfloat16().double() * want).sum(-1)
+        assert torch.allclose(given[1].double(), zdz, rtol=1e-4, atol=1e-7)
+        # the stored logits are what the gradient is taken from: others give another one
+        other = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets,
+                                   *dlogits_from_stored_logits((1.5 * logits).bfloat16(), lse, dloss, targets))[2]
         assert (other.double() - w64.grad).norm() / w64.grad.norm() > 0.1

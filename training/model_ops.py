@@ -312,9 +312,10 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
                 reach memory) or, with store_logits, k5l (the same, the bf16 logits stored).
       backward  dlogits = dloss * (exp(logits - lse) - onehot(target)) in bf16 and ZdZ = sum
                 logits * dlogits per row (lm_head_loss_grads): without stored logits one GEMM
-                recomputes them with the softmax gradient in its epilogue; with them one
-                compiled elementwise pass reads them (the bf16 logits, as torch.compile's own
-                model keeps them). Then k6 with the LM-head weight in the gate/up weight's place
+                recomputes them with the softmax gradient in its epilogue; with them (the bf16
+                logits, as torch.compile's own model keeps them) a compiled row reduction and
+                one compiled elementwise pass that writes dlogits over them
+                (dlogits_from_stored_logits). Then k6 with the LM-head weight in the gate/up weight's place
                 (LM-head dgrad + final-norm backward; its accumulate input is zero, the final
                 residual stream has no other reader), dw_lm = dlogits^T (xhat * w) from k6's
                 recomputed h; then k7 -> k6 as in decoder_block."""
@@ -378,23 +379,47 @@ def _cross_entropy_grads_recomputed(dloss, h, rstd, lse, w_lm, targets):
     return dlogits, P.finish.row_sum(out["zd"]) - dloss * target_logit
 
 
-def _cross_entropy_grads_from_logits(logits, lse, dloss, targets):
-    """(dlogits, ZdZ) from the stored bf16 logits, in float32: one elementwise pass and a row
-    sum (a glue function: compiled into one or two kernels on CUDA)."""
+def _cross_entropy_zdz_from_logits(logits, lse, dloss, targets):
+    """ZdZ = sum_v z_v dlogits_v = dloss * (sum_v z_v softmax(z)_v - z_target) per row, in
+    float32 from the stored bf16 logits: one row reduction (a glue function)."""
+    z = logits.float()
+    return dloss * ((z * torch.exp(z - lse[:, None])).sum(-1) - z.gather(1, targets[:, None])[:, 0])
+
+
+def _cross_entropy_grads_into_logits(logits, lse, dloss, targets) -> None:
+    """dlogits = dloss * (softmax(z) - onehot(target)), in float32, rounded once, written
+    over the stored logits (this is their last use): one elementwise pass with no M x V
+    tensor made (a glue function). Returning it as a new tensor kept both alive at the
+    backward's peak: the stored-logits step's 34.1 GiB against 26.3 without them
+    (bench/results/h200/training/step-stored-logits.json), about two M x V bf16 tensors."""
     z = logits.float()
     hit = torch.arange(z.shape[1], device=z.device)[None, :] == targets[:, None]
-    grad = dloss[:, None] * (torch.exp(z - lse[:, None]) - hit.to(z.dtype))
-    return grad.to(logits.dtype), (z * grad).sum(-1)
+    logits.copy_((dloss[:, None] * (torch.exp(z - lse[:, None]) - hit.to(z.dtype))).to(logits.dtype))
 
 
-def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, logits=None):
+def dlogits_from_stored_logits(logits, lse, dloss, targets) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dlogits, ZdZ) from the bf16 logits k5l stored: ZdZ by one row reduction, then dlogits
+    by one elementwise pass written over the logits, their last use (so the backward's peak
+    holds one M x V tensor, not two), and returned as that same tensor. While the backward
+    is traced (torch.compile, AOTAutograd: the logits are then no plain tensor), the same
+    values go to a new tensor instead: a traced graph may not mutate a saved activation."""
+    lse, targets = lse.contiguous(), targets.contiguous()
+    zdz = _glue(_cross_entropy_zdz_from_logits, logits, lse, dloss, targets)
+    if torch.compiler.is_compiling() or type(logits) is not torch.Tensor:
+        dlogits = logits.clone()
+        _cross_entropy_grads_into_logits(dlogits, lse, dloss, targets)
+        return dlogits, zdz
+    _glue(_cross_entropy_grads_into_logits, logits, lse, dloss, targets)
+    return logits, zdz
+
+
+def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, dlogits=None, zdz=None):
     """The cross-entropy and LM head backward (see decoder_block_loss) -> (dx, dfinal_norm,
-    dw_lm): dlogits and ZdZ from the stored logits where given (k5l's), else recomputed by a
-    GEMM; then k6 takes the LM head's dgrad and the final norm's backward."""
+    dw_lm): with dlogits and ZdZ given (dlogits_from_stored_logits, from k5l's logits) those,
+    else both recomputed by a GEMM; then k6 takes the LM head's dgrad and the final norm's
+    backward."""
     dloss = dloss.float().contiguous()
-    if logits is not None and logits.numel():
-        dlogits, zdz = _glue(_cross_entropy_grads_from_logits, logits, lse.contiguous(), dloss, targets.contiguous())
-    else:
+    if dlogits is None or not dlogits.numel():
         dlogits, zdz = _cross_entropy_grads_recomputed(dloss, h, rstd, lse, w_lm, targets)
     out = _kernel(K6).run({"dz": dlogits, "w_gu": w_lm.contiguous(), "x": x, "rstd": rstd,
                            "norm_weight": final_norm.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
@@ -406,19 +431,19 @@ def decoder_block_loss_backward(dloss: torch.Tensor, lse: torch.Tensor, x: torch
                                 rstd: torch.Tensor, attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor,
                                 rstd_mid: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                                 w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor,
-                                w_lm: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor
+                                w_lm: torch.Tensor, targets: torch.Tensor, dlogits: torch.Tensor, zdz: torch.Tensor
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                            torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dfinal_norm, dw_lm); logits
-    empty where the forward did not store them."""
-    dx, dfinal_norm, dw_lm = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, logits)
+    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dfinal_norm, dw_lm); dlogits
+    and zdz empty where the forward did not store the logits (then recomputed here)."""
+    dx, dfinal_norm, dw_lm = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, dlogits, zdz)
     return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid),
             dfinal_norm, dw_lm)
 
 
 @decoder_block_loss_backward.register_fake
 def _(dloss, lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets,
-      logits):
+      dlogits, zdz):
     return tuple(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, final_norm, w_lm))
 
 
@@ -434,7 +459,12 @@ def _loss_setup(ctx, inputs, output):
 def _loss_backward(ctx, dloss, *unused):
     if dloss is None:
         return (None,) * 11
-    grads = decoder_block_loss_backward(dloss.float().contiguous(), *ctx.saved_tensors)
+    *saved, targets, logits = ctx.saved_tensors
+    dloss = dloss.float().contiguous()
+    dlogits, zdz = logits, dloss.new_empty(0)
+    if logits.numel():
+        dlogits, zdz = dlogits_from_stored_logits(logits, saved[0], dloss, targets)
+    grads = decoder_block_loss_backward(dloss, *saved, targets, dlogits, zdz)
     return (*grads, None, None, None)
 
 
