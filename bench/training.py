@@ -560,7 +560,7 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
               "parameters": sum(p.numel() for p in fused.parameters())}
     pairs = [("compile", "fused"), ("compile", "fused+compile"), ("eager", "fused"), ("liger", "fused"),
              ("liger", "fused+compile"), ("fused-eager-glue", "fused"), ("compile", "fused-stored-logits"),
-             ("fused", "fused-stored-logits"), ("liger", "fused-stored-logits")]
+             ("fused", "fused-stored-logits"), ("fused-stored-logits", "fused"), ("liger", "fused-stored-logits")]
     return _run_row("step", config, _skipped(entries, skip), reps, cuda, pairs,
                     breakdown_of=("fused", "fused-stored-logits", "fused+compile", "compile", "liger", "eager"))
 
