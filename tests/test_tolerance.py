@@ -349,3 +349,26 @@ def test_a_case_out_of_memory_is_recorded_and_the_run_goes_on(tmp_path):
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
     assert report["complete"] and [c["shape"] for c in report["cases"]] == ["1B", "7B", "70B"]
     assert all("allocate" in c["error"] and "outputs" not in c for c in report["cases"])
+
+
+@pytest.mark.parametrize("name", ["cpu-smoke", "cpu-paper", "h200-paper"])
+def test_the_committed_margins_reports_cover_every_expert_kernel_and_all_pass(name):
+    """tasks/results/tolerance-margins-<name>.json (tasks/tolerance_margins.py): a finished
+    run over every task with an expert kernel at every shape of its set and every seed,
+    each case within the rule. A case may be an error only on a CPU and only for memory
+    (the machine's cap: its message is the allocator's), never a failed check."""
+    report = json.loads((REPO / "tasks/results" / f"tolerance-margins-{name}.json").read_text())
+    shapes = [s.name for s in tasks.shape_sets()[report["shapes"]]]
+    experts = [t.id for t in CATALOGUE if expert_kernel(t.name)]
+    assert report["complete"] and report["shapes"] == name.split("-")[1]
+    kind = report.get("device_kind") or ("cuda" if report["environment"].get("gpu") else "cpu")  # older files: by the GPU
+    assert kind == ("cuda" if name.startswith("h200") else "cpu")
+    got = sorted((c["task"], c["shape"], c["seed"]) for c in report["cases"])
+    assert got == sorted((t, s, seed) for t in experts for s in shapes for seed in report["seeds"])
+    for case in report["cases"]:
+        if "error" in case:
+            assert kind == "cpu" and "allocate" in case["error"], case
+            continue
+        for output, r in case["outputs"].items():
+            assert r["ok"] and 0 <= r["margin"] <= 1 and (r["rms_margin"] is None or r["rms_margin"] <= 1), \
+                (case["task"], case["shape"], output, r)
