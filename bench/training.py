@@ -87,7 +87,7 @@ class Contender(BaseModel):
     error: str | None = Field(None, description="why it did not run (then nothing else is set)")
 
 
-class GemmShare(BaseModel):
+class GemmTime(BaseModel):
     """The GEMM time of one profiled call at one GEMM shape."""
 
     shape: str = Field(description="'m x n x k', the longer output side first (a GEMM and its transpose are one "
@@ -109,7 +109,7 @@ class Breakdown(BaseModel):
                                              description="for each of top_kernels, what launched it: the "
                                                          "outermost epiforge op around the launch, if any, "
                                                          "' > ' the innermost op (at most 3 such pairs)")
-    gemms: list[GemmShare] = Field(default_factory=list,
+    gemms: list[GemmTime] = Field(default_factory=list,
                                    description="the GEMM time by shape, the largest first: each GEMM kernel goes "
                                                "to the op that launched it (a fused GEMM's profiler range, "
                                                "primitives.epilogue.PROFILE_LABEL, or aten::mm / addmm / bmm), "
@@ -244,7 +244,7 @@ def profile_breakdown(fn: Callable[[], object], top: int = 40, cuda: bool = True
     return Breakdown(by_kind_ms={k: round(v, 3) for k, v in sorted(by_kind.items())},
                      top_kernels=[(n[:160], round(ms, 3)) for n, ms in ranked],
                      kernel_ops={n[:160]: launchers[n] for n, _ in ranked if n in launchers},
-                     gemms=gemm_shares(events, on_gpu=cuda))
+                     gemms=gemm_times(events, on_gpu=cuda))
 
 
 def kernel_launchers(events) -> dict[str, list[str]]:
@@ -300,8 +300,8 @@ def gemm_shape(event) -> tuple[tuple[int, int, int], str] | None:
     return None
 
 
-def gemm_shares(events, on_gpu: bool) -> list[GemmShare]:
-    """GEMM time by shape (GemmShare). On a GPU each GEMM kernel (KINDS) goes to the
+def gemm_times(events, on_gpu: bool) -> list[GemmTime]:
+    """GEMM time by shape (GemmTime). On a GPU each GEMM kernel (KINDS) goes to the
     nearest GEMM op enclosing its launch (the op itself or a parent), else to '?'. On a CPU
     each outermost GEMM op counts its CPU time (an aten::mm inside a fused GEMM's range is
     the emulator's, counted by that range)."""
@@ -338,7 +338,7 @@ def gemm_shares(events, on_gpu: bool) -> list[GemmShare]:
             if found is not None and owner(e.cpu_parent) is None:
                 add(found[0], found[1], 1, e.cpu_time_total / 1000.0)
     ranked = sorted(table.items(), key=lambda kv: -kv[1][1])
-    return [GemmShare(shape=key, launches=n, ms=round(ms, 3), by=sorted(by)) for key, (n, ms, by) in ranked]
+    return [GemmTime(shape=key, launches=n, ms=round(ms, 3), by=sorted(by)) for key, (n, ms, by) in ranked]
 
 
 class _Entry:
@@ -608,7 +608,7 @@ def render(reports: list[Report]) -> str:
                              f"{ratio(f'non-attention {k.name}/fused')} | {k.peak_gib if k.peak_gib is not None else ''} "
                              f"| {k.loss if k.loss is not None else ''} |")
             lines.append("")
-            lines += render_gemm_shares(row)
+            lines += render_gemm_times(row)
             if any(b.by_kind_ms for b in row.breakdown.values()):
                 kinds = sorted({kind for b in row.breakdown.values() for kind in b.by_kind_ms})
                 lines += ["GPU kernel time of one profiled call, ms:", "",
@@ -620,7 +620,7 @@ def render(reports: list[Report]) -> str:
     return "\n".join(lines)
 
 
-def render_gemm_shares(row: Row) -> list[str]:
+def render_gemm_times(row: Row) -> list[str]:
     """The row's GEMM time by shape, one column per profiled contender: ms (launches)."""
     have = {name: {g.shape: g for g in b.gemms} for name, b in row.breakdown.items() if b.gemms}
     if not have:

@@ -80,7 +80,7 @@ def test_gemm_time_goes_to_the_op_that_launched_it():
     wgrad = op(6, "aten::mm", shapes=[[8192, 16384], [16384, 2048]], kernels=[("nvjet_sm90_tst_256x128", 650.0)])
     bmm = op(7, "aten::bmm", shapes=[[4, 128, 64], [4, 64, 256]], kernels=[("cutlass_80_gemm", 10.0)])
     stray = op(8, "triton_tem_fused_mm", kernels=[("triton_tem_fused_mm_0_gemm", 30.0)])
-    shares = {g.shape: g for g in bt.gemm_shares([fused, launch, fill, linear, mm, wgrad, bmm, stray], on_gpu=True)}
+    shares = {g.shape: g for g in bt.gemm_times([fused, launch, fill, linear, mm, wgrad, bmm, stray], on_gpu=True)}
     assert set(shares) == {"16384 x 8192 x 2048", "8192 x 2048 x 16384", "512 x 256 x 64", "?"}, shares
     # the fused GEMM (16384 x 8192, k 2048) and the unfused one it replaces are one shape
     both = shares["16384 x 8192 x 2048"]

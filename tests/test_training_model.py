@@ -349,7 +349,7 @@ def test_the_stored_logits_become_dlogits():
 @pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
 def test_the_model_traces_whole_under_torch_compile_and_gives_the_eager_numbers(store_logits):
     """Stored logits: the traced backward writes dlogits to a new tensor, the eager one over
-    the logits (model_ops.dlogits_from_stored_logits); the same numbers either way."""
+    the logits (model_ops.overwrite_logits_with_dlogits); the same numbers either way."""
     fused = _models(CPU_CONFIG, "cpu", store_logits=store_logits)[0]
     tokens, targets = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", seed=2)
     targets = _padded(targets)                         # the ignore_index mask and assert trace too
@@ -405,7 +405,7 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
     """lm_head_loss_grads against torch.autograd of the same loss in float64: dlogits (seen
     through dw_lm and dx), with targets on every column, the first and the last included;
     from the logits recomputed by a GEMM, and from the bf16 logits k5l stores."""
-    from epiforge.training.model_ops import dlogits_from_stored_logits, lm_head_loss_grads
+    from epiforge.training.model_ops import overwrite_logits_with_dlogits, lm_head_loss_grads
 
     torch.manual_seed(0)
     m, v, d = 64, 96, 32
@@ -419,7 +419,7 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
     logits = (h.float() @ w_lm.float().T) * rstd[:, None]
     lse = torch.logsumexp(logits, -1)
     kept = logits.bfloat16()
-    given = dlogits_from_stored_logits(kept, lse, dloss, targets) if stored else (None, None)
+    given = overwrite_logits_with_dlogits(kept, lse, dloss, targets) if stored else (None, None)
     dx, dnorm, dw = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, *given)
 
     x64, n64, w64 = (t.double().requires_grad_() for t in (x, final_norm, w_lm))
@@ -438,5 +438,5 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
         assert torch.allclose(given[1].double(), zdz, rtol=1e-4, atol=1e-7)
         # the stored logits are what the gradient is taken from: others give another one
         other = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets,
-                                   *dlogits_from_stored_logits((1.5 * logits).bfloat16(), lse, dloss, targets))[2]
+                                   *overwrite_logits_with_dlogits((1.5 * logits).bfloat16(), lse, dloss, targets))[2]
         assert (other.double() - w64.grad).norm() / w64.grad.norm() > 0.1

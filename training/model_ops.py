@@ -306,7 +306,8 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
     (loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits): loss (M,) float32 per row, logits =
     RMSNorm(x) @ w_lm^T with x the last layer's output; only loss is differentiable, the rest
     is saved for the backward (lse: logsumexp of each row's logits; h = x * final_norm;
-    logits: (M, V) bf16 with store_logits, else an empty tensor).
+    logits: (M, V) bf16 with store_logits, else an empty tensor; the backward's workspace:
+    an eager backward overwrites them with dlogits, see overwrite_logits_with_dlogits).
       forward   k0, k2, k0 with the final norm's weight (as in decoder_block), then k5 (LM-head
                 GEMM + row scale + online log-sum-exp and target logit; the M x V logits never
                 reach memory) or, with store_logits, k5l (the same, the bf16 logits stored).
@@ -315,7 +316,7 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
                 recomputes them with the softmax gradient in its epilogue; with them (the bf16
                 logits, as torch.compile's own model keeps them) a compiled row reduction and
                 one compiled elementwise pass that writes dlogits over them
-                (dlogits_from_stored_logits). Then k6 with the LM-head weight in the gate/up weight's place
+                (overwrite_logits_with_dlogits). Then k6 with the LM-head weight in the gate/up weight's place
                 (LM-head dgrad + final-norm backward; its accumulate input is zero, the final
                 residual stream has no other reader), dw_lm = dlogits^T (xhat * w) from k6's
                 recomputed h; then k7 -> k6 as in decoder_block."""
@@ -389,20 +390,21 @@ def _cross_entropy_zdz_from_logits(logits, lse, dloss, targets):
 def _cross_entropy_grads_into_logits(logits, lse, dloss, targets) -> None:
     """dlogits = dloss * (softmax(z) - onehot(target)), in float32, rounded once, written
     over the stored logits (this is their last use): one elementwise pass with no M x V
-    tensor made (a glue function). Returning it as a new tensor kept both alive at the
-    backward's peak: the stored-logits step's 34.1 GiB against 26.3 without them
-    (bench/results/h200/training/step-stored-logits.json), about two M x V bf16 tensors."""
+    tensor made (a glue function), so the backward's peak holds one M x V tensor, as the
+    recomputing backward does (whose dlogits come from the GEMM)."""
     z = logits.float()
     hit = torch.arange(z.shape[1], device=z.device)[None, :] == targets[:, None]
     logits.copy_((dloss[:, None] * (torch.exp(z - lse[:, None]) - hit.to(z.dtype))).to(logits.dtype))
 
 
-def dlogits_from_stored_logits(logits, lse, dloss, targets) -> tuple[torch.Tensor, torch.Tensor]:
+def overwrite_logits_with_dlogits(logits, lse, dloss, targets) -> tuple[torch.Tensor, torch.Tensor]:
     """(dlogits, ZdZ) from the bf16 logits k5l stored: ZdZ by one row reduction, then dlogits
     by one elementwise pass written over the logits, their last use (so the backward's peak
-    holds one M x V tensor, not two), and returned as that same tensor. While the backward
-    is traced (torch.compile, AOTAutograd: the logits are then no plain tensor), the same
-    values go to a new tensor instead: a traced graph may not mutate a saved activation."""
+    holds one M x V tensor, not two), and returned as that same tensor. So after an eager
+    backward the op's logits output holds dlogits, and a second backward through the same
+    graph (retain_graph) fails on the in-place change. While the backward is traced
+    (torch.compile, AOTAutograd: the logits are then no plain tensor), the same values go to
+    a new tensor instead: a traced graph may not mutate a saved activation."""
     lse, targets = lse.contiguous(), targets.contiguous()
     zdz = _glue(_cross_entropy_zdz_from_logits, logits, lse, dloss, targets)
     if torch.compiler.is_compiling() or type(logits) is not torch.Tensor:
@@ -415,7 +417,7 @@ def dlogits_from_stored_logits(logits, lse, dloss, targets) -> tuple[torch.Tenso
 
 def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, dlogits=None, zdz=None):
     """The cross-entropy and LM head backward (see decoder_block_loss) -> (dx, dfinal_norm,
-    dw_lm): with dlogits and ZdZ given (dlogits_from_stored_logits, from k5l's logits) those,
+    dw_lm): with dlogits and ZdZ given (overwrite_logits_with_dlogits, from k5l's logits) those,
     else both recomputed by a GEMM; then k6 takes the LM head's dgrad and the final norm's
     backward."""
     dloss = dloss.float().contiguous()
@@ -463,7 +465,7 @@ def _loss_backward(ctx, dloss, *unused):
     dloss = dloss.float().contiguous()
     dlogits, zdz = logits, dloss.new_empty(0)
     if logits.numel():
-        dlogits, zdz = dlogits_from_stored_logits(logits, saved[0], dloss, targets)
+        dlogits, zdz = overwrite_logits_with_dlogits(logits, saved[0], dloss, targets)
     grads = decoder_block_loss_backward(dloss, *saved, targets, dlogits, zdz)
     return (*grads, None, None, None)
 
