@@ -144,7 +144,8 @@ def fastest_gemms(row, n: int = 3) -> list[str]:
 
     distinct = {}
     for k in row.fastest_configs("gemm_quack", len(row.configs)):
-        distinct.setdefault(k.split("_cs")[0], GemmConfig.parse(k).for_plain_gemm().key())
+        plain = GemmConfig.parse(k).for_plain_gemm().key()
+        distinct.setdefault(plain.split("_cs")[0], plain)  # _cs<S> and the C flags: one kernel
     return list(distinct.values())[:n]
 
 

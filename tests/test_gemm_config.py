@@ -164,6 +164,14 @@ def test_bench_config_args_take_keys_and_the_early_c_set():
     row = BenchRow.measured(task="k0", shape="1B", dims={"M": 1}, gemm_mnk=(1, 1, 1), flops=1, min_bytes=1,
                             gemm_cublas=timing, configs={"128x128_c1x2_pp_cs5_ec": ConfigTimings(gemm_quack=timing)})
     assert fastest_gemms(row) == ["128x128_c1x2_pp_cs5"]  # what a sweep of early configs gives as GEMM-only
+    # a config and its C-load-warp / early-C twins, with and without _cs: one plain GEMM, named once
+    slower = summarize([2.0] * 5, keep=True)
+    twins = {"128x128_c1x2_pp_cl": timing, "128x128_c1x2_pp": timing, "128x128_c1x2_pp_cs2_cl": timing,
+             "128x192_c2x1_pp": slower}
+    row = BenchRow.measured(task="k7", shape="1B", dims={"M": 1}, gemm_mnk=(1, 1, 1), flops=1, min_bytes=1,
+                            gemm_cublas=timing, configs={k: ConfigTimings(gemm_quack=t) for k, t in twins.items()})
+    got = fastest_gemms(row)
+    assert len(got) == 2 and got[0].startswith("128x128_c1x2_pp") and "_cl" not in got[0] and got[1] == "128x192_c2x1_pp"
 
 
 EARLY_C_SCRIPT = """
