@@ -302,9 +302,12 @@ def gemm_shape(event) -> tuple[tuple[int, int, int], str] | None:
 
 def gemm_times(events, on_gpu: bool) -> list[GemmTime]:
     """GEMM time by shape (GemmTime). On a GPU each GEMM kernel (KINDS) goes to the
-    nearest GEMM op enclosing its launch (the op itself or a parent), else to '?'. On a CPU
-    each outermost GEMM op counts its CPU time (an aten::mm inside a fused GEMM's range is
-    the emulator's, counted by that range)."""
+    nearest GEMM op around its launch: the launch call (the runtime or driver API event of
+    the kernel's own correlation id) placed in the op tree by its time, else the op the
+    profiler linked the kernel to; '?' where neither has one. On a CPU each outermost GEMM
+    op counts its CPU time (an aten::mm inside a fused GEMM's range is the emulator's,
+    counted by that range)."""
+    cpu = torch.autograd.DeviceType.CPU
 
     def owner(e):
         while e is not None:
@@ -323,18 +326,22 @@ def gemm_times(events, on_gpu: bool) -> list[GemmTime]:
         row[1] += ms
         row[2].add(by)
 
-    for e in events:
-        if e.device_type != torch.autograd.DeviceType.CPU:
-            continue
-        if on_gpu:
-            kernels = [k for k in e.kernels if _kind(k.name) == "gemm"]
-            if not kernels:
+    if on_gpu:
+        # a runtime / driver API call carries the CUPTI correlation id of what it launched and
+        # links to a torch op; a torch op links to nothing (0) and has an id of its own
+        launch_calls = {e.id: e for e in events if e.device_type == cpu and e.linked_correlation_id > 0}
+        torch_ops = {e.id: e for e in events if e.device_type == cpu and not e.linked_correlation_id}
+        for k in events:
+            if k.device_type == cpu or _kind(k.name) != "gemm":
                 continue
-            found = owner(e)
-            add(found and found[0], found[1] if found else kernels[0].name[:80], len(kernels),
-                sum(k.duration for k in kernels) / 1000.0)
-        else:
-            found = gemm_shape(e)
+            call = launch_calls.get(k.id)
+            found = owner(call.cpu_parent) if call is not None else None
+            if found is None:
+                found = owner(torch_ops.get(k.linked_correlation_id))
+            add(found and found[0], found[1] if found else k.name[:80], 1, k.device_time_total / 1000.0)
+    else:
+        for e in events:
+            found = gemm_shape(e) if e.device_type == cpu else None
             if found is not None and owner(e.cpu_parent) is None:
                 add(found[0], found[1], 1, e.cpu_time_total / 1000.0)
     ranked = sorted(table.items(), key=lambda kv: -kv[1][1])

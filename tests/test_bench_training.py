@@ -56,46 +56,65 @@ def _same_gemms_as_eager(row):
 
 def test_gemm_time_goes_to_the_op_that_launched_it():
     """On a GPU, each GEMM kernel counts at the shape of the nearest GEMM op around its
-    launch (a fused GEMM's range, aten::mm / addmm / bmm), other kernels not at all, and a
-    GEMM kernel without such an op under '?'. (Profiler events as torch.profiler makes them.)"""
+    launch: the launch call with the kernel's correlation id, placed in the op tree by its
+    time (a fused GEMM's range, though the profiler linked the kernel to the custom op
+    outside it), else the torch op the profiler linked it to (aten::mm / addmm / bmm);
+    other kernels not at all; a GEMM kernel with neither under '?'. (Profiler events as
+    torch.profiler makes them: torch ops link to nothing, launch calls and kernels to the
+    torch op, and a kernel shares its launch call's id.)"""
+    from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
 
     from epiforge.primitives.epilogue import PROFILE_LABEL
 
-    def op(i, name, shapes=(), kernels=(), parent=None):
-        e = FunctionEvent(id=i, name=name, thread=0, start_us=0, end_us=10, input_shapes=list(shapes), use_device="cuda")
-        for kernel, us in kernels:
-            e.append_kernel(kernel, 0, us)
+    def op(i, name, shapes=(), parent=None, linked=0):
+        e = FunctionEvent(id=i, name=name, thread=0, start_us=0, end_us=10, input_shapes=list(shapes),
+                          use_device="cuda", linked_correlation_id=linked)
         if parent is not None:
             e.set_cpu_parent(parent)
             parent.append_cpu_child(e)
         return e
 
-    fused = op(1, f"{PROFILE_LABEL} 16384x8192x2048 k7_dswiglu")
-    launch = op(2, "cuLaunchKernelEx-wrapper", kernels=[("kernel_cutlass_kernel_quackepilogue_x", 900.0)], parent=fused)
-    fill = op(3, "aten::zero_", kernels=[("vectorized_elementwise_kernel<FillFunctor>", 50.0)], parent=fused)
+    def kernel(correlation, name, us, linked):
+        return FunctionEvent(id=correlation, name=name, thread=0, start_us=100, end_us=100 + us, use_device="cuda",
+                             device_type=DeviceType.CUDA, linked_correlation_id=linked)
+
+    block = op(1, "epiforge::decoder_block_backward")
+    fused = op(2, f"{PROFILE_LABEL} 16384x8192x2048 k7_dswiglu", parent=block)
+    launch = op(501, "cuLaunchKernelEx", parent=fused, linked=1)  # CUPTI id 501; linked to the custom op
+    zero = op(3, "aten::zero_", parent=fused)
+    fill_launch = op(502, "cudaLaunchKernel", parent=zero, linked=3)
     linear = op(4, "aten::linear")
-    mm = op(5, "aten::mm", shapes=[[16384, 2048], [2048, 8192]], kernels=[("nvjet_sm90_tst_128x256", 700.0)],
-            parent=linear)
-    wgrad = op(6, "aten::mm", shapes=[[8192, 16384], [16384, 2048]], kernels=[("nvjet_sm90_tst_256x128", 650.0)])
-    bmm = op(7, "aten::bmm", shapes=[[4, 128, 64], [4, 64, 256]], kernels=[("cutlass_80_gemm", 10.0)])
-    stray = op(8, "triton_tem_fused_mm", kernels=[("triton_tem_fused_mm_0_gemm", 30.0)])
-    shares = {g.shape: g for g in bt.gemm_times([fused, launch, fill, linear, mm, wgrad, bmm, stray], on_gpu=True)}
-    assert set(shares) == {"16384 x 8192 x 2048", "8192 x 2048 x 16384", "512 x 256 x 64", "?"}, shares
+    mm = op(5, "aten::mm", shapes=[[16384, 2048], [2048, 8192]], parent=linear)
+    wgrad = op(6, "aten::mm", shapes=[[8192, 16384], [16384, 2048]])
+    bmm = op(7, "aten::bmm", shapes=[[4, 128, 64], [4, 64, 256]])
+    stray = op(8, "triton_tem_fused_mm")
+    kernels = [kernel(501, "kernel_cutlass_kernel_quackepilogue_x", 900.0, linked=1),
+               kernel(502, "vectorized_elementwise_kernel<FillFunctor>", 50.0, linked=3),
+               kernel(503, "nvjet_sm90_tst_128x256", 700.0, linked=5),  # no launch call recorded: by its link
+               kernel(504, "nvjet_sm90_tst_256x128", 650.0, linked=6),
+               kernel(505, "cutlass_80_gemm", 10.0, linked=7),
+               kernel(506, "triton_tem_fused_mm_0_gemm", 30.0, linked=8)]
+    events = [block, fused, launch, zero, fill_launch, linear, mm, wgrad, bmm, stray, *kernels]
+    times = {g.shape: g for g in bt.gemm_times(events, on_gpu=True)}
+    assert set(times) == {"16384 x 8192 x 2048", "8192 x 2048 x 16384", "512 x 256 x 64", "?"}, times
     # the fused GEMM (16384 x 8192, k 2048) and the unfused one it replaces are one shape
-    both = shares["16384 x 8192 x 2048"]
+    both = times["16384 x 8192 x 2048"]
     assert both.launches == 2 and both.ms == pytest.approx(1.6) and both.by == ["aten::mm", "k7_dswiglu"]
-    assert shares["8192 x 2048 x 16384"].ms == pytest.approx(0.65)  # the fill kernel counted nowhere
-    assert shares["512 x 256 x 64"].launches == 1
-    assert shares["?"].by == ["triton_tem_fused_mm_0_gemm"] and shares["?"].ms == pytest.approx(0.03)
-    assert list(shares) == ["16384 x 8192 x 2048", "8192 x 2048 x 16384", "?", "512 x 256 x 64"]  # largest first
-    # what launched each kernel: the outermost epiforge op around it, then the innermost op
-    block = op(9, "epiforge::decoder_block_backward")
-    fused.set_cpu_parent(block)
-    launchers = bt.kernel_launchers([fused, launch, fill, mm, stray])
-    assert launchers["vectorized_elementwise_kernel<FillFunctor>"] == ["epiforge::decoder_block_backward > aten::zero_"]
+    assert times["8192 x 2048 x 16384"].ms == pytest.approx(0.65)  # the fill kernel counted nowhere
+    assert times["512 x 256 x 64"].launches == 1
+    assert times["?"].by == ["triton_tem_fused_mm_0_gemm"] and times["?"].ms == pytest.approx(0.03)
+    assert list(times) == ["16384 x 8192 x 2048", "8192 x 2048 x 16384", "?", "512 x 256 x 64"]  # largest first
+    # without the launch call, the kernel linked to the custom op has no GEMM op around it
+    alone = {g.shape: g for g in bt.gemm_times([e for e in events if e is not launch], on_gpu=True)}
+    assert alone["16384 x 8192 x 2048"].launches == 1 and "kernel_cutlass_kernel_quackepilogue_x" in alone["?"].by
+    # what launched each kernel (profiler-linked): the outermost epiforge op, then the innermost op
+    fill = op(9, "aten::fill_", parent=zero)
+    fill.append_kernel("vectorized_elementwise_kernel<FillFunctor>", 0, 50.0)
+    mm.append_kernel("nvjet_sm90_tst_128x256", 0, 700.0)
+    launchers = bt.kernel_launchers([block, fused, zero, fill, mm])
+    assert launchers["vectorized_elementwise_kernel<FillFunctor>"] == ["epiforge::decoder_block_backward > aten::fill_"]
     assert launchers["nvjet_sm90_tst_128x256"] == ["aten::mm"]
-    assert launchers["triton_tem_fused_mm_0_gemm"] == ["triton_tem_fused_mm"]
 
 
 def test_a_cpu_run_without_tiny_is_refused(tmp_path, capsys):
