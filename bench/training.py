@@ -628,22 +628,33 @@ def render(reports: list[Report]) -> str:
 
 
 def render_gemm_times(row: Row) -> list[str]:
-    """The row's GEMM time by shape, one column per profiled contender: ms (launches)."""
+    """The row's GEMM time by shape, one column per profiled contender: ms (launches); with
+    both fused and compile profiled, their difference per shape (where the GEMM gap is)."""
     have = {name: {g.shape: g for g in b.gemms} for name, b in row.breakdown.items() if b.gemms}
     if not have:
         return []
     order: dict[str, float] = {}
-    for shares in have.values():
-        for key, g in shares.items():
+    for times in have.values():
+        for key, g in times.items():
             order[key] = max(order.get(key, 0.0), g.ms)
+    gap = "fused" in have and "compile" in have
+
+    def diff(key: str | None) -> list[str]:
+        if not gap:
+            return []
+        ms = {n: (have[n][key].ms if key in have[n] else 0.0) if key else sum(g.ms for g in have[n].values())
+              for n in ("fused", "compile")}
+        return [f"{ms['fused'] - ms['compile']:+.2f}"]
+
     cuda = row.reps > 0
+    head = [*have, *(["fused - compile"] if gap else [])]
     lines = [f"{'GEMM kernel' if cuda else 'GEMM call (CPU)'} time by GEMM shape (m x n x k, the longer output "
-             "side first), ms (launches):", "", "| shape | " + " | ".join(have) + " |", "|---" * (len(have) + 1) + "|"]
+             "side first), ms (launches):", "", "| shape | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for key in sorted(order, key=lambda k: -order[k]):
-        cells = [f"{s[key].ms:.2f} ({s[key].launches})" if key in s else "" for s in have.values()]
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    lines.append("| total | " + " | ".join(f"{sum(g.ms for g in s.values()):.2f} "
-                                             f"({sum(g.launches for g in s.values())})" for s in have.values()) + " |")
+        cells = [f"{t[key].ms:.2f} ({t[key].launches})" if key in t else "" for t in have.values()]
+        lines.append(f"| {key} | " + " | ".join(cells + diff(key)) + " |")
+    totals = [f"{sum(g.ms for g in t.values()):.2f} ({sum(g.launches for g in t.values())})" for t in have.values()]
+    lines.append("| total | " + " | ".join(totals + diff(None)) + " |")
     return lines + [""]
 
 

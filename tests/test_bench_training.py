@@ -105,6 +105,17 @@ def test_gemm_time_goes_to_the_op_that_launched_it():
     assert times["512 x 256 x 64"].launches == 1
     assert times["?"].by == ["triton_tem_fused_mm_0_gemm"] and times["?"].ms == pytest.approx(0.03)
     assert list(times) == ["16384 x 8192 x 2048", "8192 x 2048 x 16384", "?", "512 x 256 x 64"]  # largest first
+    # rendered beside compile's, with the difference per shape: where the GEMM gap is
+    compile_times = [bt.GemmTime(shape="16384 x 8192 x 2048", launches=1, ms=0.7, by=["aten::mm"]),
+                     bt.GemmTime(shape="8192 x 2048 x 16384", launches=1, ms=0.65, by=["aten::mm"])]
+    row = bt.Row(part="step", config={}, reps=10, contenders=[], breakdown={
+        "fused": bt.Breakdown(by_kind_ms={}, top_kernels=[], gemms=list(times.values())),
+        "compile": bt.Breakdown(by_kind_ms={}, top_kernels=[], gemms=compile_times)})
+    table = "\n".join(bt.render_gemm_times(row))
+    assert "| shape | fused | compile | fused - compile |" in table
+    assert "| 16384 x 8192 x 2048 | 1.60 (2) | 0.70 (1) | +0.90 |" in table
+    assert "| 512 x 256 x 64 | 0.01 (1) |  | +0.01 |" in table
+    assert "| total | 2.29 (5) | 1.35 (2) | +0.94 |" in table
     # without the launch call, the kernel linked to the custom op has no GEMM op around it
     alone = {g.shape: g for g in bt.gemm_times([e for e in events if e is not launch], on_gpu=True)}
     assert alone["16384 x 8192 x 2048"].launches == 1 and "kernel_cutlass_kernel_quackepilogue_x" in alone["?"].by
