@@ -114,24 +114,6 @@ K0 = "k0_gemm_residual_partial_rmsnorm"
 K2 = "k2_gemm_rmsnorm_swiglu"
 
 
-def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
-               direction: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) of direction * positions[m] * inv_freq[j], each (M, head_dim / 2): angles and
-    their cosines and sines in float64, then cast to dtype."""
-    angle = direction * positions.double()[:, None] * inv_freq.double()[None, :]
-    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
-
-
-def rotate_by_table(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_cols: int) -> torch.Tensor:
-    """rotate_adjacent_pairs with its (cos, sin) table given (rope_table, in z's dtype)."""
-    m, half = cos.shape
-    pairs = z[:, :rotary_cols].reshape(m, rotary_cols // (2 * half), half, 2)
-    x, y = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).reshape(m, rotary_cols)
-    return torch.cat((rotated, z[:, rotary_cols:]), dim=1)
-
-
 def rotate_adjacent_pairs(z: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                           rotary_cols: int, direction: int = 1) -> torch.Tensor:
     """RoPE as the kernels lay it out: columns (2j, 2j+1) of every head in the first
@@ -139,7 +121,13 @@ def rotate_adjacent_pairs(z: torch.Tensor, positions: torch.Tensor, inv_freq: to
     (x, y) -> (x cos - y sin, x sin + y cos); the other columns pass through. direction +1 is
     Hugging Face LLaMA's rotation (after the pairing permutation, see training/layer.py); -1
     is its inverse, the RoPE backward. Angles in float64, the rotation in z's precision."""
-    return rotate_by_table(z, *rope_table(positions, inv_freq, z.dtype, direction), rotary_cols)
+    m, head_dim = z.shape[0], 2 * inv_freq.shape[0]
+    angle = direction * positions.double()[:, None] * inv_freq.double()[None, :]
+    cos, sin = (f(angle).to(z.dtype)[:, None, :] for f in (torch.cos, torch.sin))
+    pairs = z[:, :rotary_cols].reshape(m, rotary_cols // head_dim, head_dim // 2, 2)
+    x, y = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).reshape(m, rotary_cols)
+    return torch.cat((rotated, z[:, rotary_cols:]), dim=1)
 
 
 def _row_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -159,7 +147,7 @@ def rmsnorm_qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Te
                 not k4: it rotates by +angle as Hugging Face LLaMA does (k4 follows CODA
                 v0.1's -angle). Its own prepare() assumes q, k, v all d wide; here the
                 frequency table is built for GQA widths (rotary_cols, then v's columns at 0).
-      backward  see rmsnorm_qkv_rope_backward: RoPE backward in torch, then k6."""
+      backward  see rmsnorm_qkv_rope_backward: RoPE backward (P.finish.rope_backward), then k6."""
     m, d = x.shape
     if tuple(norm_weight.shape) != (d,) or w_qkv.shape[1] != d or rotary_cols % (2 * inv_freq.shape[0]) \
             or not 0 < rotary_cols < w_qkv.shape[0] or tuple(positions.shape) != (m,):
@@ -198,9 +186,10 @@ def rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torch.Te
                               norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
                               inv_freq: torch.Tensor, rotary_cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dx, dnorm_weight, dw_qkv).
-    RoPE backward in torch (no expert kernel covers it: it belongs in attention's backward):
-    the inverse rotation of dqkv gives dz at the pre-RoPE projection. ZdZ in torch too: the
-    rotation is orthogonal, so sum_k z_k dz_k = sum_k qkv_k dqkv_k, from the saved output.
+    RoPE backward by the finishing step P.finish.rope_backward (no GEMM epilogue covers it:
+    it belongs in attention's backward): the inverse rotation of dqkv gives dz at the
+    pre-RoPE projection, and in the same pass ZdZ: the rotation is orthogonal, so sum_k z_k
+    dz_k = sum_k qkv_k dqkv_k, from the saved output.
     Then k6 with the QKV weight in the place of the gate/up weight (its GEMM and epilogue do
     not depend on what the rows mean): g = dz @ w_qkv, dx = rstd * (w*g - xhat * zdz/d), the
     normalised input recomputed for dw_qkv = dz^T (xhat * w), and the norm weight's
@@ -208,17 +197,6 @@ def rmsnorm_qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, x: torch.Te
     gradient (training/model_ops.py's ops pass it in instead, saving that add)."""
     return qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols,
                           torch.zeros_like(x))
-
-
-def _rope_backward_and_zdz(dqkv, qkv, cos, sin, rotary_cols: int):
-    """RoPE's backward at the pre-RoPE projection (the inverse rotation of dqkv by the float32
-    table (cos, sin) of -angle, in dqkv's dtype) and ZdZ = sum_k qkv_k dqkv_k per row (the
-    rotation is orthogonal). The table is made before, outside the compiled glue: made
-    inside, its float64 cosine and sine went into the rotation's one pointwise kernel, so
-    per element of dqkv rather than per (row, pair); that kernel took 8.7 ms of the 1B
-    step's 248 (bench/results/h200/training/step-configs-2.json)."""
-    dz = rotate_by_table(dqkv.float(), cos, sin, rotary_cols).to(dqkv.dtype)
-    return dz.contiguous(), (qkv.float() * dqkv.float()).sum(-1)
 
 
 #: the glue functions compiled so far (CUDA only), by function
@@ -251,8 +229,14 @@ def _glue(fn, *args):
 def qkv_rope_grads(dqkv, qkv, x, rstd, norm_weight, w_qkv, positions, inv_freq, rotary_cols: int, dx_in):
     """The backward of RMSNorm -> QKV -> RoPE with dx_in, the residual stream's other
     gradient, as k6's accumulate input -> (dx_in + dx through the norm, dnorm_weight, dw_qkv)."""
-    cos, sin = rope_table(positions, inv_freq, torch.float32, direction=-1)
-    dz, zdz = _glue(_rope_backward_and_zdz, dqkv, qkv, cos, sin, rotary_cols)
+    from epiforge import primitives as P
+
+    # RoPE's backward and ZdZ in one pass: the finishing step the layer task's kernel uses
+    # (one Triton kernel on CUDA, float32 angles per pair). The compiled glue that did it
+    # here before took 8.66 ms of the 1B step (step-configs-2.json): its float64 cos / sin
+    # went into its per-element kernel.
+    dz, zdz = P.finish.rope_backward(dqkv.contiguous(), qkv.contiguous(), positions.contiguous(),
+                                     inv_freq.contiguous(), rotary_cols, 1)
     out = _kernel(K6).run({"dz": dz, "w_gu": w_qkv.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
                            "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": zdz}, {})
     return out["dx"], out["dw"].to(norm_weight.dtype), dz.T @ out["h"]
