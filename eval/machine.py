@@ -67,7 +67,7 @@ def name_output_folder(command: str) -> str:
     out = (os.environ.get("OUT") or "").rstrip("/")
     if len(out) < 2:
         return command
-    return re.sub(r"(?:(?<=^)|(?<=[\s='\"]))" + re.escape(out) + r"(?=/|\s|['\"]|$)", "$OUT", command)
+    return re.sub(r"(?<![^\s='\"])" + re.escape(out) + r"(?=/|\s|['\"]|$)", "$OUT", command)
 
 
 def fingerprint(device: str | None = None, command: str | None = None, *, commit: bool = True) -> dict:
