@@ -128,6 +128,8 @@ class Row(BaseModel):
                                                  "its bootstrap 95% interval ('non-attention' ones subtract "
                                                  "the attention contender's time first)")
     breakdown: dict[str, Breakdown] = Field(default_factory=dict)
+    breakdown_errors: dict[str, str] = Field(default_factory=dict,
+                                             description="contender -> why its profiled call gave no breakdown")
 
 
 class Report(BaseModel):
@@ -267,6 +269,10 @@ def kernel_launchers(events) -> dict[str, list[str]]:
     return found
 
 
+#: a CUDA runtime or driver API call that launches work (cudaLaunchKernel, cuLaunchKernelEx,
+#: cudaLaunchKernelExC, cudaGraphLaunch, ...), as the profiler names it
+LAUNCH_CALL = re.compile(r"cu(da)?[A-Za-z]*Launch")
+
 #: aten's GEMM ops: the positions of A and B among their inputs
 ATEN_GEMMS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),
               "aten::_scaled_mm": (0, 1)}
@@ -327,17 +333,35 @@ def gemm_times(events, on_gpu: bool) -> list[GemmTime]:
         row[2].add(by)
 
     if on_gpu:
-        # a runtime / driver API call carries the CUPTI correlation id of what it launched and
-        # links to a torch op; a torch op links to nothing (0) and has an id of its own
-        launch_calls = {e.id: e for e in events if e.device_type == cpu and e.linked_correlation_id > 0}
-        torch_ops = {e.id: e for e in events if e.device_type == cpu and not e.linked_correlation_id}
-        for k in events:
-            if k.device_type == cpu or _kind(k.name) != "gemm":
-                continue
+        # A launch call (runtime / driver API event) shares its kernel's CUPTI correlation id
+        # (the FunctionEvent's id). Where torch's FunctionEvent has linked_correlation_id (2.13),
+        # a launch call and a kernel link to a torch op by it and a torch op links to nothing;
+        # torch 2.11's FunctionEvent lacks it, so there a launch call is known by its name and a
+        # kernel's torch op by the kernel entry (name, duration) the profiler appended to it.
+        linked_ids = all(hasattr(e, "linked_correlation_id") for e in events)
+        gemm_kernels = [k for k in events if k.device_type != cpu and _kind(k.name) == "gemm"]
+        kernel_ids = {k.id for k in gemm_kernels}
+        if linked_ids:
+            launch_calls = {e.id: e for e in events if e.device_type == cpu and e.linked_correlation_id > 0}
+            torch_ops = {e.id: e for e in events if e.device_type == cpu and not e.linked_correlation_id}
+            linked_op = {id(k): torch_ops.get(k.linked_correlation_id) for k in gemm_kernels}
+        else:
+            launch_calls = {e.id: e for e in events
+                            if e.device_type == cpu and e.id in kernel_ids and LAUNCH_CALL.match(e.name)}
+            appended: dict[tuple[str, float], list] = {}
+            for e in events:
+                if e.device_type == cpu and not LAUNCH_CALL.match(e.name):
+                    for entry in getattr(e, "kernels", None) or []:
+                        appended.setdefault((entry.name, round(entry.duration, 3)), []).append(e)
+            linked_op = {}
+            for k in gemm_kernels:
+                ops = appended.get((k.name, round(k.device_time_total, 3)))
+                linked_op[id(k)] = ops.pop(0) if ops else None
+        for k in gemm_kernels:
             call = launch_calls.get(k.id)
             found = owner(call.cpu_parent) if call is not None else None
             if found is None:
-                found = owner(torch_ops.get(k.linked_correlation_id))
+                found = owner(linked_op[id(k)])
             add(found and found[0], found[1] if found else k.name[:80], 1, k.device_time_total / 1000.0)
     else:
         for e in events:
@@ -426,7 +450,10 @@ def _breakdowns(row: Row, ok: list[_Entry], names: tuple[str, ...], cuda: bool) 
     for name in names:
         entry = next((e for e in ok if e.record.name == name), None)
         if entry is not None:
-            row.breakdown[name] = profile_breakdown(lambda: entry.call(0), cuda=cuda)
+            try:  # a failed profile costs its breakdown, not the row's timings
+                row.breakdown[name] = profile_breakdown(lambda: entry.call(0), cuda=cuda)
+            except Exception as e:  # noqa: BLE001 - any failure is recorded in the row
+                row.breakdown_errors[name] = _why(e)
 
 
 def _skipped(entries: list[_Entry], skip: tuple[str, ...]) -> list[_Entry]:
@@ -624,6 +651,8 @@ def render(reports: list[Report]) -> str:
                     lines.append(f"| {name} | " + " | ".join(f"{b.by_kind_ms.get(kind, 0.0):.1f}" for kind in kinds)
                                  + f" | {sum(b.by_kind_ms.values()):.1f} |")
                 lines.append("")
+            lines += [f"No breakdown for {name}: {why}" for name, why in row.breakdown_errors.items()]
+            lines += [""] if row.breakdown_errors else []
     return "\n".join(lines)
 
 

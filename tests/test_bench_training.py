@@ -119,6 +119,18 @@ def test_gemm_time_goes_to_the_op_that_launched_it():
     # without the launch call, the kernel linked to the custom op has no GEMM op around it
     alone = {g.shape: g for g in bt.gemm_times([e for e in events if e is not launch], on_gpu=True)}
     assert alone["16384 x 8192 x 2048"].launches == 1 and "kernel_cutlass_kernel_quackepilogue_x" in alone["?"].by
+    # torch 2.11's FunctionEvent has no linked_correlation_id: the launch call is known by its
+    # name and id, the linked op by the kernel entry the profiler appended to it
+    for e in events:
+        del e.linked_correlation_id
+    for o, k in ((zero, kernels[1]), (mm, kernels[2]), (wgrad, kernels[3]), (bmm, kernels[4]), (stray, kernels[5])):
+        o.append_kernel(k.name, 0, k.device_time_total)
+    block.append_kernel(kernels[0].name, 0, kernels[0].device_time_total)  # linked outside the range
+    old_torch = {g.shape: g for g in bt.gemm_times(events, on_gpu=True)}
+    assert old_torch == times
+    alone = {g.shape: g for g in bt.gemm_times([e for e in events if e is not launch], on_gpu=True)}
+    assert alone["16384 x 8192 x 2048"].launches == 1 and "kernel_cutlass_kernel_quackepilogue_x" in alone["?"].by
+    zero.kernels.clear(); mm.kernels.clear()
     # what launched each kernel (profiler-linked): the outermost epiforge op, then the innermost op
     fill = op(9, "aten::fill_", parent=zero)
     fill.append_kernel("vectorized_elementwise_kernel<FillFunctor>", 0, 50.0)
@@ -170,3 +182,17 @@ def test_report_of_a_missing_file_is_one_line(tmp_path, capsys):
     assert bt.main(["--report", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bench.training:") and err.count("\n") == 1
+
+
+def test_a_failed_profile_costs_its_breakdown_not_the_row():
+    """A contender whose profiled call raises leaves the others' breakdowns and its reason
+    in the row, and --report prints the reason."""
+    def boom(_):
+        raise RuntimeError("profiler said no")
+
+    good = bt._Entry(bt.Contender(name="compile", what="x"), lambda _: torch.ones(4).sum(), lambda: 0)
+    bad = bt._Entry(bt.Contender(name="fused", what="y"), boom, lambda: 0)
+    row = bt.Row(part="step", config={}, reps=1, contenders=[good.record, bad.record])
+    bt._breakdowns(row, [good, bad], ("fused", "compile"), cuda=False)
+    assert set(row.breakdown) == {"compile"}
+    assert row.breakdown_errors == {"fused": "RuntimeError: profiler said no"}
