@@ -86,11 +86,14 @@ class FusedLlamaModel(_ModelParams):
     QKV GEMM is qkn on the normalised input (made in torch from k0's x and rstd) instead of
     k4hf, its QK-norm backward in torch; the rest is the same.
 
-    store_logits (an attribute, settable between steps): the LM head is k5l, which keeps the
-    bf16 logits (M x V x 2 bytes, 4.2 GB at LLaMA-3's vocabulary and 16384 tokens) for the
-    backward, instead of k5, whose backward recomputes them with a second LM-head GEMM."""
+    store_logits (an attribute, settable between steps; on by default): the LM head is k5l,
+    which keeps the bf16 logits (M x V x 2 bytes, 4.2 GB at LLaMA-3's vocabulary and 16384
+    tokens) for the backward, which overwrites them with dlogits; off, it is k5, whose backward
+    recomputes them with a second LM-head GEMM (less memory, one more GEMM). At the 1B step on
+    an H100 the stored logits were faster and peaked below torch.compile's step
+    (bench/results/h100/training/step-5.json)."""
 
-    def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = False, ignore_index: int = -100):
+    def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = True, ignore_index: int = -100):
         super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
         self.store_logits = store_logits
         self.ignore_index = ignore_index
