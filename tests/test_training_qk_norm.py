@@ -207,7 +207,7 @@ def test_the_qwen3_model_runs_qkn_where_llama_runs_k4hf():
         model(stream[:, :-1], stream[:, 1:])
     epilogues = [c.split(":")[1].split("@")[0] for c in forward if c.startswith("gemm:")]
     assert epilogues == ["qk_norm_rope_64", "rms_partial_epi", "rmsnorm_swiglu", "rms_partial_epi", "qk_norm_rope_64",
-                         "rms_partial_epi", "rmsnorm_swiglu", "rms_partial_epi", "rmsnorm_cross_entropy"]
+                         "rms_partial_epi", "rmsnorm_swiglu", "rms_partial_epi", "rmsnorm_cross_entropy_logits"]
 
 
 @pytest.mark.parametrize("which", ["embed_rmsnorm_qkv_rope", "decoder_block"])
