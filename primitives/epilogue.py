@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from epiforge.primitives import trace
+from epiforge.primitives import graph, trace
 from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
 from epiforge.primitives.spec import (
     MODES,
@@ -66,6 +66,9 @@ class Epilogue:
     author: str | None = None
     # acc_pair only: extra outputs stored per pair at full width (M, N), returned as pack(x, y)
     pair_outputs: tuple[str, ...] = ()
+    # the traced graph (primitives.graph) this epilogue's function replays, if it was rebuilt from one
+    graph: object | None = None
+    _replay: "Epilogue | None" = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.name = getattr(self.fn, "__name__", "epilogue")
@@ -149,19 +152,34 @@ class Epilogue:
         if config.c_load_warp and call.c is None and not any(isinstance(k, Tile) for k in self.operands.values()):
             raise EpilogueError(f"{self.name}(): config {config.key()} has c_load_warp, which issues the epilogue's C "
                                 "loads, but this call loads no C and no tile (pass c= or drop the flag)")
+        epi = self._replayed() if graph.replay_active() and not self.from_library and self.graph is None else self
         with self._profiled(call):
             if a.device.type == "cuda":
                 from epiforge.primitives.lowering import launch
 
-                return launch(self, call, config)
+                return launch(epi, call, config)
             if os.environ.get("EPIFORGE_CROSS_COMPILE") == "1":
                 # the CPU compile check: build the exact GPU kernel for sm_90a, then emulate
                 from epiforge.primitives.lowering import cross_compile
 
-                cross_compile(self, call, config)
+                cross_compile(epi, call, config)
             from epiforge.primitives.emulator import emulate
 
-            return emulate(self, call, config)
+            return emulate(epi, call, config)
+
+    @property
+    def from_library(self) -> bool:
+        """A quack library epilogue (from_quack): quack's own EpiMod on the GPU, a torch twin
+        in the emulator. (quack_mod alone does not tell: the GPU path mints one for every
+        epilogue it launches.)"""
+        return self.torch_fn is not self.fn
+
+    def _replayed(self) -> "Epilogue":
+        """This epilogue rebuilt from its traced graph, through the graph's JSON form (what
+        would cross a process boundary); made once."""
+        if self._replay is None:
+            self._replay = graph.rebuild(graph.Graph.from_json(graph.trace(self).to_json()), self)
+        return self._replay
 
     def _profiled(self, call: "Call"):
         """The call's profiler range (PROFILE_LABEL), only while a profiler runs."""

@@ -11,9 +11,11 @@ import math as _math
 
 import torch
 
+from epiforge.primitives.graph import traced
 from epiforge.primitives.values import is_torch
 
 
+@traced
 def sigmoid(x):
     """1 / (1 + exp(-x))."""
     if is_torch(x):
@@ -23,6 +25,7 @@ def sigmoid(x):
     return q(x)
 
 
+@traced
 def silu(x):
     """x * sigmoid(x) (SiLU, the gate activation of SwiGLU)."""
     if is_torch(x):
@@ -32,6 +35,7 @@ def silu(x):
     return q(x)
 
 
+@traced
 def swiglu(gate, up):
     """silu(gate) * up: one SwiGLU output from a (gate, up) pair."""
     if is_torch(gate, up):
@@ -41,6 +45,7 @@ def swiglu(gate, up):
     return q(gate, up)
 
 
+@traced
 def dswiglu(gate, up, dout):
     """SwiGLU backward for out = silu(gate) * up given d_out:
     returns (d_gate, d_up, out), with s = sigmoid(gate),
@@ -57,6 +62,7 @@ def dswiglu(gate, up, dout):
     return q(gate, up, dout)
 
 
+@traced
 def exp(x):
     """e**x (fast hardware exp on the GPU)."""
     if is_torch(x):
@@ -66,6 +72,7 @@ def exp(x):
     return cute.math.exp(x, fastmath=True)
 
 
+@traced
 def log(x):
     """Natural logarithm."""
     if is_torch(x):
@@ -75,6 +82,7 @@ def log(x):
     return cute.math.log(x, fastmath=True)
 
 
+@traced
 def rsqrt(x):
     """1 / sqrt(x)."""
     if is_torch(x):
@@ -84,6 +92,7 @@ def rsqrt(x):
     return cute.math.rsqrt(x)
 
 
+@traced
 def fma(a, b, c):
     """a * b + c with one rounding (the float32 product is not rounded on its own)."""
     if is_torch(a, b, c):
@@ -94,6 +103,7 @@ def fma(a, b, c):
     return cute.math.fma(a, b, c)
 
 
+@traced
 def rope_rotate(x1, x2, pos, freq):
     """Rotate one RoPE pair (x1, x2) by the angle pos * inv_freq:
     returns (x1 cos t - x2 sin t, x1 sin t + x2 cos t).
@@ -134,6 +144,7 @@ def _plain(*values) -> bool:
     return all(isinstance(v, (int, float)) for v in values)
 
 
+@traced
 def max(a, b):  # noqa: A001 - P.max, as torch.maximum
     """The larger of a and b; NaN if either is NaN (torch.maximum)."""
     if is_torch(a, b) or _plain(a, b):
@@ -143,6 +154,7 @@ def max(a, b):  # noqa: A001 - P.max, as torch.maximum
     return cute.math.max(_float32(a), _float32(b), propagate_nan=True)
 
 
+@traced
 def min(a, b):  # noqa: A001 - P.min, as torch.minimum
     """The smaller of a and b; NaN if either is NaN (torch.minimum)."""
     if is_torch(a, b) or _plain(a, b):
@@ -152,6 +164,7 @@ def min(a, b):  # noqa: A001 - P.min, as torch.minimum
     return cute.math.min(_float32(a), _float32(b), propagate_nan=True)
 
 
+@traced
 def abs(x):  # noqa: A001 - P.abs, as torch.abs
     """|x|."""
     if is_torch(x):
@@ -161,17 +174,20 @@ def abs(x):  # noqa: A001 - P.abs, as torch.abs
     return cute.math.abs(_float32(x))
 
 
+@traced
 def relu(x):
     """max(x, 0); NaN stays NaN (torch.relu)."""
     return max(x, 0.0)
 
 
+@traced
 def squared_relu(x):
     """relu(x) ** 2 (Primer's squared ReLU)."""
     r = relu(x)
     return r * r
 
 
+@traced
 def tanh(x):
     """Hyperbolic tangent (the precise instruction sequence on the GPU, not tanh.approx)."""
     if is_torch(x):
@@ -181,6 +197,7 @@ def tanh(x):
     return cute.math.tanh(_float32(x), fastmath=False)
 
 
+@traced
 def erf(x):
     """The error function, 2/sqrt(pi) * integral of exp(-t**2) from 0 to x."""
     if is_torch(x):
@@ -190,6 +207,7 @@ def erf(x):
     return cute.math.erf(_float32(x), fastmath=False)
 
 
+@traced
 def erfc(x):
     """1 - erf(x), accurate where erf(x) is near 1 (no cancellation)."""
     if is_torch(x):
@@ -199,12 +217,14 @@ def erfc(x):
     return cute.math.erfc(_float32(x), fastmath=False)
 
 
+@traced
 def gelu(x):
     """Exact GELU: x/2 * (1 + erf(x / sqrt(2))) (torch's approximate='none'), computed as
     x/2 * erfc(-x / sqrt(2)) so that the negative tail keeps its digits."""
     return 0.5 * x * erfc(x * (-1.0 / _math.sqrt(2.0)))
 
 
+@traced
 def gelu_tanh(x):
     """GELU's tanh form: x/2 * (1 + tanh(z)), z = sqrt(2/pi) * (x + 0.044715 x**3)
     (torch's approximate='tanh', GPT-2's), computed as x * sigmoid(2 z), the same value
@@ -213,6 +233,7 @@ def gelu_tanh(x):
     return x * sigmoid(2.0 * z)
 
 
+@traced
 def where(cond, a, b):
     """a where cond holds, else b. `cond` is one comparison of values (`acc > 0`,
     `x <= t`); a and b are values or numbers (torch.where)."""

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from epiforge.primitives.graph import traced
+
 
 class TorchPair(NamedTuple):
     """Two lanes (even column, odd column) of torch tensors with lane-wise + - *;
@@ -57,6 +59,7 @@ def is_torch(*values) -> bool:
     return False
 
 
+@traced
 def unpack(value):
     """Split a paired value into its two lanes: `gate, up = unpack(acc)`."""
     if isinstance(value, TorchPair):
@@ -71,6 +74,7 @@ def unpack(value):
     return quack_unpack(value)
 
 
+@traced
 def pack(a, b):
     """Join two lanes into a paired value: `return {"D": pack(dx, dy)}`."""
     if is_torch(a, b):
