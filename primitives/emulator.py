@@ -39,16 +39,17 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
     packed = epi.mode == "packed_pair"
     out_width = n // 2 if paired else n
     result: dict[str, torch.Tensor] = {}
+    device = call.a.device  # the CPU's, or "meta" while a kernel is described (primitives/program.py)
     if call.store_d:
-        result["D"] = torch.empty((m, 2 * n if packed else n), dtype=call.dtypes["D"])
+        result["D"] = torch.empty((m, 2 * n if packed else n), dtype=call.dtypes["D"], device=device)
     for o in epi.outputs:
-        result[o] = torch.empty((m, out_width), dtype=call.dtypes[o])
+        result[o] = torch.empty((m, out_width), dtype=call.dtypes[o], device=device)
     for o in epi.pair_outputs:
-        result[o] = torch.empty((m, n), dtype=call.dtypes[o])
+        result[o] = torch.empty((m, n), dtype=call.dtypes[o], device=device)
     for r_name, red in epi.reductions.items():
         shape = partials_shape(red, m, n, config.tile_m, config.tile_n)
         # NaN marks anything the kernel would leave unwritten (a select's out-of-range rows)
-        result[r_name] = torch.full(shape, math.nan, dtype=torch.float32)
+        result[r_name] = torch.full(shape, math.nan, dtype=torch.float32, device=device)
 
     # Ragged last tiles, as on the GPU: the function also runs where a tile overhangs the
     # output, with zeros for the accumulator and every out-of-range operand element; sums
@@ -226,7 +227,7 @@ def _fold(red, val: torch.Tensor, buf: torch.Tensor, m0: int, real: int, n: int,
         idx = values[red.index][m0 : m0 + real].long()
         ok = (idx >= 0) & (idx < n)
         picked = val[:real].gather(1, idx.clamp(0, n - 1)[:, None])[:, 0]
-        seg = buf[m0 : m0 + real]
-        seg[ok] = picked[ok]
+        # rows whose index is out of range keep their NaN (where, not a mask: no shape from values)
+        buf[m0 : m0 + real] = torch.where(ok, picked, buf[m0 : m0 + real])
     else:
         raise EpilogueError(f"unknown reduction {red!r}")

@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from epiforge.primitives import graph, trace
+from epiforge.primitives import graph, program, trace
 from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
 from epiforge.primitives.spec import (
     MODES,
@@ -68,6 +68,9 @@ class Epilogue:
     pair_outputs: tuple[str, ...] = ()
     # the traced graph (primitives.graph) this epilogue's function replays, if it was rebuilt from one
     graph: object | None = None
+    # a library epilogue named by P.from_quack("quack.<module>:<name>", operands): that name and those operands
+    library_target: str | None = None
+    library_operands: dict | None = None
     _replay: "Epilogue | None" = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -137,6 +140,12 @@ class Epilogue:
         """Run D = epilogue(a @ w^T) with `a` (M, K) and `w` (N, K) (nn.Linear layout; a
         transposed view of a (K, N) tensor works too). Returns {"D": ..., <outputs>,
         <reductions as raw float32 partials>}; `store_d=False` skips writing D."""
+        if program.describing():  # a kernel being described: one gemm step (primitives/program.py)
+            return program.primitive_call("gemm", program.epilogue_name(self), self._gemm, (a, w),
+                                          dict(c=c, config=config, dtypes=dtypes, store_d=store_d, **values))
+        return self._gemm(a, w, c, config=config, dtypes=dtypes, store_d=store_d, **values)
+
+    def _gemm(self, a, w, /, c=None, *, config=None, dtypes=None, store_d=True, **values) -> dict[str, torch.Tensor]:
         call = self.check_call(a, w, c, values, dtypes, store_d)
         config = config or DEFAULT_CONFIG
         trace.record("gemm", f"{self.name}@{config.key()}")

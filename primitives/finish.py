@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from epiforge.primitives import trace
+from epiforge.primitives import program, trace
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,11 @@ def register(name: str, meaning: str, *, cpu: Callable[..., Any], gpu: Callable[
 
 
 def _run(name: str, partials, *args, **kw):
+    """A finishing step's call: one recorded step while a kernel is described."""
+    return program.primitive_call("finish", name, lambda *a, **k: _run_step(name, *a, **k), (partials, *args), kw)
+
+
+def _run_step(name: str, partials, *args, **kw):
     step = STEPS[name]
     trace.record("finish", name)
     if step.first == "partials" and not (isinstance(partials, torch.Tensor) and partials.ndim == 2

@@ -3,13 +3,23 @@ by a kernel's `prepare()`. They may read only the task's constant inputs."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from epiforge.primitives import trace
+from epiforge.primitives import program, trace
 
 
+def _helper(fn):
+    """A prepare helper: one recorded step while a kernel is described (primitives/program.py)."""
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        return program.primitive_call("prepare", fn.__name__, fn, args, kw)
+    return call
+
+
+@_helper
 def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, passthrough_cols: int = 0,
                     direction: int = 1) -> torch.Tensor:
     """The per-column float32 table `primitives.math.rope_rotate` reads as a PerCol operand.
@@ -36,6 +46,7 @@ def rope_freq_table(inv_freq: torch.Tensor, head_dim: int, rotary_cols: int, pas
     return torch.cat((table, table.new_zeros(passthrough_cols))).contiguous()
 
 
+@_helper
 def qkv_rope_freq_table(inv_freq: torch.Tensor, d: int, direction: int = 1) -> torch.Tensor:
     """rope_freq_table for a fused QKV projection laid out [q | k | v], d columns each:
     q and k rotate (by direction * pos * inv_freq), v passes through."""

@@ -105,10 +105,14 @@ class LazyQuackEpilogue:
             module, _, attr = self.target.partition(":")
             if not module.startswith("quack.epilogue."):
                 raise EpilogueError(f"from_quack: {self.target} is not in quack.epilogue")
-            mod = getattr(importlib.import_module(module), attr, None)
+            from epiforge.primitives.program import not_the_kernels
+
+            with not_the_kernels():
+                mod = getattr(importlib.import_module(module), attr, None)
             if mod is None:
                 raise EpilogueError(f"from_quack: {self.target} does not exist in quack")
             self._epi = from_quack(mod, operands=self._operands)
+            self._epi.library_target, self._epi.library_operands = self.target, self._operands
         return self._epi
 
     def __call__(self, *args, **kwargs):

@@ -4,12 +4,21 @@ Result, and these tests have nothing to test). Every test gets its own data dire
 Ctrl-C tests take `ctrl_c_reaches_children`."""
 
 import functools
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+# The test processes pin the CPU numerics as the judge's processes do (eval/isolation.py
+# NUMERICS_PINS, read by MKL when it starts, so before torch is imported): the tests that
+# compare two in-process runs bit for bit (tests/test_program.py, test_epilogue_graph.py)
+# then see MKL take the same path both times.
+from epiforge.eval.isolation import NUMERICS_PINS  # noqa: E402 - imports no torch
+
+os.environ.update(NUMERICS_PINS)
+
+import pytest  # noqa: E402 - after the numerics pins
 
 FULL_SANDBOX = "user and mount namespaces: read-only filesystem but its own dir, no network"
 _PROBE = ("import pathlib, sys, tempfile; sys.path.insert(0, sys.argv[1]); from epiforge.eval.isolation import sandbox; "

@@ -1,0 +1,440 @@
+"""A kernel's calls as data: what its prepare() and run() do, described on shapes alone, and
+run again from the description by code that is not the kernel's.
+
+Why: the judge can trust what it saw launched only if a process that runs no kernel code
+launched it. `describe(module, specs)` runs the kernel's prepare() and run() on meta tensors
+(shapes, strides and dtypes, no values) and records, in order, each primitive call (a fused
+GEMM with its epilogue as a graph, primitives/graph.py, or as a quack library name; a
+finishing step; a prepare helper) and each torch operation the kernel's own code applied
+between them (by its aten name: views and allocations for an honest kernel, anything else is
+compute the launch check counts). `execute(program, values)` replays the description on
+real tensors with the primitives' own code: epilogues rebuilt from their graphs, library
+epilogues from their names, aten operations through torch. The kernel's process never
+holds a value, so nothing it does can depend on one, and what runs is only what it
+described.
+
+A program is plain JSON (`Program.to_json` / `Program.from_json`, which checks it): values
+are numbered; value i is the i-th input (in `inputs` order), then each step's outputs in
+turn. An argument is a number, string, bool or null, or a tagged object: {"v": i} a value,
+{"list": [...]}, {"dict": {...}}, {"dtype": name}, {"config": key}, {"float": hex} (NaN and
+infinities), {"memory_format": name}, {"device": null} (the device the program runs on).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from epiforge.primitives import graph as _graph
+
+#: the step kinds: a torch operation of the kernel's own code, or a primitive call
+KINDS = ("aten", "gemm", "finish", "prepare")
+#: how many steps one description may hold (a kernel calls a few dozen)
+MAX_STEPS = 10_000
+_ATEN = re.compile(r"aten::[a-z_][a-z0-9_]*(\.[a-zA-Z0-9_]+)?$")
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint8, torch.bool)}
+_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format}
+
+
+class ProgramError(ValueError):
+    """A kernel that cannot be described, or a description that is not well formed (one
+    clear line)."""
+
+
+@dataclass
+class Program:
+    """inputs: (name, spec) per input value, in value order: a tensor spec is {"shape",
+    "stride", "dtype"}, a plain value is {"value": x}. steps: {"kind", "name", "args",
+    "kwargs", "outs"}; outs is an argument structure of the values the step made. prepared
+    / outputs: what prepare() and run() returned, names to arguments."""
+
+    inputs: list[tuple[str, dict]] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    prepared: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    n_values: int = 0
+    #: the first this many steps are prepare()'s (run once, before timing), the rest run()'s
+    prepare_steps: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({"inputs": self.inputs, "steps": self.steps, "prepared": self.prepared,
+                           "outputs": self.outputs, "n_values": self.n_values, "prepare_steps": self.prepare_steps})
+
+    def run_steps(self) -> list[dict]:
+        """run()'s steps: what a launch check judges."""
+        return self.steps[self.prepare_steps:]
+
+    @classmethod
+    def from_json(cls, text: str) -> "Program":
+        try:
+            d = json.loads(text)
+            program = cls(inputs=[(str(n), dict(s)) for n, s in d["inputs"]], steps=list(d["steps"]),
+                          prepared=dict(d["prepared"]), outputs=dict(d["outputs"]), n_values=int(d["n_values"]),
+                          prepare_steps=int(d["prepare_steps"]))
+        except (KeyError, TypeError, ValueError, RecursionError) as e:
+            raise ProgramError(f"not a kernel program: {type(e).__name__}: {str(e)[:200]}") from None
+        program.check()
+        return program
+
+    def check(self) -> None:
+        """Each step of a known kind reads only values made before it and makes new ones in
+        order; bounded in size."""
+        if len(self.steps) > MAX_STEPS:
+            raise ProgramError(f"more than {MAX_STEPS} steps")
+        if not 0 <= self.prepare_steps <= len(self.steps):
+            raise ProgramError("prepare_steps is not a count of the steps")
+        made = len(self.inputs)
+
+        def refs(a, depth=0):
+            if depth > 8:
+                raise ProgramError("arguments nested too deeply")
+            if isinstance(a, list):
+                raise ProgramError("a bare list in arguments")
+            if isinstance(a, dict):
+                if set(a) == {"v"}:
+                    yield a["v"]
+                elif set(a) == {"list"} and isinstance(a["list"], list):
+                    for x in a["list"]:
+                        yield from refs(x, depth + 1)
+                elif set(a) == {"dict"} and isinstance(a["dict"], dict):
+                    for x in a["dict"].values():
+                        yield from refs(x, depth + 1)
+                elif len(a) != 1 or next(iter(a)) not in ("dtype", "config", "float", "memory_format", "device"):
+                    raise ProgramError(f"unknown argument {str(a)[:80]}")
+            elif not (a is None or type(a) in (int, float, bool, str)):
+                raise ProgramError(f"unknown argument {str(a)[:80]}")
+
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, dict) or set(step) != {"kind", "name", "args", "kwargs", "outs"} \
+                    or step["kind"] not in KINDS or not isinstance(step["name"], str):
+                raise ProgramError(f"step {i} is not a step")
+            if step["kind"] == "aten" and not _ATEN.match(step["name"]):
+                raise ProgramError(f"step {i}: {step['name'][:80]!r} is not an aten operation")
+            for v in refs({"list": step["args"]}) if isinstance(step["args"], list) else [None]:
+                if not (type(v) is int and 0 <= v < made):
+                    raise ProgramError(f"step {i} reads a value not made before it")
+            for v in refs({"dict": step["kwargs"]}) if isinstance(step["kwargs"], dict) else [None]:
+                if not (type(v) is int and 0 <= v < made):
+                    raise ProgramError(f"step {i} reads a value not made before it")
+            for v in refs(step["outs"]):
+                if v != made:
+                    raise ProgramError(f"step {i} does not make its values in order")
+                made += 1
+        if made != self.n_values:
+            raise ProgramError("n_values does not count the values made")
+        for what in (self.prepared, self.outputs):
+            for v in refs({"dict": what}):
+                if not (type(v) is int and 0 <= v < made):
+                    raise ProgramError("a result that is no value")
+
+
+# ---- describing -----------------------------------------------------------------------
+
+_describer: "_Describer | None" = None
+
+
+def describing() -> bool:
+    """True while describe() runs a kernel (the primitives then record instead of running)."""
+    return _describer is not None
+
+
+class _Describer(TorchDispatchMode):
+    """Numbers the meta tensors, records the kernel's own aten operations (those outside
+    any primitive call) and the primitive calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.program = Program()
+        self.ids: dict[int, int] = {}
+        self.alive: list[torch.Tensor] = []  # numbered tensors stay alive: ids are never reused
+        self.depth = 0
+
+    def value(self, t: torch.Tensor) -> int:
+        self.ids[id(t)] = self.program.n_values
+        self.alive.append(t)
+        self.program.n_values += 1
+        return self.program.n_values - 1
+
+    def encode(self, x, depth: int = 0):
+        if depth > 8:
+            raise ProgramError("an argument nested too deeply")
+        if isinstance(x, torch.Tensor):
+            if id(x) not in self.ids:
+                raise ProgramError("a tensor the program did not make (a module-level tensor, or one made "
+                                   "outside torch)")
+            return {"v": self.ids[id(x)]}
+        if x is None or type(x) in (int, bool, str):
+            return x
+        if type(x) is float:
+            return x if math.isfinite(x) else {"float": x.hex()}
+        if isinstance(x, (list, tuple)):
+            return {"list": [self.encode(v, depth + 1) for v in x]}
+        if isinstance(x, dict):
+            if not all(type(k) is str for k in x):
+                raise ProgramError("a dict argument with keys that are not strings")
+            return {"dict": {k: self.encode(v, depth + 1) for k, v in x.items()}}
+        if isinstance(x, torch.dtype) and str(x).removeprefix("torch.") in _DTYPES:
+            return {"dtype": str(x).removeprefix("torch.")}
+        if isinstance(x, torch.device):
+            return {"device": None}
+        if isinstance(x, torch.memory_format) and str(x).removeprefix("torch.") in _FORMATS:
+            return {"memory_format": str(x).removeprefix("torch.")}
+        from epiforge.primitives.config import GemmConfig
+
+        if isinstance(x, GemmConfig):
+            return {"config": x.key()}
+        raise ProgramError(f"an argument of type {type(x).__name__} cannot be described")
+
+    def made(self, out):
+        """Number the tensors a step made (a tensor, or lists / tuples / dicts of them)."""
+        if isinstance(out, torch.Tensor):
+            return {"v": self.value(out)}
+        if isinstance(out, (list, tuple)):
+            return {"list": [self.made(v) for v in out]}
+        if isinstance(out, dict):
+            return {"dict": {str(k): self.made(v) for k, v in out.items()}}
+        return self.encode(out)
+
+    def add(self, kind: str, name: str, args, kwargs, out):
+        if len(self.program.steps) >= MAX_STEPS:
+            raise ProgramError(f"the kernel made more than {MAX_STEPS} calls")
+        step = {"kind": kind, "name": name, "args": self.encode(list(args))["list"],
+                "kwargs": self.encode(dict(kwargs))["dict"], "outs": self.made(out)}
+        self.program.steps.append(step)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.depth == 0:
+            self.add("aten", func.name(), args, kwargs, out)
+        return out
+
+
+def primitive_call(kind: str, name: str, fn, args: tuple, kwargs: dict):
+    """The seam the primitives call through: outside describe() it is fn(*args, **kwargs);
+    inside, the call is recorded as one step of `kind` and `name` and runs on the meta
+    tensors (to make its outputs' shapes) without recording what it does inside."""
+    d = _describer
+    if d is None or d.depth > 0:
+        return fn(*args, **kwargs)
+    d.depth += 1
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        d.depth -= 1
+    d.add(kind, name, args, kwargs, out)
+    return out
+
+
+@contextmanager
+def not_the_kernels():
+    """Torch work the primitives do for themselves while a kernel is described (importing
+    quack, whose modules make tensors) is not recorded as the kernel's."""
+    d = _describer
+    if d is not None:
+        d.depth += 1
+    try:
+        yield
+    finally:
+        if d is not None:
+            d.depth -= 1
+
+
+def epilogue_name(epi) -> str:
+    """How a gemm step names its epilogue: a quack library target ("quack.<module>:<name>"
+    and its declared operands) or the epilogue's declarations and traced graph, as JSON."""
+    from dataclasses import asdict
+
+    def kinds(d):
+        return {k: {"kind": type(v).__name__, **asdict(v)} for k, v in d.items()}
+
+    if epi.from_library:
+        target = getattr(epi, "library_target", None)
+        if target is None:
+            raise ProgramError(f"{epi.name}: a library epilogue must be named as P.from_quack('quack.<module>:<name>')")
+        return json.dumps({"library": target, "operands": kinds(epi.library_operands or {})})
+    return json.dumps({"graph": json.loads(_graph.trace(epi).to_json()), "name": epi.name, "outputs": list(epi.outputs),
+                       "operands": kinds(epi.operands), "reductions": kinds(epi.reductions), "mode": epi.mode,
+                       "pair_outputs": list(epi.pair_outputs)})
+
+
+def _meta(spec: dict) -> torch.Tensor:
+    return torch.empty_strided(spec["shape"], spec["stride"], dtype=_DTYPES[spec["dtype"]], device="meta")
+
+
+def spec_of(value) -> dict:
+    """What describe() needs of an input: a tensor's shape, strides and dtype, or a plain value."""
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ProgramError(f"an input of dtype {dtype}")
+        return {"shape": list(value.shape), "stride": list(value.stride()), "dtype": dtype}
+    if value is None or type(value) in (int, float, bool, str):
+        return {"value": value}
+    raise ProgramError(f"an input of type {type(value).__name__}")
+
+
+def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Program:
+    """Run the kernel module's prepare(consts) (if it has one: consts are the inputs named in
+    `constants`) and run(inputs, prepared) on meta tensors of `specs` (spec_of), recording
+    every step. Raises ProgramError for a kernel that reads a value, fails on shapes alone
+    or passes something that cannot be described."""
+    global _describer
+    if _describer is not None:
+        raise ProgramError("describe() inside describe()")
+    d = _Describer()
+    values = {}
+    for name, spec in specs.items():
+        d.program.inputs.append((name, spec))
+        if "value" in spec:
+            values[name] = spec["value"]
+            d.program.n_values += 1  # a plain input is a value too, never read by number
+        else:
+            values[name] = _meta(spec)
+            d.value(values[name])
+    _describer = d
+    try:
+        with d:
+            consts = {k: values[k] for k in constants}
+            prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
+            if not isinstance(prepared, dict):
+                raise ProgramError("prepare() must return a dict")
+            d.program.prepared = d.encode(prepared)["dict"]
+            d.program.prepare_steps = len(d.program.steps)
+            out = module.run(dict(values), prepared)
+            if not isinstance(out, dict):
+                raise ProgramError("run() must return a dict")
+            d.program.outputs = d.encode(out)["dict"]
+    except ProgramError:
+        raise
+    except NotImplementedError as e:
+        raise ProgramError(f"the kernel read a tensor's values while being described: {str(e)[:200]}") from None
+    except Exception as e:  # noqa: BLE001 - whatever the kernel raises is its failure to describe
+        if "meta tensor" in str(e):  # .item(), float(t), .tolist() ...
+            raise ProgramError(f"the kernel read a tensor's values while being described: {str(e)[:200]}") from None
+        raise ProgramError(f"describing the kernel failed: {type(e).__name__}: {str(e)[:300]}") from None
+    finally:
+        _describer = None
+    d.program.check()
+    return d.program
+
+
+# ---- executing ------------------------------------------------------------------------
+
+def execute(program: Program, values: dict) -> tuple[dict, list[str]]:
+    """Run the program on real inputs (names as in program.inputs) with the primitives'
+    code. Returns (run()'s outputs, the steps run, "<kind>:<name>", aten ones by their op
+    name, gemm ones by their epilogue's name): what a launch check counts."""
+    from epiforge import primitives as P
+
+    device = next((v.device for v in values.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    table: list = []
+    for name, spec in program.inputs:
+        if name not in values:
+            raise ProgramError(f"no input {name!r}")
+        table.append(values[name])
+    done: list[str] = []
+    epilogues: dict[str, object] = {}
+
+    def arg(a):
+        if isinstance(a, dict):
+            (tag, v), = a.items()
+            if tag == "v":
+                return table[v]
+            if tag == "list":
+                return [arg(x) for x in v]
+            if tag == "dict":
+                return {k: arg(x) for k, x in v.items()}
+            if tag == "dtype":
+                return _DTYPES[v]
+            if tag == "config":
+                return P.GemmConfig.parse(v)
+            if tag == "float":
+                return float.fromhex(v)
+            if tag == "memory_format":
+                return _FORMATS[v]
+            if tag == "device":
+                return device
+        return a
+
+    def keep(outs, out):
+        if isinstance(outs, dict) and "v" in outs and set(outs) == {"v"}:
+            table.append(out)
+        elif isinstance(outs, dict) and "list" in outs:
+            for o, x in zip(outs["list"], out, strict=True):
+                keep(o, x)
+        elif isinstance(outs, dict) and "dict" in outs:
+            for k, o in outs["dict"].items():
+                keep(o, out[k])
+
+    for step in program.steps:
+        args, kwargs = [arg(a) for a in step["args"]], {k: arg(v) for k, v in step["kwargs"].items()}
+        kind, name = step["kind"], step["name"]
+        if kind == "aten":
+            op_name, _, overload = name.removeprefix("aten::").partition(".")
+            packet = getattr(torch.ops.aten, op_name, None)
+            op = getattr(packet, overload or "default", None) if packet is not None else None
+            if op is None:
+                raise ProgramError(f"unknown aten operation {name!r}")
+            out = op(*args, **kwargs)
+            done.append(f"aten:{name}")
+        elif kind == "gemm":
+            epi = epilogues.get(name)
+            if epi is None:
+                epi = epilogues[name] = _epilogue_from(name)
+            out = epi(*args, **kwargs)
+            done.append(f"gemm:{epi.name}")
+        elif kind == "finish":
+            out = getattr(P.finish, name)(*args, **kwargs)
+            done.append(f"finish:{name}")
+        else:
+            fn = getattr(P.prepare, name, None)
+            if fn is None or name.startswith("_") or not callable(fn):
+                raise ProgramError(f"unknown prepare helper {name!r}")
+            out = fn(*args, **kwargs)
+            done.append(f"prepare:{name}")
+        keep(step["outs"], out)
+    return {k: arg(v) for k, v in program.outputs.items()}, done
+
+
+def _epilogue_from(text: str):
+    """The Epilogue a gemm step names (epilogue_name's JSON), built by the primitives."""
+    from epiforge import primitives as P
+    from epiforge.primitives import spec as S
+    from epiforge.primitives.epilogue import Epilogue
+
+    kinds = {c.__name__: c for c in (S.PerRow, S.PerCol, S.Scalar, S.Tile, S.HeadRMS, S.RowReduce, S.ColReduce,
+                                     S.RowLogSumExp, S.RowSelect)}
+
+    def declared(d: dict) -> dict:
+        out = {}
+        for k, v in d.items():
+            v = dict(v)
+            cls = kinds.get(v.pop("kind", None))
+            if cls is None:
+                raise ProgramError(f"unknown declaration in {text[:80]}")
+            out[k] = cls(**v)
+        return out
+
+    try:
+        d = json.loads(text)
+        if "library" in d:
+            return P.from_quack(d["library"], operands=declared(d["operands"]) or None)
+        g = _graph.Graph.from_json(json.dumps(d["graph"]))
+        shape = Epilogue(fn=_graph.as_function(g), outputs=tuple(d["outputs"]), operands=declared(d["operands"]),
+                         reductions=declared(d["reductions"]), mode=d["mode"], pair_outputs=tuple(d["pair_outputs"]))
+        shape.name = str(d["name"])
+        return _graph.rebuild(g, shape)
+    except ProgramError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a malformed description is the describer's failure
+        raise ProgramError(f"not an epilogue: {type(e).__name__}: {str(e)[:200]}") from None
+

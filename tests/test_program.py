@@ -1,0 +1,165 @@
+"""A kernel's calls as data (primitives/program.py): every expert kernel, described on meta
+tensors and run again from the description's JSON by the primitives' own code, gives its
+outputs bit for bit; run()'s own torch work is visible step by step; what reads a value
+does not describe; a description from an untrusted writer is checked before it runs; and
+running a description runs no kernel code."""
+
+import json
+import types
+
+import pytest
+import torch
+
+from epiforge import primitives as P
+from epiforge import tasks
+from epiforge.eval.machine import expert_kernel
+from epiforge.primitives import program
+from epiforge.tasks.tolerance_margins import load_expert, run_expert
+
+TASKS = [t for t in tasks.load_catalogue()[0] if expert_kernel(t.name)]
+#: the aten operations an honest run() applies itself (views: no launch on a GPU)
+VIEWS = {"aten::t", "aten::permute", "aten::transpose.int", "aten::view", "aten::expand", "aten::select.int",
+         "aten::slice.Tensor", "aten::unsqueeze", "aten::squeeze.dim", "aten::alias"}
+
+
+def _smoke(task):
+    return task.make_inputs(next(s.dims() for s in tasks.shape_sets()["smoke"]), seed=3, device="cpu")
+
+
+def _describe(task, module, inputs):
+    specs = {k: program.spec_of(v) for k, v in inputs.items()}
+    return program.describe(module, specs, tuple(t.name for t in task.inputs if t.constant))
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].stride() == b[k].stride()
+        and torch.equal(a[k].nan_to_num(7.0), b[k].nan_to_num(7.0)) and torch.equal(a[k].isnan(), b[k].isnan())
+        for k in a)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.id)
+def test_every_expert_kernel_runs_from_its_description_bit_for_bit(task):
+    module = load_expert(task)
+    inputs = _smoke(task)
+    described = program.Program.from_json(_describe(task, module, inputs).to_json())
+    direct = run_expert(task, module, inputs)
+    got, done = program.execute(described, {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                            for k, v in inputs.items()})
+    assert _same(direct, got), task.id
+    run_ops = {s["name"] for s in described.run_steps() if s["kind"] == "aten"}
+    assert run_ops <= VIEWS, run_ops  # an expert's run() computes nothing itself
+    assert any(s["kind"] == "gemm" for s in described.run_steps())
+    assert sum(d.startswith("gemm:") for d in done) == sum(s["kind"] == "gemm" for s in described.steps)
+
+
+def _kernel(run_body: str, prepare_body: str | None = None):
+    """A kernel module made in the test: one @epilogue, run() as given."""
+    scope = {"P": P, "torch": torch}
+    source = ("@P.epilogue(operands={'b': P.PerCol()})\n"
+              "def bias(acc, b):\n"
+              "    return {'D': acc + b}\n\n"
+              f"def run(inputs, prepared):\n    {run_body}\n")
+    if prepare_body:
+        source += f"\ndef prepare(consts):\n    {prepare_body}\n"
+    exec(source, scope)  # noqa: S102 - the test's own kernels
+    module = types.ModuleType("made_kernel")
+    module.__dict__.update(scope)
+    return module
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return {"a": torch.randn(64, 32, generator=g).bfloat16(), "w": torch.randn(48, 32, generator=g).bfloat16(),
+            "b": torch.randn(48, generator=g), "eps": 1e-6}
+
+
+def _specs(inputs):
+    return {k: program.spec_of(v) for k, v in inputs.items()}
+
+
+def test_the_kernels_own_compute_is_a_step_the_launcher_sees():
+    """torch compute in run() (here the whole GEMM again, as a cheat would) is a recorded
+    aten step of its own, beside the fused GEMM; a view is one too, and a Python number
+    derived from shapes is a constant of the step."""
+    module = _kernel("x = inputs['a'] @ inputs['w'].T\n"
+                     "    y = bias(inputs['a'], inputs['w'], b=inputs['b'] * (1.0 / inputs['a'].shape[1]))\n"
+                     "    return {'y': y['D'], 'x': x}")
+    described = program.describe(module, _specs(_inputs()), ())
+    names = [(s["kind"], s["name"]) for s in described.run_steps()]
+    assert ("aten", "aten::mm") in names and ("aten", "aten::permute") in names and ("aten", "aten::mul.Tensor") in names
+    assert [k for k, _ in names].count("gemm") == 1
+    mul = next(s for s in described.steps if s["name"] == "aten::mul.Tensor")
+    assert mul["args"][1] == 1.0 / 32
+    inputs = _inputs()
+    got, done = program.execute(program.Program.from_json(described.to_json()), inputs)
+    want = module.run(_inputs(), {})
+    assert torch.equal(got["x"], want["x"]) and torch.equal(got["y"], want["y"])
+    assert "aten:aten::mm" in done and "gemm:bias" in done
+
+
+def test_running_a_description_runs_no_kernel_code():
+    """What execute() runs is the primitives' code on the description: with the kernel's
+    run() and its epilogue's function made to raise after describing, the description still
+    runs, to the values the kernel gave."""
+    module = _kernel("return {'y': bias(inputs['a'], inputs['w'], b=inputs['b'])['D']}")
+    described = program.describe(module, _specs(_inputs()), ())
+    want = module.run(_inputs(), {})["y"]
+
+    def sabotaged(*args, **kwargs):
+        raise AssertionError("kernel code ran")
+    module.run = module.bias.fn = module.bias.torch_fn = sabotaged
+    got, done = program.execute(program.Program.from_json(described.to_json()), _inputs())
+    assert torch.equal(got["y"], want) and done == ["gemm:bias"]
+
+
+@pytest.mark.parametrize("body, why", [
+    ("return {'y': inputs['a'] * float(inputs['b'][0])}", "read a tensor's values"),
+    ("return {'y': inputs['a'][inputs['a'] > 0]}", "read a tensor's values"),
+    ("return {'y': HELD}", "did not make"),
+    ("return {'y': inputs['a'].tolist()}", "read a tensor's values"),
+    ("return [inputs['a']]", "must return a dict"),
+    ("raise RuntimeError('no')", "RuntimeError: no"),
+])
+def test_a_kernel_that_needs_values_does_not_describe(body, why):
+    module = _kernel(body)
+    module.run.__globals__["HELD"] = torch.ones(3)
+    with pytest.raises(program.ProgramError, match=why):
+        program.describe(module, _specs(_inputs()), ())
+    assert not program.describing()  # the describer is gone after a failure
+
+
+def test_prepare_steps_come_first_and_are_counted_apart():
+    module = _kernel("return {'y': bias(inputs['a'], inputs['w'], b=prepared['b2'])['D']}",
+                     "return {'b2': consts['b'] * 2}")
+    inputs = _inputs()
+    described = program.describe(module, _specs(inputs), ("b",))
+    assert described.prepare_steps == 1 and described.steps[0]["name"] == "aten::mul.Tensor"
+    assert [s["kind"] for s in described.run_steps()] == ["gemm"]
+    got, _ = program.execute(described, inputs)
+    assert torch.equal(got["y"], module.bias(inputs["a"], inputs["w"], b=inputs["b"] * 2)["D"])
+
+
+def test_a_description_that_is_not_well_formed_is_refused():
+    module = _kernel("return {'y': bias(inputs['a'], inputs['w'].T.T, b=inputs['b'])['D']}")
+    good = json.loads(program.describe(module, _specs(_inputs()), ()).to_json())
+
+    def refused(change, why):
+        data = json.loads(json.dumps(good))
+        change(data)
+        with pytest.raises(program.ProgramError, match=why):
+            program.Program.from_json(json.dumps(data))
+
+    refused(lambda d: d["steps"][0]["args"].__setitem__(0, {"v": 99}), "not made before")
+    refused(lambda d: d["steps"][0].update(kind="python"), "not a step")
+    refused(lambda d: d["steps"][0].update(name="os.system"), "not an aten operation")
+    refused(lambda d: d["steps"][0]["outs"].update(v=0), "in order")
+    refused(lambda d: d["steps"][0]["args"].append({"pickle": "x"}), "unknown argument")
+    refused(lambda d: d["outputs"].update(y={"v": 1000}), "no value")
+    refused(lambda d: d.update(prepare_steps=99), "prepare_steps")
+    refused(lambda d: d.pop("n_values"), "not a kernel program")
+    with pytest.raises(program.ProgramError, match="not an epilogue"):
+        data = json.loads(json.dumps(good))
+        gemm = next(s for s in data["steps"] if s["kind"] == "gemm")
+        gemm["name"] = json.dumps({"graph": {"params": ["acc"], "nodes": [], "returns": []}, "name": "x"})
+        program.execute(program.Program.from_json(json.dumps(data)), _inputs())
