@@ -2,6 +2,19 @@
 
 An epilogue is a plain function of the GEMM accumulator built from these names; the same
 source runs on the GPU (quack's SM90 GEMM) and on the CPU (the tile emulator).
+
+The modules:
+- the contract: epilogue.py (@epilogue, the call), spec.py (operand kinds, reductions,
+  modes), math.py (what a body may compute), values.py (pairs), config.py (tile configs),
+  finish.py (finishing steps), prepare.py (one-time transforms of constants),
+  quack_library.py (quack's own epilogues through the contract);
+- its two meanings: emulator.py (the CPU), lowering.py (quack's SM90 GEMM; with
+  pair_store.py, early_c.py, c_load_warp.py and quack_patch.py for what quack lacks) and
+  finish_gpu.py (the finishing steps' kernels);
+- kernels as data, for a judge whose launches no kernel code makes: graph.py (an
+  epilogue's function as a graph of operations) and program.py (a kernel's calls described
+  on shapes, run again by the primitives);
+- trace.py: what the primitives did, for the evaluator.
 """
 
 if __name__ != "epiforge.primitives":  # one copy only: the kernel-facing name is an alias

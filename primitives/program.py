@@ -286,7 +286,10 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Prog
     """Run the kernel module's prepare(consts) (if it has one: consts are the inputs named in
     `constants`) and run(inputs, prepared) on meta tensors of `specs` (spec_of), recording
     every step. Raises ProgramError for a kernel that reads a value, fails on shapes alone
-    or passes something that cannot be described."""
+    or passes something that cannot be described; an EpilogueError (a call that does not
+    fit its epilogue's declarations) as it is, as running the kernel would."""
+    from epiforge.primitives.epilogue import EpilogueError
+
     global _describer
     if _describer is not None:
         raise ProgramError("describe() inside describe()")
@@ -314,6 +317,8 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Prog
                 raise ProgramError("run() must return a dict")
             d.program.outputs = d.encode(out)["dict"]
     except ProgramError:
+        raise
+    except EpilogueError:  # a call or declaration off the contract: the kernel's compile error, as when it runs
         raise
     except NotImplementedError as e:
         raise ProgramError(f"the kernel read a tensor's values while being described: {str(e)[:200]}") from None

@@ -163,3 +163,11 @@ def test_a_description_that_is_not_well_formed_is_refused():
         gemm = next(s for s in data["steps"] if s["kind"] == "gemm")
         gemm["name"] = json.dumps({"graph": {"params": ["acc"], "nodes": [], "returns": []}, "name": "x"})
         program.execute(program.Program.from_json(json.dumps(data)), _inputs())
+
+
+def test_a_call_off_its_epilogues_contract_fails_as_it_would_when_run():
+    """An EpilogueError (the runner's COMPILE_ERROR) comes out of describe() as itself."""
+    module = _kernel("return {'y': bias(inputs['a'], inputs['w'], b=inputs['a'])['D']}")
+    with pytest.raises(P.EpilogueError, match="b"):
+        program.describe(module, _specs(_inputs()), ())
+    assert not program.describing()
