@@ -199,3 +199,20 @@ def test_a_failed_profile_costs_its_breakdown_not_the_row():
     bt._breakdowns(row, [good, bad], ("fused", "compile"), cuda=False)
     assert set(row.breakdown) == {"compile"}
     assert row.breakdown_errors == {"fused": "RuntimeError: profiler said no"}
+
+
+def test_the_weight_gradient_layouts_are_one_product():
+    """bench.weight_grad_layouts times three operand orders of dW = G^T X: on a CPU they
+    give the same values (the transposed view without a copy, the others contiguous), and
+    the script refuses to run without a GPU in one line."""
+    from epiforge.bench import weight_grad_layouts as wgl
+
+    g = torch.Generator().manual_seed(0)
+    grad, x = torch.randn(96, 40, generator=g).bfloat16(), torch.randn(96, 24, generator=g).bfloat16()
+    ways = {k: f() for k, f in wgl.variants(grad, x).items()}
+    want = grad.float().T @ x.float()
+    for name, got in ways.items():
+        assert got.shape == (40, 24) and torch.allclose(got.float(), want, rtol=2e-2, atol=2e-1), name
+    assert ways["gt_x"].is_contiguous() and ways["xt_g_t_copy"].is_contiguous() and not ways["xt_g_t"].is_contiguous()
+    if not torch.cuda.is_available():
+        assert wgl.main(["--out", "/nonexistent/x.json"]) == 2
