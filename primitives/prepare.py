@@ -11,11 +11,16 @@ import torch
 from epiforge.primitives import program, trace
 
 
+#: the prepare helpers by name (what a described kernel's "prepare" steps may name)
+HELPERS: dict = {}
+
+
 def _helper(fn):
     """A prepare helper: one recorded step while a kernel is described (primitives/program.py)."""
     @functools.wraps(fn)
     def call(*args, **kw):
         return program.primitive_call("prepare", fn.__name__, fn, args, kw)
+    HELPERS[fn.__name__] = call
     return call
 
 

@@ -335,53 +335,53 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Prog
 # ---- executing ------------------------------------------------------------------------
 
 def execute(program: Program, values: dict) -> tuple[dict, list[str]]:
-    """Run the program on real inputs (names as in program.inputs) with the primitives'
-    code. Returns (run()'s outputs, the steps run, "<kind>:<name>", aten ones by their op
-    name, gemm ones by their epilogue's name): what a launch check counts."""
-    from epiforge import primitives as P
+    """Run the program once on real inputs (names as in program.inputs): prepare()'s steps,
+    then run()'s. Returns (run()'s outputs, the steps run as "<kind>:<name>")."""
+    runnable = Executable(program)
+    return runnable.run(runnable.prepare(values))
 
-    device = next((v.device for v in values.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
-    table: list = []
-    for name, spec in program.inputs:
-        if name not in values:
-            raise ProgramError(f"no input {name!r}")
-        table.append(values[name])
-    done: list[str] = []
-    epilogues: dict[str, object] = {}
 
-    def arg(a):
-        if isinstance(a, dict):
-            (tag, v), = a.items()
-            if tag == "v":
-                return table[v]
-            if tag == "list":
-                return [arg(x) for x in v]
-            if tag == "dict":
-                return {k: arg(x) for k, x in v.items()}
-            if tag == "dtype":
-                return _DTYPES[v]
-            if tag == "config":
-                return P.GemmConfig.parse(v)
-            if tag == "float":
-                return float.fromhex(v)
-            if tag == "memory_format":
-                return _FORMATS[v]
-            if tag == "device":
-                return device
-        return a
+class Executable:
+    """A checked program, ready to run with the primitives' code: prepare() once per input
+    set, run() as often as a judge calls it (each call makes new output tensors).
 
-    def keep(outs, out):
-        if isinstance(outs, dict) and "v" in outs and set(outs) == {"v"}:
-            table.append(out)
-        elif isinstance(outs, dict) and "list" in outs:
-            for o, x in zip(outs["list"], out, strict=True):
-                keep(o, x)
-        elif isinstance(outs, dict) and "dict" in outs:
-            for k, o in outs["dict"].items():
-                keep(o, out[k])
+    `done` after each prepare() / run(): the steps it ran, "<kind>:<name>" (aten ones by
+    their op name, gemm ones by their epilogue's name), what a launch check counts."""
 
-    for step in program.steps:
-        args, kwargs = [arg(a) for a in step["args"]], {k: arg(v) for k, v in step["kwargs"].items()}
+    def __init__(self, program: Program):
+        program.check()
+        self.program = program
+        self.epilogues: dict[str, object] = {}
+        self.done: list[str] = []
+
+    def prepare(self, values: dict) -> list:
+        """The value table after prepare()'s steps: the inputs, then what those steps made."""
+        table: list = []
+        for name, _spec in self.program.inputs:
+            if name not in values:
+                raise ProgramError(f"no input {name!r}")
+            table.append(values[name])
+        device = next((v.device for v in table if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        self.done = []
+        for step in self.program.steps[:self.program.prepare_steps]:
+            self._step(step, table, device)
+        return table
+
+    def run(self, prepared: list) -> tuple[dict, list[str]]:
+        """run()'s steps on a copy of the table prepare() made; (outputs, steps run)."""
+        table = list(prepared)
+        device = next((v.device for v in table if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        self.done = []
+        for step in self.program.run_steps():
+            self._step(step, table, device)
+        return {k: _arg(v, table, device) for k, v in self.program.outputs.items()}, list(self.done)
+
+    def _step(self, step: dict, table: list, device) -> None:
+        from epiforge import primitives as P
+        from epiforge.primitives import finish, prepare
+
+        args = [_arg(a, table, device) for a in step["args"]]
+        kwargs = {k: _arg(v, table, device) for k, v in step["kwargs"].items()}
         kind, name = step["kind"], step["name"]
         if kind == "aten":
             op_name, _, overload = name.removeprefix("aten::").partition(".")
@@ -390,24 +390,65 @@ def execute(program: Program, values: dict) -> tuple[dict, list[str]]:
             if op is None:
                 raise ProgramError(f"unknown aten operation {name!r}")
             out = op(*args, **kwargs)
-            done.append(f"aten:{name}")
+            self.done.append(f"aten:{name}")
         elif kind == "gemm":
-            epi = epilogues.get(name)
+            epi = self.epilogues.get(name)
             if epi is None:
-                epi = epilogues[name] = _epilogue_from(name)
+                epi = self.epilogues[name] = _epilogue_from(name)
             out = epi(*args, **kwargs)
-            done.append(f"gemm:{epi.name}")
+            self.done.append(f"gemm:{epi.name}")
         elif kind == "finish":
+            if name not in finish.STEPS:
+                raise ProgramError(f"unknown finishing step {name!r}")
             out = getattr(P.finish, name)(*args, **kwargs)
-            done.append(f"finish:{name}")
+            self.done.append(f"finish:{name}")
         else:
-            fn = getattr(P.prepare, name, None)
-            if fn is None or name.startswith("_") or not callable(fn):
+            if name not in prepare.HELPERS:
                 raise ProgramError(f"unknown prepare helper {name!r}")
-            out = fn(*args, **kwargs)
-            done.append(f"prepare:{name}")
-        keep(step["outs"], out)
-    return {k: arg(v) for k, v in program.outputs.items()}, done
+            out = prepare.HELPERS[name](*args, **kwargs)
+            self.done.append(f"prepare:{name}")
+        _keep(step["outs"], out, table)
+
+
+def _arg(a, table: list, device):
+    """An argument of the description as the value it names."""
+    if isinstance(a, dict):
+        (tag, v), = a.items()
+        if tag == "v":
+            return table[v]
+        if tag == "list":
+            return [_arg(x, table, device) for x in v]
+        if tag == "dict":
+            return {k: _arg(x, table, device) for k, x in v.items()}
+        if tag == "dtype":
+            return _DTYPES[v]
+        if tag == "config":
+            from epiforge.primitives.config import GemmConfig
+
+            return GemmConfig.parse(v)
+        if tag == "float":
+            return float.fromhex(v)
+        if tag == "memory_format":
+            return _FORMATS[v]
+        if tag == "device":
+            return device
+    return a
+
+
+def _keep(outs, out, table: list) -> None:
+    """Append what a step made to the table, in the order its description numbers it."""
+    if isinstance(outs, dict) and set(outs) == {"v"}:
+        table.append(out)
+    elif isinstance(outs, dict) and "list" in outs:
+        if not isinstance(out, (list, tuple)) or len(out) != len(outs["list"]):
+            raise ProgramError("a step made other values than its description says")
+        for o, x in zip(outs["list"], out):
+            _keep(o, x, table)
+    elif isinstance(outs, dict) and "dict" in outs:
+        if not isinstance(out, dict) or set(out) != set(outs["dict"]):
+            raise ProgramError("a step made other values than its description says")
+        for k, o in outs["dict"].items():
+            _keep(o, out[k], table)
 
 
 def _epilogue_from(text: str):
