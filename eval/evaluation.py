@@ -79,6 +79,7 @@ def evaluate(
     timing: bool = True,
     dtype=None,
     on_stage=None,
+    launcher: bool = False,
 ) -> Result:
     """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`.
 
@@ -93,7 +94,10 @@ def evaluate(
     launch check.
     static_checks=False and hidden_shapes=False are for the evaluator's
     own tests of the layers behind them (tests/exploits); never turn them off for a real
-    candidate. on_stage(name) hears each stage as it starts. Raises ValueError / TaskError
+    candidate. launcher=True: the kernel's process only describes its calls, on shapes
+    (primitives/program.py), and a second process that runs no kernel code launches the
+    description and reports what it launched (eval/remote.py DescribedKernel); not yet the
+    default (tests/exploits/CLASSES.md says what remains). on_stage(name) hears each stage as it starts. Raises ValueError / TaskError
     / KernelError (one line) for bad arguments; everything about the kernel is the Result."""
     device, task = check_arguments(task_name, device, shapes)
     dtypes = pick_dtypes(task, dtype)
@@ -121,7 +125,7 @@ def evaluate(
                "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),
                "gpu_memory_gib": gpu_memory_gib, "memory_limit_gib": memory_limit_gib,
                "static_checks": bool(static_checks), "hidden_shapes": bool(hidden_shapes), "timing": bool(timing),
-               "runner_env": runner_env, "dtypes": dtypes}
+               "runner_env": runner_env, "dtypes": dtypes, "launcher": bool(launcher)}
     run = run_judge(request, timeout_s=timeout, on_stage=on_stage)
     return _from_judge(run, base, timeout)
 

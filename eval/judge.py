@@ -209,7 +209,7 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
 def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progress) -> None:
     """The candidate's runner, its kernel loaded from the very text the harness checked (on
     a GPU: the strictest sandbox the CUDA driver starts in)."""
-    from epiforge.eval.remote import KernelFailure, KernelProcess
+    from epiforge.eval.remote import DescribedKernel, KernelFailure, KernelProcess
 
     device = request["device"]
     workdir.mkdir(parents=True, exist_ok=True)
@@ -221,6 +221,14 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
     finishing = get_task(request["task"]).folder / "finishing.py"  # the task's own finishing steps, if any
     load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib"),
             "finishing": str(finishing) if finishing.is_file() else None}
+    describer = None
+    if request.get("launcher"):  # the kernel only describes itself, on a CPU runner; a launcher runs it
+        describer = KernelProcess(workdir / "describer", deadline=deadline, cpu_bytes=cpu_bytes,
+                                  extra_env=request.get("runner_env") or {}, on_progress=on_progress)
+        _RUNNERS.append(describer)
+        describer.ask({**load, "device": "cpu", "gpu_memory_gib": None}, stage="load")
+        load = {**load, "path": None, "launcher": True}
+        c.base["environment"]["judge_mode"] = "launcher: the kernel's process describes, a process without kernel code launches"
     sandboxes = ["system", "trees"] if device == "cuda" else [None]
     for i, mode in enumerate(sandboxes):
         c.kp = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes, extra_env=request.get("runner_env") or {},
@@ -230,10 +238,15 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
         loaded = c.kp.ask(load, stage="load")
         if loaded.get("cuda") is not False:
             c.base["environment"]["runner_syscalls"] = loaded.get("syscalls")
+            if describer is not None:
+                consts = [t.name for t in get_task(request["task"]).inputs if t.constant]
+                c.kp = DescribedKernel(describer, c.kp, consts)
             return
         c.base["environment"]["runner_sandbox_blocked"] = f"{mode}: {loaded.get('why')}"[:300]
         c.kp.close()
         if i == len(sandboxes) - 1:
+            if describer is not None:
+                describer.close()
             raise KernelFailure("RUNTIME_ERROR", f"CUDA does not start in the runner: {loaded.get('why')}")
 
 

@@ -95,7 +95,7 @@ class KernelProcess:
         self.compiled: list[dict] = []
         self.building = False
         workdir.mkdir(parents=True, exist_ok=True)
-        self.stderr_path = workdir.parent / "runner.stderr"
+        self.stderr_path = workdir.parent / f"{workdir.name}.stderr"  # beside its dir: not the kernel's to write
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = clean_env({"HOME": str(workdir), **private_caches(workdir), **(extra_env or {})})
         args = [sys.executable, "-m", "epiforge.eval.runner", "--sock", str(theirs.fileno()), "--parent", str(os.getpid())]
@@ -206,6 +206,57 @@ class KernelProcess:
             return self.stderr_path.read_bytes()[-STDERR_TAIL:].decode(errors="replace")
         except OSError:
             return ""
+
+
+class DescribedKernel:
+    """A candidate as two processes (the judge's launcher mode): `describer`, a runner with
+    the kernel loaded, only describes it, on the shapes of each input set (it never holds a
+    value); `launcher`, a runner that loads no kernel file, runs each description on the
+    judge's buffers with the primitives' code and reports what it launched itself. It answers
+    the judge as one KernelProcess: `put` first asks the describer for the set's program and
+    hands it to the launcher with the inputs; everything else is the launcher's."""
+
+    def __init__(self, describer: KernelProcess, launcher: KernelProcess, consts: list[str]):
+        self.describer, self.launcher, self.consts = describer, launcher, list(consts)
+        self.sandbox = launcher.sandbox
+
+    @property
+    def compiled(self) -> list[dict]:
+        return self.launcher.compiled
+
+    def ask(self, message: dict, fds: list[int] = (), *, stage: str) -> dict:
+        if message.get("op") == "put":
+            specs = {r["name"]: {"shape": list(r["shape"]), "stride": _contiguous_strides(r["shape"]), "dtype": r["dtype"]}
+                     for r in message["tensors"]}
+            specs.update({k: {"value": v} for k, v in message.get("scalars", {}).items()})
+            described = self.describer.ask({"op": "describe", "specs": specs, "consts": self.consts}, stage=stage)
+            program = described.get("program")
+            if not isinstance(program, str):
+                raise KernelFailure("RUNTIME_ERROR", f"the kernel's process sent no description during {stage}")
+            message = {**message, "program": program}
+        return self.launcher.ask(message, fds, stage=stage)
+
+    def parse(self, model, frame: dict, stage: str):
+        return self.launcher.parse(model, frame, stage)
+
+    def kill(self) -> None:
+        self.describer.kill()
+        self.launcher.kill()
+
+    def close(self) -> None:
+        self.describer.close()
+        self.launcher.close()
+
+    def stderr_tail(self) -> str:
+        return self.describer.stderr_tail() + self.launcher.stderr_tail()
+
+
+def _contiguous_strides(shape) -> list[int]:
+    strides, n = [], 1
+    for size in reversed(list(shape)):
+        strides.append(n)
+        n *= max(int(size), 1)
+    return strides[::-1]
 
 
 def private_caches(workdir: Path) -> dict:

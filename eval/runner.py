@@ -19,6 +19,12 @@ Operations (one JSON frame each, answered by one frame; progress frames may come
   profile   one warm + one profiled call  time      one timed call (events); outputs kept
   collect   copy the kept outputs out     drop      forget a set
   ping      an answer, nothing done       exit
+  describe  the kernel's calls on shapes alone (primitives/program.py): a program
+
+A launcher (load's "launcher": no kernel file is imported) is the same process serving
+descriptions instead: `put` brings each set's program, prepare / call / profile / time run
+it with the primitives' own code, and the launch record is its own (eval/remote.py
+DescribedKernel).
 """
 
 from __future__ import annotations
@@ -81,6 +87,13 @@ from epiforge.primitives import trace  # noqa: E402
 
 #: how long a runner may keep recently returned outputs alive (so a reuse of their storage shows)
 HELD_CALLS = 2
+#: the aten operations a described run() may apply itself: views (no launch on a GPU)
+VIEW_STEPS = frozenset({
+    "aten::t", "aten::permute", "aten::transpose.int", "aten::view", "aten::_unsafe_view", "aten::expand",
+    "aten::select.int", "aten::slice.Tensor", "aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims",
+    "aten::alias", "aten::as_strided", "aten::narrow", "aten::split.Tensor", "aten::unbind.int",
+    "aten::empty.memory_format", "aten::empty_strided", "aten::unflatten.int", "aten::movedim.int",
+})
 
 
 class Failure(Exception):
@@ -168,6 +181,8 @@ class Runner:
         self.compiled_seen = 0
         self.stage = "load"
         self.sandbox = "not a runner process"
+        self.launcher = False  # a launcher runs descriptions, never a kernel file (load's "launcher")
+        self.steps_run: list[str] = []
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -218,7 +233,7 @@ class Runner:
 
     def op_load(self, msg, fds):
         self.device = msg["device"]
-        self.kernel_file = str(Path(msg["path"]).resolve())
+        self.kernel_file = str(Path(msg["path"]).resolve()) if msg.get("path") else ""
         if self.device == "cuda":
             try:
                 torch.cuda.init()
@@ -235,6 +250,9 @@ class Runner:
         trace.set_compile_listener(lambda building: self.progress("compile" if building else self.stage))
         if msg.get("finishing"):
             _register_finishing(Path(msg["finishing"]))
+        if msg.get("launcher"):  # runs descriptions (put's "program"): no kernel file, no kernel code
+            self.launcher = True
+            return {"ok": True, "syscalls": "not needed: no kernel code runs in a launcher"}
         from epiforge.eval.isolation import forbid_unix_sockets
 
         # last before the kernel's code: the driver, quack and the profiler have set up
@@ -259,13 +277,46 @@ class Runner:
         values = {r.name: channel.attach(r, fds) for r in refs}
         values.update(msg.get("scalars", {}))
         self.sets[msg["set"]] = {"inputs": values, "prepared": MappingProxyType({}), "prepared_bits": {}}
+        if self.launcher:
+            from epiforge.primitives import program
+
+            try:
+                self.sets[msg["set"]]["exe"] = program.Executable(program.Program.from_json(msg["program"]))
+            except (program.ProgramError, KeyError, TypeError) as e:
+                raise Failure("RUNTIME_ERROR", f"the kernel's description: {e}"[:500]) from None
         return {"ok": True}
+
+    def op_describe(self, msg, fds):
+        """The kernel's prepare() and run() described on the shapes of msg's specs (no
+        values exist here): a program for a launcher (primitives/program.py)."""
+        from epiforge.primitives import program
+
+        self.stage = "describe"
+        try:
+            described = program.describe(self.module, msg["specs"], tuple(msg["consts"]))
+        except program.ProgramError as e:
+            raise Failure("RUNTIME_ERROR", f"describing the kernel: {e}"[:500]) from None
+        self._check_tamper()
+        return {"program": described.to_json()}
+
+    def _prepare(self, entry: dict, consts: list[str]):
+        if self.launcher:
+            entry["table"] = entry["exe"].prepare(entry["inputs"])
+            return entry["exe"].prepared(entry["table"])
+        return self.module.prepare({k: entry["inputs"][k] for k in consts}) if hasattr(self.module, "prepare") else {}
+
+    def _run(self, entry: dict):
+        """One run(): the kernel's own, or (a launcher) its description's, whose steps are
+        kept in self.steps_run for the launch check."""
+        if self.launcher:
+            outputs, self.steps_run = entry["exe"].run(entry["table"])
+            return outputs
+        return self.module.run(dict(entry["inputs"]), entry["prepared"])
 
     def op_prepare(self, msg, fds):
         self.stage = "numerics"
         entry = self.sets[msg["set"]]
-        consts = {k: entry["inputs"][k] for k in msg["consts"]}
-        prepared = _freeze(self.module.prepare(consts) if hasattr(self.module, "prepare") else {})
+        prepared = _freeze(self._prepare(entry, msg["consts"]))
         if self.device == "cuda":
             torch.cuda.synchronize()
         self._check_tamper()
@@ -277,14 +328,18 @@ class Runner:
         """One checked call: poisoned allocations, the CPU guard and trace, every run-time check."""
         self.stage = msg.get("stage", "numerics")
         entry = self.sets[msg["set"]]
-        guard = ComputeGuard(self.kernel_file) if self.device == "cpu" else None
+        guard = ComputeGuard(self.kernel_file) if self.device == "cpu" and not self.launcher else None
         with trace.recording() as launched, poisoned_allocations(), (guard if guard is not None else nullcontext()):
-            outputs = self.module.run(dict(entry["inputs"]), entry["prepared"])
+            outputs = self._run(entry)
             if self.device == "cuda":
                 torch.cuda.synchronize()
         self._check_after(entry, outputs)
         reply = self._deliver(outputs, msg["outputs"], fds)
-        reply.update(launched=list(launched), violations=list(guard.violations) if guard else [])
+        violations = list(guard.violations) if guard else []
+        if self.launcher:  # the description's own torch work, by step: the CPU's launch check
+            violations = [f"run() itself applies {step.removeprefix('aten:')} (not a view)" for step in self.steps_run
+                          if step.startswith("aten:") and step.removeprefix("aten:") not in VIEW_STEPS]
+        reply.update(launched=list(launched), violations=violations)
         self._hold(outputs)
         return reply
 
@@ -292,14 +347,14 @@ class Runner:
         """The launches of one run() (after a warm one), on the timed stream (a marker kernel names it)."""
         self.stage = "launches"
         entry = self.sets[msg["set"]]
-        self.module.run(dict(entry["inputs"]), entry["prepared"])
+        self._run(entry)
         if self.device == "cpu":  # no profiler: the primitives' own record (primitives/trace.py)
             with trace.recording() as launched:
-                self.module.run(dict(entry["inputs"]), entry["prepared"])
+                self._run(entry)
             self._check_tamper()
             return {"launches": [[name, None] for name in launched], "stream": None, "recorded": True}
         torch.cuda.synchronize()
-        launches, stream = _profile(lambda: self.module.run(dict(entry["inputs"]), entry["prepared"]))
+        launches, stream = _profile(lambda: self._run(entry))
         self._check_tamper()
         return {"launches": [[name, s] for name, s in launches], "stream": stream}
 
@@ -316,7 +371,7 @@ class Runner:
         box = {}
 
         def call():
-            box["out"] = self.module.run(dict(entry["inputs"]), entry["prepared"])
+            box["out"] = self._run(entry)
 
         us = timed_call(call, flush=msg.get("flush", True), clock=clock)
         outputs = box["out"]

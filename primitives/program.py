@@ -367,6 +367,10 @@ class Executable:
             self._step(step, table, device)
         return table
 
+    def prepared(self, table: list) -> dict:
+        """What the kernel's prepare() returned, as values of the table prepare() made."""
+        return {k: _arg(v, table, torch.device("cpu")) for k, v in self.program.prepared.items()}
+
     def run(self, prepared: list) -> tuple[dict, list[str]]:
         """run()'s steps on a copy of the table prepare() made; (outputs, steps run)."""
         table = list(prepared)

@@ -1,0 +1,52 @@
+"""The judge's launcher mode (evaluate(launcher=True)): the kernel's process only describes
+its calls on shapes (primitives/program.py); a second process, which loads no kernel file,
+runs the description on the judge's buffers and reports what it launched. It closes the
+known limit of the launch check (tests/exploits/CLASSES.md): a kernel that forges the
+launch record in its own process no longer reaches the record."""
+
+from pathlib import Path
+
+import pytest
+
+from epiforge.eval import evaluate
+
+EXPLOITS = Path(__file__).resolve().parents[1] / "exploits"
+
+
+@pytest.mark.parametrize("task", ["k1", "k5", "k7", "layer"])
+def test_expert_kernels_pass_when_launched_from_their_description(task):
+    r = evaluate(task, "human", device="cpu", shapes="smoke", seed=5, launcher=True)
+    assert r.outcome.value == "PASSED", r.message + r.stderr_tail[-1500:]
+    assert r.environment["judge_mode"].startswith("launcher")
+    assert len([s for s in r.per_shape if s.hidden]) >= 1
+
+
+def test_a_forged_launch_record_no_longer_reaches_the_judge():
+    """frame_walk_clears_guard.py, static rules off: in the one-process judge it clears the
+    CPU guard's record from its own frame's caller and PASSES (the suite's strict xfail);
+    described, its torch matmul is a step of the description, counted by the launcher."""
+    r = evaluate("k1", str(EXPLOITS / "frame_walk_clears_guard.py"), device="cpu", shapes="smoke", seed=1234,
+                 static_checks=False, launcher=True)
+    assert r.outcome.value == "EXTRA_LAUNCHES", r.message
+    assert "aten::mm" in r.message or "aten::_to_copy" in r.message
+
+
+def test_a_kernel_that_reads_values_fails_to_describe_in_one_line(tmp_path):
+    kernel = tmp_path / "peeks.py"
+    kernel.write_text('"""Reads a value in run()."""\nimport primitives as P\n\nTASK = "k1_gemm_rmsnorm"\n\n'
+                      "@P.epilogue(operands={'rstd': P.PerRow()})\ndef scale(acc, rstd):\n    return {'D': acc * rstd}\n\n\n"
+                      "def run(inputs, prepared, config=None):\n"
+                      "    if float(inputs['rstd'].sum()) > 0:\n"
+                      "        return {'out': scale(inputs['h'], inputs['w'], rstd=inputs['rstd'])['D']}\n"
+                      "    return {'out': scale(inputs['h'], inputs['w'], rstd=inputs['rstd'])['D']}\n")
+    r = evaluate("k1", str(kernel), device="cpu", shapes="smoke", seed=3, static_checks=False, launcher=True)
+    assert r.outcome.value == "RUNTIME_ERROR" and "read a tensor's values" in r.message, r.message
+
+
+@pytest.mark.gpu
+def test_a_forged_profiler_record_no_longer_reaches_the_judge_on_the_gpu():
+    """frame_walk_forges_profiler.py, static rules off: the one-process judge's GPU strict
+    xfail. Described, its cuBLAS matmul is a step the launcher runs and profiles itself."""
+    r = evaluate("k1", str(EXPLOITS / "frame_walk_forges_profiler.py"), device="gpu", shapes="smoke", seed=1234,
+                 static_checks=False, launcher=True, timeout_s=600)
+    assert r.outcome.value == "EXTRA_LAUNCHES", r.message
