@@ -17,7 +17,8 @@ A program is plain JSON (`Program.to_json` / `Program.from_json`, which checks i
 are numbered; value i is the i-th input (in `inputs` order), then each step's outputs in
 turn. An argument is a number, string, bool or null, or a tagged object: {"v": i} a value,
 {"list": [...]}, {"dict": {...}}, {"dtype": name}, {"config": key}, {"float": hex} (NaN and
-infinities), {"memory_format": name}, {"device": null} (the device the program runs on).
+infinities), {"memory_format": name}, {"layout": "strided"}, {"device": null} (the device
+the program runs on).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -107,7 +109,7 @@ class Program:
                 elif set(a) == {"dict"} and isinstance(a["dict"], dict):
                     for x in a["dict"].values():
                         yield from refs(x, depth + 1)
-                elif len(a) != 1 or next(iter(a)) not in ("dtype", "config", "float", "memory_format", "device"):
+                elif len(a) != 1 or next(iter(a)) not in ("dtype", "config", "float", "memory_format", "device", "layout"):
                     raise ProgramError(f"unknown argument {str(a)[:80]}")
             elif not (a is None or type(a) in (int, float, bool, str)):
                 raise ProgramError(f"unknown argument {str(a)[:80]}")
@@ -187,6 +189,8 @@ class _Describer(TorchDispatchMode):
             return {"device": None}
         if isinstance(x, torch.memory_format) and str(x).removeprefix("torch.") in _FORMATS:
             return {"memory_format": str(x).removeprefix("torch.")}
+        if x is torch.strided:
+            return {"layout": "strided"}
         from epiforge.primitives.config import GemmConfig
 
         if isinstance(x, GemmConfig):
@@ -312,7 +316,7 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Prog
                 raise ProgramError("prepare() must return a dict")
             d.program.prepared = d.encode(prepared)["dict"]
             d.program.prepare_steps = len(d.program.steps)
-            out = module.run(dict(values), prepared)
+            out = module.run(dict(values), MappingProxyType(prepared))  # read-only, as the runner passes it
             if not isinstance(out, dict):
                 raise ProgramError("run() must return a dict")
             d.program.outputs = d.encode(out)["dict"]
@@ -436,6 +440,8 @@ def _arg(a, table: list, device):
             return _FORMATS[v]
         if tag == "device":
             return device
+        if tag == "layout":
+            return torch.strided
     return a
 
 

@@ -283,6 +283,12 @@ def test_precompile_builds_the_expert_kernels_in_fp16_too(tmp_path):
     assert len(list(cache.glob("*/*.o"))) == 2  # a bf16 object and an fp16 one
     bad = subprocess.run(cmd[:-2] + ["float32"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--dtypes" in bad.stderr and "Traceback" not in bad.stderr
+    # --parts described: k1's epilogue rebuilt from its graph (the launcher mode's), one more object
+    described = subprocess.run(cmd[:7] + ["--parts", "described", "--cache-dir", str(cache)],
+                               capture_output=True, text=True, timeout=600)
+    assert described.returncode == 0, described.stdout[-2000:] + described.stderr[-2000:]
+    assert "k1 from its graphs 128x128_c1x2_pp: ok" in described.stdout
+    assert len(list(cache.glob("*/*.o"))) == 3
 
 
 def test_precompile_builds_the_gemm_only_baseline_without_the_c_load_flags():

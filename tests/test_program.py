@@ -199,3 +199,16 @@ def test_a_description_names_only_the_primitives_own_steps(kind, name, why):
     described.steps.insert(0, {"kind": kind, "name": name, "args": [], "kwargs": {}, "outs": None})
     with pytest.raises(program.ProgramError, match=why):
         program.execute(described, _inputs())
+
+
+def test_allocations_with_every_keyword_describe():
+    """torch.empty / empty_like / zeros with dtype, layout and device keywords in run():
+    described and run again (an allocation is no launch; zeros is a fill, which is)."""
+    module = _kernel("d = bias(inputs['a'], inputs['w'], b=inputs['b'])['D']\n"
+                     "    e = torch.empty_like(d, dtype=torch.float32, layout=torch.strided, device=d.device)\n"
+                     "    z = torch.zeros(4, dtype=torch.float32, device=d.device)\n"
+                     "    return {'y': d, 'e': e, 'z': z}")
+    described = program.Program.from_json(program.describe(module, _specs(_inputs()), ()).to_json())
+    got, done = program.execute(described, _inputs())
+    assert got["e"].dtype == torch.float32 and got["e"].shape == got["y"].shape and torch.equal(got["z"], torch.zeros(4))
+    assert any(d.startswith("aten:aten::empty") for d in done) and any("zero" in d or "fill" in d for d in done)
