@@ -114,7 +114,8 @@ def cmd_eval(args) -> int:
     from epiforge.eval import evaluate
 
     result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
-                      timeout_s=args.timeout, compile=args.compile, dtype=args.dtype)
+                      timeout_s=args.timeout, compile=args.compile, dtype=args.dtype,
+                      launcher=args.launcher)
     if args.store:
         from epiforge.eval.store import ResultStore
 
@@ -378,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None,
                    help="the whole evaluation's limit in seconds (default: 600 on a CPU, 900 on a GPU)")
     p.add_argument("--compile", action="store_true", help="on a CPU, also cross-compile every epilogue for sm_90a")
+    p.add_argument("--launcher", action="store_true",
+                   help="the kernel's process only describes its calls, on shapes; a process without kernel code "
+                        "launches them and counts the launches (opt-in for now: tests/exploits/CLASSES.md)")
     add_dtype_flag(p)
     p.add_argument("--store", default=None, help="also record the result in this SQLite file")
     p.add_argument("--json", action="store_true")

@@ -4,6 +4,9 @@ runs the description on the judge's buffers and reports what it launched. It clo
 known limit of the launch check (tests/exploits/CLASSES.md): a kernel that forges the
 launch record in its own process no longer reaches the record."""
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,20 @@ def test_a_forged_profiler_record_no_longer_reaches_the_judge_on_the_gpu():
     r = evaluate("k1", str(EXPLOITS / "frame_walk_forges_profiler.py"), device="gpu", shapes="smoke", seed=1234,
                  static_checks=False, launcher=True, timeout_s=600)
     assert r.outcome.value == "EXTRA_LAUNCHES", r.message
+
+
+def test_the_cli_takes_the_launcher_mode():
+    out = subprocess.run([sys.executable, "-m", "epiforge", "eval", "--task", "k2", "--kernel", "human", "--launcher",
+                          "--seed", "9", "--json"], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).resolve().parents[2])
+    result = json.loads(out.stdout)
+    assert out.returncode == 0 and result["outcome"] == "PASSED", out.stdout[-1500:] + out.stderr[-1500:]
+    assert result["environment"]["judge_mode"].startswith("launcher")
+
+
+def test_the_sm90a_build_is_the_launchers_own():
+    """--compile in launcher mode: the epilogues are cross-compiled from their graphs in the
+    process without kernel code, and that process's build record is the Result's."""
+    r = evaluate("k2", "human", device="cpu", shapes="smoke", seed=4, compile=True, launcher=True)
+    assert r.outcome.value == "PASSED", r.message
+    assert r.compiled and all(c["ok"] for c in r.compiled) and {c["epilogue"] for c in r.compiled} == {"rmsnorm_swiglu"}
