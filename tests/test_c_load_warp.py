@@ -59,27 +59,15 @@ def test_bench_config_args_take_the_c_load_warp_set():
 
 
 C_LOAD_SCRIPT = r"""
-import json, subprocess, sys, tempfile
+import json, sys
 from pathlib import Path
 from epiforge import primitives as P, tasks
+from epiforge.bench.sass import sass_of
 from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 from epiforge.primitives import lowering
 
 cache = Path(sys.argv[1])
 dims = tasks.shape_sets()["smoke"][0].dims()
-import nvidia
-(nvdisasm,) = [p for d in nvidia.__path__ for p in Path(d).glob("cu*/bin/nvdisasm")][:1]
-
-
-def sass_of(obj: Path) -> str:
-    # the cubin sits inside quack's host object: the second ELF header, NVIDIA's machine 190
-    data = obj.read_bytes()
-    at = [i for i in range(1, len(data) - 20) if data[i:i + 4] == b"\x7fELF" and data[i + 18] == 190]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(data[at[0]:])
-        f.flush()
-        return subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
-
 
 def places(sass: str) -> dict:
     # the producer warpgroup's code runs up to the consumers' register increase

@@ -167,27 +167,18 @@ def test_a_graph_that_is_not_well_formed_is_refused():
 
 
 SASS_SCRIPT = r"""
-import contextlib, json, re, subprocess, sys, tempfile
+import contextlib, json, sys
 from pathlib import Path
 from epiforge import tasks
 from epiforge.primitives import graph
 from epiforge.tasks.tolerance_margins import load_expert, run_expert
-import nvidia
+from epiforge.bench.sass import instructions as listed, sass_of
 
 cache, replay = Path(sys.argv[1]), sys.argv[2] == "replay"
-(nvdisasm,) = [p for d in nvidia.__path__ for p in Path(d).glob("cu*/bin/nvdisasm")][:1]
-INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 
 
 def instructions(obj: Path) -> list:
-    # the cubin sits inside quack's host object: the second ELF header, NVIDIA's machine 190
-    data = obj.read_bytes()
-    at = [i for i in range(1, len(data) - 20) if data[i:i + 4] == b"\x7fELF" and data[i + 18] == 190]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(data[at[0]:])
-        f.flush()
-        text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return INSTRUCTION.findall(text)
+    return listed(sass_of(obj))
 
 
 MEMORY = ("LDG", "STG", "LDS", "STS", "LDSM", "STSM", "UTMALDG", "UTMASTG", "UTMAREDG", "RED", "REDG", "ATOM", "ATOMS",

@@ -19,12 +19,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from epiforge.bench.quack_upstream import make_patch
+from epiforge.bench.sass import instructions, sass_of
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = REPO / "bench" / "quack_upstream"
@@ -91,29 +91,6 @@ if not twin:
         out["refused"]["arch 120"] = str(e)
 print("RESULT" + json.dumps(out))
 """
-
-
-def _nvdisasm() -> Path:
-    import nvidia
-
-    found = [p for d in nvidia.__path__ for p in Path(d).glob("cu*/bin/nvdisasm")]
-    assert found, "no nvdisasm in the environment (nvidia-cuda-nvdisasm, a dependency of the cutlass-dsl wheel)"
-    return found[0]
-
-
-def _sass(obj: Path) -> str:
-    # the cubin sits inside quack's host object: the second ELF header, NVIDIA's machine 190
-    data = obj.read_bytes()
-    at = [i for i in range(1, len(data) - 20) if data[i:i + 4] == b"\x7fELF" and data[i + 18] == 190]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(data[at[0]:])
-        f.flush()
-        return subprocess.run([str(_nvdisasm()), "-c", f.name], capture_output=True, text=True, check=True).stdout
-
-
-def _instructions(sass: str) -> list[str]:
-    """The instruction stream, without addresses, encodings, labels or symbol names."""
-    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;", sass)]
 
 
 def _places(sass: str) -> dict:
@@ -237,10 +214,10 @@ def test_the_patch_applies_and_cross_compiles_for_sm90a_with_the_flag_off_and_on
     for name, *_ in BUILDS:
         if " on" not in name:
             continue
-        on = _places(_sass(objects[name]))
+        on = _places(sass_of(objects[name]))
         assert on["ldg_consumer"] == 0 and on["gate_wait"] == on["gate_open"] == 1, (name, on)
         if name.endswith(" on"):
-            off = _places(_sass(objects[name[:-3] + " off"]))
+            off = _places(sass_of(objects[name[:-3] + " off"]))
             assert off["ldg_consumer"] > 0 and off["gate_wait"] == off["gate_open"] == 0, (name, off)
             assert on == {**off, "ldg_consumer": 0, "ldg_producer": off["ldg_producer"] + 1,
                           "gate_wait": 1, "gate_open": 1}, (name, off, on)
@@ -251,7 +228,7 @@ def test_the_patch_applies_and_cross_compiles_for_sm90a_with_the_flag_off_and_on
         if name.endswith(" off"):
             assert ours.read_bytes() == theirs.read_bytes(), name
         else:
-            assert _instructions(_sass(ours)) == _instructions(_sass(theirs)), name
+            assert instructions(sass_of(ours)) == instructions(sass_of(theirs)), name
 
     refused = patched["refused"]
     expected = {"loads no C": "c_load_warp: this GEMM loads no C and no epilogue tile; there is nothing to load",
