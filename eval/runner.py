@@ -87,13 +87,6 @@ from epiforge.primitives import trace  # noqa: E402
 
 #: how long a runner may keep recently returned outputs alive (so a reuse of their storage shows)
 HELD_CALLS = 2
-#: the aten operations a described run() may apply itself: views (no launch on a GPU)
-VIEW_STEPS = frozenset({
-    "aten::t", "aten::permute", "aten::transpose.int", "aten::view", "aten::_unsafe_view", "aten::expand",
-    "aten::select.int", "aten::slice.Tensor", "aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims",
-    "aten::alias", "aten::as_strided", "aten::narrow", "aten::split.Tensor", "aten::unbind.int",
-    "aten::empty.memory_format", "aten::empty_strided", "aten::unflatten.int", "aten::movedim.int",
-})
 
 
 class Failure(Exception):
@@ -337,8 +330,9 @@ class Runner:
         reply = self._deliver(outputs, msg["outputs"], fds)
         violations = list(guard.violations) if guard else []
         if self.launcher:  # the description's own torch work, by step: the CPU's launch check
-            violations = [f"run() itself applies {step.removeprefix('aten:')} (not a view)" for step in self.steps_run
-                          if step.startswith("aten:") and step.removeprefix("aten:") not in VIEW_STEPS]
+            from epiforge.primitives.program import own_compute
+
+            violations = [f"run() itself applies {op} (not a view)" for op in own_compute(self.steps_run)]
         reply.update(launched=list(launched), violations=violations)
         self._hold(outputs)
         return reply

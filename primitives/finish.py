@@ -16,6 +16,7 @@ with `register`. A kernel calls a step as `P.finish.<name>(...)`; the call is re
 
 from __future__ import annotations
 
+import functools
 import keyword
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -70,7 +71,7 @@ def register(name: str, meaning: str, *, cpu: Callable[..., Any], gpu: Callable[
 
 def _run(name: str, partials, *args, **kw):
     """A finishing step's call: one recorded step while a kernel is described."""
-    return program.primitive_call("finish", name, lambda *a, **k: _run_step(name, *a, **k), (partials, *args), kw)
+    return program.primitive_call("finish", name, functools.partial(_run_step, name), (partials, *args), kw)
 
 
 def _run_step(name: str, partials, *args, **kw):

@@ -178,9 +178,11 @@ class Graph:
             graph = cls(params=tuple(str(p) for p in data["params"]),
                         nodes=tuple(_decode(n) for n in data["nodes"]),
                         returns=tuple((str(name), _decode(a)) for name, a in data["returns"]))
-        except (KeyError, TypeError, ValueError, RecursionError) as e:
+            graph.check()
+        except GraphError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, RecursionError) as e:  # a node of the wrong shape too
             raise GraphError(f"not an epilogue graph: {type(e).__name__}: {str(e)[:200]}") from None
-        graph.check()
         return graph
 
     def check(self) -> None:

@@ -23,6 +23,7 @@ the program runs on).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -44,6 +45,19 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.uint8, torch.bool)}
 _FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format}
+#: the tagged arguments and what each tag's value may be
+_TAGGED = {"dtype": lambda v: v in _DTYPES, "memory_format": lambda v: v in _FORMATS, "layout": lambda v: v == "strided",
+           "device": lambda v: v is None, "float": lambda v: isinstance(v, str), "config": lambda v: isinstance(v, str)}
+#: the aten operations a described kernel's own code may apply without counting as a launch:
+#: views and empty allocations (no kernel runs on a GPU)
+VIEWS = frozenset({
+    "aten::t", "aten::permute", "aten::transpose.int", "aten::view", "aten::_unsafe_view", "aten::expand",
+    "aten::select.int", "aten::slice.Tensor", "aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims",
+    "aten::alias", "aten::as_strided", "aten::narrow", "aten::split.Tensor", "aten::unbind.int",
+    "aten::empty.memory_format", "aten::empty_strided", "aten::unflatten.int", "aten::movedim.int",
+})
+#: aten operations no description may hold: they reach outside the tensors (a file)
+REFUSED = frozenset({"aten::from_file"})
 
 
 class ProgramError(ValueError):
@@ -81,9 +95,11 @@ class Program:
             program = cls(inputs=[(str(n), dict(s)) for n, s in d["inputs"]], steps=list(d["steps"]),
                           prepared=dict(d["prepared"]), outputs=dict(d["outputs"]), n_values=int(d["n_values"]),
                           prepare_steps=int(d["prepare_steps"]))
-        except (KeyError, TypeError, ValueError, RecursionError) as e:
+            program.check()
+        except ProgramError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, RecursionError) as e:  # a step of the wrong shape too
             raise ProgramError(f"not a kernel program: {type(e).__name__}: {str(e)[:200]}") from None
-        program.check()
         return program
 
     def check(self) -> None:
@@ -109,21 +125,19 @@ class Program:
                 elif set(a) == {"dict"} and isinstance(a["dict"], dict):
                     for x in a["dict"].values():
                         yield from refs(x, depth + 1)
-                elif len(a) != 1 or next(iter(a)) not in ("dtype", "config", "float", "memory_format", "device", "layout"):
+                elif not (len(a) == 1 and _TAGGED.get(next(iter(a)), lambda v: False)(next(iter(a.values())))):
                     raise ProgramError(f"unknown argument {str(a)[:80]}")
             elif not (a is None or type(a) in (int, float, bool, str)):
                 raise ProgramError(f"unknown argument {str(a)[:80]}")
 
         for i, step in enumerate(self.steps):
             if not isinstance(step, dict) or set(step) != {"kind", "name", "args", "kwargs", "outs"} \
-                    or step["kind"] not in KINDS or not isinstance(step["name"], str):
+                    or step["kind"] not in KINDS or not isinstance(step["name"], str) \
+                    or not isinstance(step["args"], list) or not isinstance(step["kwargs"], dict):
                 raise ProgramError(f"step {i} is not a step")
-            if step["kind"] == "aten" and not _ATEN.match(step["name"]):
-                raise ProgramError(f"step {i}: {step['name'][:80]!r} is not an aten operation")
-            for v in refs({"list": step["args"]}) if isinstance(step["args"], list) else [None]:
-                if not (type(v) is int and 0 <= v < made):
-                    raise ProgramError(f"step {i} reads a value not made before it")
-            for v in refs({"dict": step["kwargs"]}) if isinstance(step["kwargs"], dict) else [None]:
+            if step["kind"] == "aten" and (not _ATEN.match(step["name"]) or step["name"] in REFUSED):
+                raise ProgramError(f"step {i}: {step['name'][:80]!r} is not an aten operation a kernel may use")
+            for v in [*refs({"list": step["args"]}), *refs({"dict": step["kwargs"]})]:
                 if not (type(v) is int and 0 <= v < made):
                     raise ProgramError(f"step {i} reads a value not made before it")
             for v in refs(step["outs"]):
@@ -261,7 +275,7 @@ def epilogue_name(epi) -> str:
         return {k: {"kind": type(v).__name__, **asdict(v)} for k, v in d.items()}
 
     if epi.from_library:
-        target = getattr(epi, "library_target", None)
+        target = epi.library_target
         if target is None:
             raise ProgramError(f"{epi.name}: a library epilogue must be named as P.from_quack('quack.<module>:<name>')")
         return json.dumps({"library": target, "operands": kinds(epi.library_operands or {})})
@@ -338,6 +352,13 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Prog
 
 # ---- executing ------------------------------------------------------------------------
 
+def own_compute(steps_run: list[str]) -> list[str]:
+    """The aten operations among the steps a run() ran (Executable.run) that are not views
+    or allocations: torch work of the kernel's own, one launch each on a GPU."""
+    return [step.removeprefix("aten:") for step in steps_run
+            if step.startswith("aten:") and step.removeprefix("aten:") not in VIEWS]
+
+
 def execute(program: Program, values: dict) -> tuple[dict, list[str]]:
     """Run the program once on real inputs (names as in program.inputs): prepare()'s steps,
     then run()'s. Returns (run()'s outputs, the steps run as "<kind>:<name>")."""
@@ -346,17 +367,24 @@ def execute(program: Program, values: dict) -> tuple[dict, list[str]]:
 
 
 class Executable:
-    """A checked program, ready to run with the primitives' code: prepare() once per input
-    set, run() as often as a judge calls it (each call makes new output tensors).
-
-    `done` after each prepare() / run(): the steps it ran, "<kind>:<name>" (aten ones by
-    their op name, gemm ones by their epilogue's name), what a launch check counts."""
+    """A checked program (Program.from_json or describe()), ready to run with the
+    primitives' code: prepare() once per input set, run() as often as a judge calls it
+    (each call makes new output tensors). What each step calls is looked up once, here: a
+    step names only aten operations, registered finishing steps, prepare helpers and
+    epilogues built from their descriptions (ProgramError for anything else)."""
 
     def __init__(self, program: Program):
-        program.check()
         self.program = program
-        self.epilogues: dict[str, object] = {}
-        self.done: list[str] = []
+        epilogues: dict[str, object] = {}
+        self.calls = []  # per step: (what to call, how it is counted)
+        for step in program.steps:
+            kind, name = step["kind"], step["name"]
+            if kind == "gemm":
+                if name not in epilogues:
+                    epilogues[name] = _epilogue_from(name)
+                self.calls.append((epilogues[name], f"gemm:{epilogues[name].name}"))
+            else:
+                self.calls.append((_resolve(kind, name), f"{kind}:{name}"))
 
     def prepare(self, values: dict) -> list:
         """The value table after prepare()'s steps: the inputs, then what those steps made."""
@@ -365,57 +393,53 @@ class Executable:
             if name not in values:
                 raise ProgramError(f"no input {name!r}")
             table.append(values[name])
-        device = next((v.device for v in table if isinstance(v, torch.Tensor)), torch.device("cpu"))
-        self.done = []
-        for step in self.program.steps[:self.program.prepare_steps]:
-            self._step(step, table, device)
+        self._steps(range(self.program.prepare_steps), table)
         return table
 
     def prepared(self, table: list) -> dict:
         """What the kernel's prepare() returned, as values of the table prepare() made."""
-        return {k: _arg(v, table, torch.device("cpu")) for k, v in self.program.prepared.items()}
+        return {k: _arg(v, table, _device(table)) for k, v in self.program.prepared.items()}
 
     def run(self, prepared: list) -> tuple[dict, list[str]]:
-        """run()'s steps on a copy of the table prepare() made; (outputs, steps run)."""
+        """run()'s steps on a copy of the table prepare() made: (outputs, the steps run as
+        "<kind>:<name>", aten ones by their op name, gemm ones by their epilogue's name)."""
         table = list(prepared)
-        device = next((v.device for v in table if isinstance(v, torch.Tensor)), torch.device("cpu"))
-        self.done = []
-        for step in self.program.run_steps():
-            self._step(step, table, device)
-        return {k: _arg(v, table, device) for k, v in self.program.outputs.items()}, list(self.done)
+        done = self._steps(range(self.program.prepare_steps, len(self.program.steps)), table)
+        return {k: _arg(v, table, _device(table)) for k, v in self.program.outputs.items()}, done
 
-    def _step(self, step: dict, table: list, device) -> None:
-        from epiforge import primitives as P
-        from epiforge.primitives import finish, prepare
+    def _steps(self, which: range, table: list) -> list[str]:
+        device, done = _device(table), []
+        for i in which:
+            step, (fn, counted) = self.program.steps[i], self.calls[i]
+            out = fn(*[_arg(a, table, device) for a in step["args"]],
+                     **{k: _arg(v, table, device) for k, v in step["kwargs"].items()})
+            done.append(counted)
+            _keep(step["outs"], out, table)
+        return done
 
-        args = [_arg(a, table, device) for a in step["args"]]
-        kwargs = {k: _arg(v, table, device) for k, v in step["kwargs"].items()}
-        kind, name = step["kind"], step["name"]
-        if kind == "aten":
-            op_name, _, overload = name.removeprefix("aten::").partition(".")
-            packet = getattr(torch.ops.aten, op_name, None)
-            op = getattr(packet, overload or "default", None) if packet is not None else None
-            if op is None:
-                raise ProgramError(f"unknown aten operation {name!r}")
-            out = op(*args, **kwargs)
-            self.done.append(f"aten:{name}")
-        elif kind == "gemm":
-            epi = self.epilogues.get(name)
-            if epi is None:
-                epi = self.epilogues[name] = _epilogue_from(name)
-            out = epi(*args, **kwargs)
-            self.done.append(f"gemm:{epi.name}")
-        elif kind == "finish":
-            if name not in finish.STEPS:
-                raise ProgramError(f"unknown finishing step {name!r}")
-            out = getattr(P.finish, name)(*args, **kwargs)
-            self.done.append(f"finish:{name}")
-        else:
-            if name not in prepare.HELPERS:
-                raise ProgramError(f"unknown prepare helper {name!r}")
-            out = prepare.HELPERS[name](*args, **kwargs)
-            self.done.append(f"prepare:{name}")
-        _keep(step["outs"], out, table)
+
+def _resolve(kind: str, name: str):
+    """The function an aten, finish or prepare step names, looked up in its registry only."""
+    from epiforge.primitives import finish, prepare
+
+    if kind == "aten":
+        op_name, _, overload = name.removeprefix("aten::").partition(".")
+        packet = getattr(torch.ops.aten, op_name, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is None:
+            raise ProgramError(f"unknown aten operation {name!r}")
+        return op
+    if kind == "finish":
+        if name not in finish.STEPS:
+            raise ProgramError(f"unknown finishing step {name!r}")
+        return functools.partial(finish._run, name)
+    if name not in prepare.HELPERS:
+        raise ProgramError(f"unknown prepare helper {name!r}")
+    return prepare.HELPERS[name]
+
+
+def _device(table: list) -> torch.device:
+    return next((v.device for v in table if isinstance(v, torch.Tensor)), torch.device("cpu"))
 
 
 def _arg(a, table: list, device):

@@ -162,6 +162,8 @@ def test_a_graph_that_is_not_well_formed_is_refused():
     refused(lambda d: d["returns"].append(["D", ["v", 0]]), "bad returned names")
     refused(lambda d: d.update(params=["acc", "__class__"]), "parameter")
     refused(lambda d: d["nodes"].extend([["pos", ["v", 0]]] * graph.MAX_NODES), "more than")
+    refused(lambda d: d["nodes"].append(["item", 5, 3]), "not an epilogue graph")  # a node of the wrong shape
+    refused(lambda d: d["nodes"].append(["item"]), "bad item")
     with pytest.raises(graph.GraphError, match="not an epilogue graph"):
         graph.Graph.from_json("[1, 2")
 

@@ -13,15 +13,10 @@ import torch
 from epiforge import primitives as P
 from epiforge import tasks
 from epiforge.eval.machine import expert_kernel
-from epiforge.primitives import program
+from epiforge.primitives import program, trace
 from epiforge.tasks.tolerance_margins import load_expert, run_expert
 
 TASKS = [t for t in tasks.load_catalogue()[0] if expert_kernel(t.name)]
-#: the aten operations an honest run() applies itself (views: no launch on a GPU)
-VIEWS = {"aten::t", "aten::permute", "aten::transpose.int", "aten::view", "aten::expand", "aten::select.int",
-         "aten::slice.Tensor", "aten::unsqueeze", "aten::squeeze.dim", "aten::alias"}
-
-
 def _smoke(task):
     return task.make_inputs(next(s.dims() for s in tasks.shape_sets()["smoke"]), seed=3, device="cpu")
 
@@ -48,7 +43,7 @@ def test_every_expert_kernel_runs_from_its_description_bit_for_bit(task):
                                             for k, v in inputs.items()})
     assert _same(direct, got), task.id
     run_ops = {s["name"] for s in described.run_steps() if s["kind"] == "aten"}
-    assert run_ops <= VIEWS, run_ops  # an expert's run() computes nothing itself
+    assert run_ops <= program.VIEWS, run_ops  # an expert's run() computes nothing itself
     assert any(s["kind"] == "gemm" for s in described.run_steps())
     assert sum(d.startswith("gemm:") for d in done) == sum(s["kind"] == "gemm" for s in described.steps)
 
@@ -158,6 +153,10 @@ def test_a_description_that_is_not_well_formed_is_refused():
     refused(lambda d: d["outputs"].update(y={"v": 1000}), "no value")
     refused(lambda d: d.update(prepare_steps=99), "prepare_steps")
     refused(lambda d: d.pop("n_values"), "not a kernel program")
+    refused(lambda d: d["steps"][0].update(args={"v": 0}), "not a step")
+    refused(lambda d: d["steps"][0].update(name="aten::from_file"), "not an aten operation a kernel may use")
+    refused(lambda d: d["steps"][0]["args"].append({"dtype": "complex256"}), "unknown argument")
+    refused(lambda d: d.update(inputs=[5]), "not a kernel program")
     with pytest.raises(program.ProgramError, match="not an epilogue"):
         data = json.loads(json.dumps(good))
         gemm = next(s for s in data["steps"] if s["kind"] == "gemm")
@@ -180,10 +179,12 @@ def test_prepared_once_run_many_times_with_fresh_outputs():
                      "return {'b2': P.prepare.rope_freq_table(consts['f'], 4, 48)[:48] + consts['b']}")
     inputs = {**_inputs(), "f": torch.rand(2)}
     runnable = program.Executable(program.describe(module, _specs(inputs), ("b", "f")))
-    table = runnable.prepare(inputs)
-    assert runnable.done == ["prepare:rope_freq_table", "aten:aten::slice.Tensor", "aten:aten::add.Tensor"]
-    first, done = runnable.run(table)
-    second, _ = runnable.run(table)
+    with trace.recording() as in_prepare:
+        table = runnable.prepare(inputs)
+    with trace.recording() as in_runs:
+        first, done = runnable.run(table)
+        second, _ = runnable.run(table)
+    assert in_prepare == ["prepare:rope_freq_table"] and not any(c.startswith("prepare:") for c in in_runs)
     assert done == ["gemm:bias"] and torch.equal(first["y"], second["y"])
     assert first["y"].untyped_storage().data_ptr() != second["y"].untyped_storage().data_ptr()
 
