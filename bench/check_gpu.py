@@ -4,7 +4,7 @@ launches counted with the torch profiler (the task's fused CuTe-DSL GEMMs plus i
 finishing steps, nothing else): the evaluator itself (eval.evaluate with timing off), so
 this check is exactly the one every candidate gets.
 
-    python -m epiforge.bench.check_gpu [--tasks k0 k1] [--shapes smoke paper] [--out FILE.json]
+    python -m epiforge.bench.check_gpu [--tasks k0 k1] [--shapes smoke paper] [--launcher] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="*", default=["smoke", "paper"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--jobs", type=int, default=4, help="evaluations at a time (nothing is timed)")
+    ap.add_argument("--launcher", action="store_true",
+                    help="the judge's launcher mode: each kernel describes itself, a process without kernel code runs it")
     args = ap.parse_args(argv)
 
     from epiforge import tasks
@@ -40,7 +42,8 @@ def main(argv=None) -> int:
     def one(job):
         task, set_name = job
         t0 = time.monotonic()
-        return task, set_name, evaluate(task.name, "human", device="gpu", shapes=set_name, seed=1000, timing=False), \
+        return task, set_name, evaluate(task.name, "human", device="gpu", shapes=set_name, seed=1000, timing=False,
+                                          launcher=args.launcher), \
             round(time.monotonic() - t0, 1)
 
     rows, ok_all = [], True

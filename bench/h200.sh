@@ -16,6 +16,8 @@
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
 #   bench/h200.sh judge-noise    # bench, compare under each of NOISE_LEADS (LEAD or LEAD@REPS) for NOISE_ROUNDS rounds, bench, of the same tasks: compare's run-to-run noise beside bench's (noise.md)
 #   bench/h200.sh quack-upstream # the C-load warp patch's quack-side test on a patched copy of quack (SHARDS processes)
+#   bench/h200.sh judge-launcher # the judge's launcher mode: its GPU test, the exploit suite's launcher cases (SHARDS processes) and every expert kernel at smoke and paper (check-launcher.json), side by side (nothing is timed)
+#   bench/h200.sh launcher-overhead # the expert kernels of LAUNCHER_TASKS judged in both modes, one interleaved run per paper shape (launcher-overhead.json)
 #   bench/h200.sh layer          # the layer task (12 GEMMs): its expert through the evaluator at smoke and paper (check-layer.json), then compare at the paper shapes (compare-layer.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
@@ -166,6 +168,37 @@ case "${1:-}" in
       2> "$OUT/compare-layer.log" || echo "compare: exit $?"
     grep -E "^\| |^Judged" "$OUT/compare-layer.md" | head -20 || true
     ;;
+  judge-launcher)
+    # issue 11: the launcher mode on the GPU. Nothing is timed, so the three run side by side.
+    mkdir -p "$OUT" "$STATE"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout 420 $PY -m epiforge.bench.check_gpu --launcher --jobs "${JOBS:-4}" --out "$OUT/check-launcher.json" \
+      > "$OUT/check-launcher.log" 2>&1 &
+    { fingerprint_line "bash bench/h200.sh judge-launcher"
+      timeout 420 $PY -m pytest -m gpu tests/eval/test_launcher.py -q -p no:cacheprovider -rfEX 2>&1 || true
+    } > "$OUT/pytest-gpu-launcher.log" &
+    $PY -m pytest -m gpu tests/exploits -k launcher --collect-only -q -p no:cacheprovider | grep "::" > "$STATE/exploit-ids"
+    rm -f "$STATE"/shard.*
+    split -n "r/${SHARDS:-4}" "$STATE/exploit-ids" "$STATE/shard."
+    for s in "$STATE"/shard.??; do
+      mapfile -t ids < "$s"
+      timeout "${EXPLOIT_TIMEOUT_S:-420}" $PY -m pytest -m gpu -q -p no:cacheprovider -rfEX "${ids[@]}" > "$s.log" 2>&1 &
+    done
+    wait
+    { fingerprint_line "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-launcher"
+      for s in "$STATE"/shard.??; do echo "== $(basename "$s"): $(wc -l < "$s") cases"; cat "$s.log"; done
+    } > "$OUT/pytest-gpu-exploits-launcher.log"
+    tail -3 "$OUT/pytest-gpu-launcher.log"
+    grep -E "PASSED|FAIL|s; runner" "$OUT/check-launcher.log" | grep -vE "worst/allowed=0\.[0-8]|PASSED worst" | tail -30
+    grep -E "passed|failed|FAILED|XPASS|ERROR" "$OUT/pytest-gpu-exploits-launcher.log" | tail -40
+    ;;
+  launcher-overhead)
+    mkdir -p "$OUT"
+    # shellcheck disable=SC2086  # LAUNCHER_TASKS is a list of task ids
+    timeout "${LAUNCHER_TIMEOUT_S:-400}" $PY -m epiforge.bench.launcher_overhead --tasks ${LAUNCHER_TASKS:-k1 k0 k7 k5 k8} \
+      --shapes paper --reps "${LAUNCHER_REPS:-30}" --out "$OUT/launcher-overhead.json" 2>&1 | tee "$OUT/launcher-overhead.log" \
+      | grep -vE "^installed" || true
+    ;;
   quack-upstream)
     # issue 16 section 3: the C-load warp patch's own quack-side test (every case, flag on
     # against off, bit for bit) on a patched copy of the bundle's quack, SHARDS processes
@@ -247,7 +280,7 @@ case "${1:-}" in
     echo "judge-noise: $(( $(date +%s) - start )) s"
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|layer" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer" >&2
     exit 2
     ;;
 esac

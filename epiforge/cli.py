@@ -238,7 +238,7 @@ def cmd_compare(args) -> int:
         kernels_of = {name: len(kernels) for name, kernels in plans}
         progress.update(job, description=f"{plans[0][0]}: {kernels_of[plans[0][0]]} kernel(s) on {device}")
         compare_all(plans, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu", reps=args.reps,
-                    baselines=args.baselines, dtype=args.dtype, on_done=done,
+                    baselines=args.baselines, dtype=args.dtype, on_done=done, launcher=args.launcher,
                     on_stage=lambda name, st: progress.update(job, description=f"{name}: {st}"))
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in comparisons], indent=1))
@@ -424,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "first timed run (eval/warm.py; otherwise the judge builds each task's as it comes to it). Measured on the "
                         "H200 (2026-12-02) it did not pay: ~200 s ahead, and the judges' warmup stage stayed "
                         "8-18 s per task")
+    p.add_argument("--launcher", action="store_true",
+                   help="judge every kernel in the launcher mode, as eval --launcher does")
     add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)

@@ -1,6 +1,7 @@
 """bench/'s result files as models: a BenchRow per task and paper scale (bench/run.py), a
 ChainRow per scale (bench/chain.py), a CheckRow per task and shape (bench/check_gpu.py), and
-the report holding them with its environment.
+a LauncherRow per task and shape (bench/launcher_overhead.py), and the report holding them with
+its environment.
 Each row is made by one factory, `measured`, from the Timings of one interleaved run, every
 ratio taken repetition by repetition (eval.stats.paired_ratio) and the speed of light picked
 by the evaluator's own rule (eval.stats.fastest). load_report reads a file, the committed ones
@@ -14,6 +15,7 @@ from typing import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from epiforge.eval.result import RatioStat, Result
 from epiforge.eval.stats import Timing, fastest, paired_ratio, speed, summarize
 from epiforge.tasks.tolerance import OutputCheck
 
@@ -389,6 +391,42 @@ class CheckReport(BaseModel):
             first = e.errors()[0]
             raise ValueError(f"{path}: not a bench.check_gpu result ({'.'.join(map(str, first['loc']))}: "
                              f"{first['msg']})") from None
+
+
+class LauncherRow(BaseModel):
+    """One task and shape of bench/launcher_overhead.py: the same kernel judged in ONE
+    interleaved run as its own process runs it ("one-process") and from its description, by
+    a process without kernel code (the judge's launcher mode)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    shape: str
+    launcher_over_one_process: RatioStat = Field(description="launcher_i / one-process_i: 1.0, the description "
+                                                             "costs nothing per call")
+    fused_over_gemm_only: dict[str, float] = Field(description="each mode's fused / GEMM-only (median), by mode")
+
+    @classmethod
+    def of(cls, comparison, shape: str, one_process: str, launcher: str) -> "LauncherRow | None":
+        """The row of an eval.compare.Comparison at `shape` of the two labels; None where
+        either was not timed there."""
+        ratio = comparison.versus(launcher, one_process, shape)
+        if ratio is None:
+            return None
+        modes = {}
+        for mode, label in (("one-process", one_process), ("launcher", launcher)):
+            res = next(s for s in comparison.by_label(label).per_shape if s.shape == shape and s.timing)
+            modes[mode] = res.timing.fused_over_gemm_only.median
+        return cls(task=comparison.task, shape=shape, launcher_over_one_process=ratio, fused_over_gemm_only=modes)
+
+
+class LauncherReport(BaseModel):
+    """A bench/launcher_overhead.py result file: the rows and every Result they came from."""
+
+    environment: dict
+    reps: int = Field(ge=1)
+    rows: list[LauncherRow]
+    results: list[Result] = Field(description="each kernel's Result in each mode, as the judge gave it")
 
 
 def load_report(path, kind: type[BenchReport] | type[ChainReport] | None = None) -> BenchReport | ChainReport:

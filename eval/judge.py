@@ -84,8 +84,9 @@ class Stopwatch:
 class Candidate:
     """One kernel under judgement: its runner, its shapes so far, and once it ends, its Result."""
 
-    def __init__(self, label: str, source: str, base: dict, clock: Stopwatch):
+    def __init__(self, label: str, source: str, base: dict, clock: Stopwatch, launcher: bool = False):
         self.label, self.source, self.base = label, source, {**base, "environment": {}}
+        self.launcher = launcher  # the judge's launcher mode for this kernel (eval.evaluation.evaluate)
         self.clock = clock
         self.kp = None
         self.per_shape: list[ShapeResult] = []
@@ -109,7 +110,8 @@ class Candidate:
 
 def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED) -> list[Result]:
     """The whole evaluation of one kernel, or of several of one task timed together in ONE
-    interleaved run per shape (request["kernels"]: [{label, source, base}]); never raises:
+    interleaved run per shape (request["kernels"]: [{label, source, base, launcher?}], a
+    kernel's "launcher" overriding the request's); never raises:
     every failure is a Result. started: when its first stage ("load") began."""
     from epiforge.eval.gpu_stages import run_timed_stages
     from epiforge.eval.numerics import check_shape
@@ -122,7 +124,9 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
     device = request["device"]
     deadline = time.monotonic() + float(request["timeout_s"])
     clock = Stopwatch("load", started)
-    cands = [Candidate(k["label"], k["source"], k["base"], clock) for k in request["kernels"]]
+    # a kernel's own "launcher" (compare times a kernel in both modes side by side) or the job's
+    cands = [Candidate(k["label"], k["source"], k["base"], clock, bool(k.get("launcher", request.get("launcher"))))
+             for k in request["kernels"]]
 
     def at(name, who=None):
         clock.enter(name)
@@ -222,7 +226,7 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
     load = {"op": "load", "path": str(kernel_copy), "device": device, "gpu_memory_gib": request.get("gpu_memory_gib"),
             "finishing": str(finishing) if finishing.is_file() else None}
     describer = None
-    if request.get("launcher"):  # the kernel only describes itself, on a CPU runner; a launcher runs it
+    if c.launcher:  # the kernel only describes itself, on a CPU runner; a launcher runs it
         describer = KernelProcess(workdir / "describer", deadline=deadline, cpu_bytes=cpu_bytes,
                                   extra_env=request.get("runner_env") or {}, on_progress=on_progress)
         _RUNNERS.append(describer)

@@ -249,3 +249,31 @@ def test_quack_library_says_whether_the_expert_is_the_library_or_the_library_has
         why[name] = skipped.get("quack_library", "built" if "quack_library" in fns else "?")
     assert why == {"k8": "the expert kernel is quack's library epilogue itself",
                    "k1": "quack's library has no epilogue for this task", "k2": "built"}
+
+
+def test_one_kernel_is_judged_in_both_modes_side_by_side():
+    """compare(launcher={labels}): the labelled kernels describe themselves and a process
+    without kernel code runs them; the others run in their own process (one judge, one run)."""
+    path = REPO / "human_kernels/k1_gemm_rmsnorm.py"
+    cmp = compare("k1", [("one-process", path), ("launcher", path)], seed=5, launcher=frozenset({"launcher"}))
+    one, described = cmp.results
+    assert one.passed and described.passed, described.message
+    assert "judge_mode" not in one.environment
+    assert described.environment["judge_mode"].startswith("launcher")
+
+
+def test_a_launcher_row_is_the_per_repetition_ratio_of_the_two_modes(tmp_path):
+    from epiforge.eval.bench_rows import LauncherRow
+
+    res = timed_together({"_task": "k8_gemm_swiglu", "expert": REPO / "human_kernels/k8_gemm_swiglu.py",
+                          "gen": GENERATED}, tmp_path, reps=9)
+    cmp = Comparison(task="k8_gemm_swiglu", device="cuda", shapes="smoke", labels=["expert", "gen"],
+                     results=[_as_result(res["expert"]), _as_result(res["gen"])])
+    row = LauncherRow.of(cmp, "smoke-a", one_process="expert", launcher="gen")
+    # launcher_i / one-process_i: the inverse of gen's own speedup over the expert (expert_i /
+    # gen_i), whose median over an odd count of repetitions inverts exactly
+    assert res["gen"].timing.kernel.n == 9
+    assert row.launcher_over_one_process.median == pytest.approx(1 / res["gen"].timing.speedup["kernel:expert"].median)
+    assert row.fused_over_gemm_only == {"one-process": res["expert"].timing.fused_over_gemm_only.median,
+                                        "launcher": res["gen"].timing.fused_over_gemm_only.median}
+    assert LauncherRow.of(cmp, "no-such-shape", "expert", "gen") is None
