@@ -230,7 +230,7 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
         describer = KernelProcess(workdir / "describer", deadline=deadline, cpu_bytes=cpu_bytes,
                                   extra_env=request.get("runner_env") or {}, on_progress=on_progress)
         _RUNNERS.append(describer)
-        describer.ask({**load, "device": "cpu", "gpu_memory_gib": None}, stage="load")
+        describer_load = {**load, "device": "cpu", "gpu_memory_gib": None}
         load = {**load, "path": None, "launcher": True}
         c.base["environment"]["judge_mode"] = "launcher: the kernel's process describes, a process without kernel code launches"
     sandboxes = ["system", "trees"] if device == "cuda" else [None]
@@ -239,6 +239,13 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
                              on_progress=on_progress, cuda=mode)
         _RUNNERS.append(c.kp)
         c.base["environment"]["runner_sandbox"] = c.kp.sandbox
+        if describer is not None and i == 0:  # both processes started: their imports overlap
+            try:
+                describer.ask(describer_load, stage="load")
+            except BaseException:  # the kernel failed to load: both go now; its stderr is the describer's
+                c.kp.close()
+                c.kp = describer
+                raise
         loaded = c.kp.ask(load, stage="load")
         if loaded.get("cuda") is not False:
             c.base["environment"]["runner_syscalls"] = loaded.get("syscalls")

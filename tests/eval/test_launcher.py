@@ -70,3 +70,15 @@ def test_the_sm90a_build_is_the_launchers_own():
     r = evaluate("k2", "human", device="cpu", shapes="smoke", seed=4, compile=True, launcher=True)
     assert r.outcome.value == "PASSED", r.message
     assert r.compiled and all(c["ok"] for c in r.compiled) and {c["epilogue"] for c in r.compiled} == {"rmsnorm_swiglu"}
+
+
+def test_a_kernel_that_fails_to_load_shows_its_own_error(tmp_path):
+    """The describer loads the kernel file: its import error is the Result's stderr (not the
+    launcher's, which loads no kernel), and the describer is gone with the verdict."""
+    kernel = tmp_path / "breaks.py"
+    kernel.write_text('"""Fails at import."""\nimport primitives as P\n\nTASK = "k1_gemm_rmsnorm"\n'
+                      "raise RuntimeError('the kernel broke at import on purpose')\n\n"
+                      "def run(inputs, prepared, config=None):\n    return {}\n")
+    r = evaluate("k1", str(kernel), device="cpu", shapes="smoke", seed=3, static_checks=False, launcher=True)
+    assert r.outcome.value == "COMPILE_ERROR" and r.stage == "load", r.message
+    assert "broke at import on purpose" in r.stderr_tail  # the traceback is the describer's
