@@ -251,7 +251,7 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
             c.base["environment"]["runner_syscalls"] = loaded.get("syscalls")
             if describer is not None:
                 consts = [t.name for t in get_task(request["task"]).inputs if t.constant]
-                c.kp = DescribedKernel(describer, c.kp, consts)
+                c.kp = DescribedKernel(describer, c.kp, consts, device)
             return
         c.base["environment"]["runner_sandbox_blocked"] = f"{mode}: {loaded.get('why')}"[:300]
         c.kp.close()

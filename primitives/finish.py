@@ -83,7 +83,8 @@ def _run_step(name: str, partials, *args, **kw):
     if step.first == "tensor" and not (isinstance(partials, torch.Tensor) and partials.ndim == 2
                                        and partials.is_floating_point() and partials.stride(-1) == 1):
         raise ValueError(f"{name}: expected a 2-D floating tensor with contiguous rows")
-    return (step.gpu if partials.is_cuda else step.cpu)(partials, *args, **kw)
+    # described (primitives/program.py), a GPU's values are fake: the CPU form makes their shapes
+    return (step.gpu if partials.is_cuda and not program.describing() else step.cpu)(partials, *args, **kw)
 
 
 def __getattr__(name: str):

@@ -2,8 +2,8 @@
 run again from the description by code that is not the kernel's.
 
 Why: the judge can trust what it saw launched only if a process that runs no kernel code
-launched it. `describe(module, specs)` runs the kernel's prepare() and run() on meta tensors
-(shapes, strides and dtypes, no values) and records, in order, each primitive call (a fused
+launched it. `describe(module, specs, consts, device)` runs the kernel's prepare() and run() on
+fake tensors (shapes, strides, dtypes and the judge's device, no values) and records, in order, each primitive call (a fused
 GEMM with its epilogue as a graph, primitives/graph.py, or as a quack library name; a
 finishing step; a prepare helper) and each torch operation the kernel's own code applied
 between them (by its aten name: views and allocations for an honest kernel, anything else is
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from epiforge.primitives import graph as _graph
@@ -163,7 +164,7 @@ def describing() -> bool:
 
 
 class _Describer(TorchDispatchMode):
-    """Numbers the meta tensors, records the kernel's own aten operations (those outside
+    """Numbers the fake tensors, records the kernel's own aten operations (those outside
     any primitive call) and the primitive calls."""
 
     def __init__(self):
@@ -231,14 +232,119 @@ class _Describer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.depth == 0:
+        if self.depth == 0 and func.namespace != "prim":  # prim::device and the like: metadata reads, no work
             self.add("aten", func.name(), args, kwargs, out)
         return out
 
 
+class _DeviceFreeBindings(TorchFunctionMode):
+    """Tensor methods whose Python bindings enter a device guard before they reach the
+    dispatcher (indexing, contiguous, to, cuda, as_tensor of a tensor): a guard on a GPU's fake value needs a
+    CUDA runtime, which a describer need not have. Each is done here with the aten
+    operations it dispatches to anyway (what the description then records), so that a kernel
+    is described for a GPU on any machine."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        own = _BINDINGS.get(func)
+        if own is None or not isinstance(args[0], torch.Tensor):
+            return func(*args, **kwargs)
+        return own(*args, **kwargs)
+
+
+def _basic_view(x: torch.Tensor, index):
+    """x[index] for ints, slices, None and Ellipsis (a view); None for any other index."""
+    index = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or type(i) in (int, slice) for i in index) or \
+            sum(i is Ellipsis for i in index) > 1:
+        return None
+    consumed = sum(type(i) in (int, slice) for i in index)
+    if consumed > x.dim():
+        raise IndexError(f"too many indices for a tensor of dimension {x.dim()}")
+    if Ellipsis in index:  # as many full slices as the dimensions the other items leave
+        k = index.index(Ellipsis)
+        index = index[:k] + (slice(None),) * (x.dim() - consumed) + index[k + 1:]
+    aten, d = torch.ops.aten, 0
+    for i in index:
+        if i is None:
+            x, d = aten.unsqueeze(x, d), d + 1
+        elif type(i) is int:
+            if not -x.shape[d] <= i < x.shape[d]:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {x.shape[d]}")
+            x = aten.select.int(x, d, i)
+        else:
+            x, d = aten.slice.Tensor(x, d, i.start, i.stop, 1 if i.step is None else i.step), d + 1
+    return x
+
+
+def _advanced_indices(x: torch.Tensor, index):
+    """aten.index's list for an index of tensors and full slices; None for any other."""
+    index = index if isinstance(index, tuple) else (index,)
+    full = slice(None)
+    if not any(isinstance(i, torch.Tensor) for i in index) or \
+            not all(isinstance(i, torch.Tensor) or i == full for i in index) or len(index) > x.dim():
+        return None
+    return [i if isinstance(i, torch.Tensor) else None for i in index]
+
+
+def _getitem(x, index):
+    view = _basic_view(x, index)
+    if view is not None:
+        return view
+    indices = _advanced_indices(x, index)
+    if indices is None:
+        raise ProgramError("an index of this form cannot be described: use ints, slices, None, ... or tensors")
+    return torch.ops.aten.index.Tensor(x, indices)
+
+
+def _setitem(x, index, value):
+    view = _basic_view(x, index)
+    if view is not None:
+        if isinstance(value, torch.Tensor):
+            torch.ops.aten.copy_(view, value)
+        else:
+            torch.ops.aten.fill_.Scalar(view, value)
+        return None
+    indices = _advanced_indices(x, index)
+    if indices is None:
+        raise ProgramError("an index of this form cannot be described: use ints, slices, None, ... or tensors")
+    value = value if isinstance(value, torch.Tensor) else torch.full((), value, dtype=x.dtype, device=x.device)
+    torch.ops.aten.index_put_(x, indices, value)
+    return None
+
+
+def _contiguous(x, memory_format=torch.contiguous_format):
+    return x if x.is_contiguous(memory_format=memory_format) else torch.ops.aten.clone(x, memory_format=memory_format)
+
+
+def _to(x, *args, **kwargs):
+    copy = kwargs.pop("copy", False)
+    device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    device = x.device if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    dtype = x.dtype if dtype is None else dtype
+    if not copy and device == x.device and dtype == x.dtype and memory_format in (None, torch.preserve_format):
+        return x
+    return torch.ops.aten._to_copy(x, dtype=dtype, device=device,
+                                   memory_format=torch.preserve_format if memory_format is None else memory_format)
+
+
+def _as_tensor(data, dtype=None, device=None):
+    return _to(data, **{k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None})
+
+
+#: the bindings _DeviceFreeBindings does itself
+_BINDINGS = {
+    torch.Tensor.__getitem__: _getitem, torch.Tensor.__setitem__: _setitem, torch.Tensor.contiguous: _contiguous,
+    torch.Tensor.to: _to, torch.Tensor.cuda: lambda x, device=None, non_blocking=False: _to(x, device or "cuda"),
+    torch.Tensor.cpu: lambda x: _to(x, "cpu"), torch.as_tensor: _as_tensor,
+}
+
+
 def primitive_call(kind: str, name: str, fn, args: tuple, kwargs: dict):
     """The seam the primitives call through: outside describe() it is fn(*args, **kwargs);
-    inside, the call is recorded as one step of `kind` and `name` and runs on the meta
+    inside, the call is recorded as one step of `kind` and `name` and runs on the fake
     tensors (to make its outputs' shapes) without recording what it does inside."""
     d = _describer
     if d is None or d.depth > 0:
@@ -284,8 +390,10 @@ def epilogue_name(epi) -> str:
                        "pair_outputs": list(epi.pair_outputs)})
 
 
-def _meta(spec: dict) -> torch.Tensor:
-    return torch.empty_strided(spec["shape"], spec["stride"], dtype=_DTYPES[spec["dtype"]], device="meta")
+def _fake(spec: dict, device: str) -> torch.Tensor:
+    """An input as the kernel sees it while described: shape, strides, dtype and the judge's
+    device, no values (made inside describe()'s FakeTensorMode)."""
+    return torch.empty_strided(spec["shape"], spec["stride"], dtype=_DTYPES[spec["dtype"]], device=device)
 
 
 def spec_of(value) -> dict:
@@ -300,30 +408,39 @@ def spec_of(value) -> dict:
     raise ProgramError(f"an input of type {type(value).__name__}")
 
 
-def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Program:
+def describe(module, specs: dict[str, dict], constants: tuple[str, ...], device: str = "cpu") -> Program:
     """Run the kernel module's prepare(consts) (if it has one: consts are the inputs named in
-    `constants`) and run(inputs, prepared) on meta tensors of `specs` (spec_of), recording
-    every step. Raises ProgramError for a kernel that reads a value, fails on shapes alone
-    or passes something that cannot be described; an EpilogueError (a call that does not
-    fit its epilogue's declarations) as it is, as running the kernel would."""
+    `constants`) and run(inputs, prepared) on fake tensors of `specs` (spec_of) on `device`
+    ("cpu" or "cuda": the judge's, which a kernel sees as it would when run there; no GPU is
+    needed), recording every step. Raises ProgramError for a kernel that reads a value, fails
+    on shapes alone or passes something that cannot be described; an EpilogueError (a call
+    that does not fit its epilogue's declarations) as it is, as running the kernel would."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+
     from epiforge.primitives.epilogue import EpilogueError
 
     global _describer
     if _describer is not None:
         raise ProgramError("describe() inside describe()")
+    if device not in ("cpu", "cuda"):
+        raise ProgramError(f"a description is for the cpu or cuda, not {device!r}")
     d = _Describer()
     values = {}
+    fake = FakeTensorMode()
     for name, spec in specs.items():
         d.program.inputs.append((name, spec))
         if "value" in spec:
             values[name] = spec["value"]
             d.program.n_values += 1  # a plain input is a value too, never read by number
         else:
-            values[name] = _meta(spec)
+            with fake:
+                values[name] = _fake(spec, device)
             d.value(values[name])
     _describer = d
     try:
-        with d:
+        # a factory call without a device makes its tensor on the judge's device, like every
+        # other value here (the description runs there, whatever the kernel's code assumed)
+        with fake, torch.device(device), _DeviceFreeBindings(), d:
             consts = {k: values[k] for k in constants}
             prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
             if not isinstance(prepared, dict):
@@ -338,10 +455,10 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...]) -> Prog
         raise
     except EpilogueError:  # a call or declaration off the contract: the kernel's compile error, as when it runs
         raise
-    except NotImplementedError as e:
+    except (NotImplementedError, DataDependentOutputException, DynamicOutputShapeException) as e:
         raise ProgramError(f"the kernel read a tensor's values while being described: {str(e)[:200]}") from None
     except Exception as e:  # noqa: BLE001 - whatever the kernel raises is its failure to describe
-        if "meta tensor" in str(e):  # .item(), float(t), .tolist() ...
+        if "meta tensor" in str(e) or "FakeTensor" in str(e):  # .item(), float(t), .tolist(), .numpy() ...
             raise ProgramError(f"the kernel read a tensor's values while being described: {str(e)[:200]}") from None
         raise ProgramError(f"describing the kernel failed: {type(e).__name__}: {str(e)[:300]}") from None
     finally:

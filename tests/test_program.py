@@ -1,5 +1,5 @@
-"""A kernel's calls as data (primitives/program.py): every expert kernel, described on meta
-tensors and run again from the description's JSON by the primitives' own code, gives its
+"""A kernel's calls as data (primitives/program.py): every expert kernel, described on fake
+tensors (on the CPU's device or a GPU's, no GPU needed) and run again from the description's JSON by the primitives' own code, gives its
 outputs bit for bit; run()'s own torch work is visible step by step; what reads a value
 does not describe; a description from an untrusted writer is checked before it runs; and
 running a description runs no kernel code."""
@@ -21,9 +21,9 @@ def _smoke(task):
     return task.make_inputs(next(s.dims() for s in tasks.shape_sets()["smoke"]), seed=3, device="cpu")
 
 
-def _describe(task, module, inputs):
+def _describe(task, module, inputs, device="cpu"):
     specs = {k: program.spec_of(v) for k, v in inputs.items()}
-    return program.describe(module, specs, tuple(t.name for t in task.inputs if t.constant))
+    return program.describe(module, specs, tuple(t.name for t in task.inputs if t.constant), device)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -46,6 +46,27 @@ def test_every_expert_kernel_runs_from_its_description_bit_for_bit(task):
     assert run_ops <= program.VIEWS, run_ops  # an expert's run() computes nothing itself
     assert any(s["kind"] == "gemm" for s in described.run_steps())
     assert sum(d.startswith("gemm:") for d in done) == sum(s["kind"] == "gemm" for s in described.steps)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.id)
+def test_an_expert_kernel_describes_the_same_for_a_gpu(task):
+    """Described for the GPU (its values fake CUDA tensors, on this CPU machine), an expert
+    kernel makes the same calls: the description is the GPU's kernel, not a CPU path of it."""
+    module, inputs = load_expert(task), _smoke(task)
+    assert _describe(task, module, inputs, "cuda").to_json() == _describe(task, module, inputs).to_json()
+
+
+def test_a_kernel_sees_the_judges_device_while_described():
+    """device_test_in_run.py's trick: run() picks an epilogue by its inputs' device. Described
+    for the GPU it sees a CUDA tensor, so the description holds the GPU branch, the one the
+    launcher then runs and the judge checks."""
+    module = _kernel("return {'out': bias(inputs['a'], inputs['w'], b=inputs['b'] if inputs['a'].is_cuda "
+                     "else inputs['b'] * 0)['D']}")
+    ops = {dev: [s["name"] for s in program.describe(module, _specs(_inputs()), (), dev).steps if s["kind"] == "aten"]
+           for dev in ("cpu", "cuda")}
+    assert ops["cuda"] == [] and ops["cpu"] == ["aten::mul.Tensor"]  # the GPU branch is honest here
+    with pytest.raises(program.ProgramError, match="cpu or cuda"):
+        program.describe(module, _specs(_inputs()), (), "meta")
 
 
 def _kernel(run_body: str, prepare_body: str | None = None):
@@ -213,3 +234,21 @@ def test_allocations_with_every_keyword_describe():
     got, done = program.execute(described, _inputs())
     assert got["e"].dtype == torch.float32 and got["e"].shape == got["y"].shape and torch.equal(got["z"], torch.zeros(4))
     assert any(d.startswith("aten:aten::empty") for d in done) and any("zero" in d or "fill" in d for d in done)
+
+
+def test_the_device_test_exploit_describes_its_gpu_branch_for_a_gpu():
+    """tests/exploits/device_test_in_run.py picks an epilogue without the row scale when its
+    inputs are on a GPU: described for the GPU, that cheat is what the launcher would run
+    (and the judge reject); described for the CPU, the honest branch."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "exploits" / "device_test_in_run.py"
+    spec = importlib.util.spec_from_file_location("device_test_in_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    task = tasks.get_task(module.TASK)
+    inputs = _smoke(task)
+    names = {dev: [json.loads(s["name"])["name"] for s in _describe(task, module, inputs, dev).steps
+                   if s["kind"] == "gemm"] for dev in ("cpu", "cuda")}
+    assert names == {"cpu": ["row_scale"], "cuda": ["plain"]}
