@@ -4,7 +4,7 @@ launches counted with the torch profiler (the task's fused CuTe-DSL GEMMs plus i
 finishing steps, nothing else): the evaluator itself (eval.evaluate with timing off), so
 this check is exactly the one every candidate gets.
 
-    python -m epiforge.bench.check_gpu [--tasks k0 k1] [--shapes smoke paper] [--launcher] [--out FILE.json]
+    python -m epiforge.bench.check_gpu [--tasks k0 k1] [--shapes smoke paper] [--one-process] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="*", default=["smoke", "paper"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--jobs", type=int, default=4, help="evaluations at a time (nothing is timed)")
-    ap.add_argument("--launcher", action="store_true",
-                    help="the judge's launcher mode: each kernel describes itself, a process without kernel code runs it")
+    ap.add_argument("--one-process", action="store_true",
+                    help="each kernel run in its own process, not from its description (the judge's default)")
     args = ap.parse_args(argv)
 
     from epiforge import tasks
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         task, set_name = job
         t0 = time.monotonic()
         return task, set_name, evaluate(task.name, "human", device="gpu", shapes=set_name, seed=1000, timing=False,
-                                          launcher=args.launcher), \
+                                          launcher=not args.one_process), \
             round(time.monotonic() - t0, 1)
 
     rows, ok_all = [], True

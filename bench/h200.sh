@@ -172,7 +172,7 @@ case "${1:-}" in
     # issue 11: the launcher mode on the GPU. Nothing is timed, so the three run side by side.
     mkdir -p "$OUT" "$STATE"
     $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
-    timeout 420 $PY -m epiforge.bench.check_gpu --launcher --jobs "${JOBS:-4}" --out "$OUT/check-launcher.json" \
+    timeout 420 $PY -m epiforge.bench.check_gpu --jobs "${JOBS:-4}" --out "$OUT/check-launcher.json" \
       > "$OUT/check-launcher.log" 2>&1 &
     { fingerprint_line "bash bench/h200.sh judge-launcher"
       timeout 420 $PY -m pytest -m gpu tests/eval/test_launcher.py -q -p no:cacheprovider -rfEX 2>&1 || true

@@ -115,7 +115,7 @@ def cmd_eval(args) -> int:
 
     result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
                       timeout_s=args.timeout, compile=args.compile, dtype=args.dtype,
-                      launcher=args.launcher)
+                      launcher=not args.one_process)
     if args.store:
         from epiforge.eval.store import ResultStore
 
@@ -238,7 +238,7 @@ def cmd_compare(args) -> int:
         kernels_of = {name: len(kernels) for name, kernels in plans}
         progress.update(job, description=f"{plans[0][0]}: {kernels_of[plans[0][0]]} kernel(s) on {device}")
         compare_all(plans, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu", reps=args.reps,
-                    baselines=args.baselines, dtype=args.dtype, on_done=done, launcher=args.launcher,
+                    baselines=args.baselines, dtype=args.dtype, on_done=done, launcher=not args.one_process,
                     on_stage=lambda name, st: progress.update(job, description=f"{name}: {st}"))
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in comparisons], indent=1))
@@ -379,9 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None,
                    help="the whole evaluation's limit in seconds (default: 600 on a CPU, 900 on a GPU)")
     p.add_argument("--compile", action="store_true", help="on a CPU, also cross-compile every epilogue for sm_90a")
-    p.add_argument("--launcher", action="store_true",
-                   help="the kernel's process only describes its calls, on shapes; a process without kernel code "
-                        "launches them and counts the launches (opt-in for now: tests/exploits/CLASSES.md)")
+    p.add_argument("--one-process", action="store_true",
+                   help="run the kernel in its own process instead of from its description: its launch record is "
+                        "then its own (tests/exploits/CLASSES.md lists what that lets through); by default the "
+                        "kernel's process only describes its calls and a process without kernel code runs them")
     add_dtype_flag(p)
     p.add_argument("--store", default=None, help="also record the result in this SQLite file")
     p.add_argument("--json", action="store_true")
@@ -424,8 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "first timed run (eval/warm.py; otherwise the judge builds each task's as it comes to it). Measured on the "
                         "H200 (2026-12-02) it did not pay: ~200 s ahead, and the judges' warmup stage stayed "
                         "8-18 s per task")
-    p.add_argument("--launcher", action="store_true",
-                   help="judge every kernel in the launcher mode, as eval --launcher does")
+    p.add_argument("--one-process", action="store_true",
+                   help="run each kernel in its own process instead of from its description (as eval --one-process)")
     add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)

@@ -153,7 +153,7 @@ def compare(task_name: str, kernels: list[tuple[str, Path]], **kw) -> Comparison
 def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str = "cpu", shapes: str = "smoke",
                 seed: int | None = None, timeout_s: float | None = None, compile: bool = False, reps: int = 30,
                 baselines: list[str] = (), dtype=None, on_stage=None, on_done=None,
-                launcher: bool | frozenset[str] = False) -> list[Comparison]:
+                launcher: bool | frozenset[str] = True) -> list[Comparison]:
     """compare() of several tasks, [(task, kernels)], judged one after another by ONE judge
     process (eval/judge.py, a job per task): what every judge pays once (CUDA, cuBLAS,
     Inductor's, Liger's and quack's first builds) is paid once. The static stage runs
@@ -161,9 +161,10 @@ def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str 
     (eval/baselines.py) timed beside the standard ones on a GPU. dtype: as evaluate's
     (eval.evaluation.pick_dtypes), for every task. on_stage(task, stage)
     hears each stage; on_done(Comparison) gets each task's as soon as it is settled, in
-    the order given. launcher: True judges every kernel in the launcher mode
-    (eval.evaluation.evaluate's), a set of labels only those kernels (one kernel under both
-    modes in one interleaved run: bench/launcher_overhead.py). A judge that ends without a verdict (it crashed, or ran out of time)
+    the order given. launcher: True (the default) judges every kernel in the launcher mode
+    (eval.evaluation.evaluate's), False every kernel in its own process, a set of labels
+    only those kernels in the launcher mode (one kernel under both modes in one
+    interleaved run: bench/launcher_overhead.py). A judge that ends without a verdict (it crashed, or ran out of time)
     costs that one task its verdict: the tasks after it go to a new judge."""
     from epiforge.eval.baselines import REGISTRY
 

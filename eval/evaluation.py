@@ -79,7 +79,7 @@ def evaluate(
     timing: bool = True,
     dtype=None,
     on_stage=None,
-    launcher: bool = False,
+    launcher: bool = True,
 ) -> Result:
     """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`.
 
@@ -94,10 +94,12 @@ def evaluate(
     launch check.
     static_checks=False and hidden_shapes=False are for the evaluator's
     own tests of the layers behind them (tests/exploits); never turn them off for a real
-    candidate. launcher=True: the kernel's process only describes its calls, on shapes
-    (primitives/program.py), and a second process that runs no kernel code launches the
-    description and reports what it launched (eval/remote.py DescribedKernel); not yet the
-    default (tests/exploits/CLASSES.md says what remains). on_stage(name) hears each stage as it starts. Raises ValueError / TaskError
+    candidate. launcher (the default): the kernel's process only describes its calls, on
+    fake tensors of each input set's shapes on `device` (primitives/program.py), and a
+    second process that runs no kernel code launches the description and reports what it
+    launched (eval/remote.py DescribedKernel); launcher=False runs the kernel in its own
+    process, whose launch record it could forge (the known limits of
+    tests/exploits/CLASSES.md). on_stage(name) hears each stage as it starts. Raises ValueError / TaskError
     / KernelError (one line) for bad arguments; everything about the kernel is the Result."""
     device, task = check_arguments(task_name, device, shapes)
     dtypes = pick_dtypes(task, dtype)

@@ -233,6 +233,8 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
         describer_load = {**load, "device": "cpu", "gpu_memory_gib": None}
         load = {**load, "path": None, "launcher": True}
         c.base["environment"]["judge_mode"] = "launcher: the kernel's process describes, a process without kernel code launches"
+    else:
+        c.base["environment"]["judge_mode"] = "one-process: the kernel's process runs it and reports its launches"
     sandboxes = ["system", "trees"] if device == "cuda" else [None]
     for i, mode in enumerate(sandboxes):
         c.kp = KernelProcess(workdir, deadline=deadline, cpu_bytes=cpu_bytes, extra_env=request.get("runner_env") or {},

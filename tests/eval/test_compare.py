@@ -256,9 +256,11 @@ def test_one_kernel_is_judged_in_both_modes_side_by_side():
     without kernel code runs them; the others run in their own process (one judge, one run)."""
     path = REPO / "human_kernels/k1_gemm_rmsnorm.py"
     cmp = compare("k1", [("one-process", path), ("launcher", path)], seed=5, launcher=frozenset({"launcher"}))
+    assert [r.environment["judge_mode"].split(":")[0] for r in compare("k1", [("a", path)], seed=5, launcher=False).results] \
+        == ["one-process"]
     one, described = cmp.results
     assert one.passed and described.passed, described.message
-    assert "judge_mode" not in one.environment
+    assert one.environment["judge_mode"].startswith("one-process")
     assert described.environment["judge_mode"].startswith("launcher")
 
 

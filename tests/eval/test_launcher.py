@@ -68,13 +68,14 @@ def test_a_forged_profiler_record_no_longer_reaches_the_judge_on_the_gpu():
     assert r.outcome.value == "EXTRA_LAUNCHES", r.message
 
 
-def test_the_cli_takes_the_launcher_mode():
-    out = subprocess.run([sys.executable, "-m", "epiforge", "eval", "--task", "k2", "--kernel", "human", "--launcher",
+@pytest.mark.parametrize("flags,mode", [([], "launcher"), (["--one-process"], "one-process")])
+def test_the_cli_judges_in_the_launcher_mode_unless_told(flags, mode):
+    out = subprocess.run([sys.executable, "-m", "epiforge", "eval", "--task", "k2", "--kernel", "human", *flags,
                           "--seed", "9", "--json"], capture_output=True, text=True, timeout=600,
                          cwd=Path(__file__).resolve().parents[2])
     result = json.loads(out.stdout)
     assert out.returncode == 0 and result["outcome"] == "PASSED", out.stdout[-1500:] + out.stderr[-1500:]
-    assert result["environment"]["judge_mode"].startswith("launcher")
+    assert result["environment"]["judge_mode"].startswith(mode)
 
 
 def test_the_sm90a_build_is_the_launchers_own():
