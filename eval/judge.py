@@ -243,7 +243,7 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
         c.base["environment"]["runner_sandbox"] = c.kp.sandbox
         if describer is not None and i == 0:  # both processes started: their imports overlap
             try:
-                describer.ask(describer_load, stage="load")
+                kernel_loaded = describer.ask(describer_load, stage="load")
             except BaseException:  # the kernel failed to load: both go now; its stderr is the describer's
                 c.kp.close()
                 c.kp = describer
@@ -251,7 +251,10 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
         loaded = c.kp.ask(load, stage="load")
         if loaded.get("cuda") is not False:
             c.base["environment"]["runner_syscalls"] = loaded.get("syscalls")
-            if describer is not None:
+            if describer is not None:  # runner_*: the process that holds the kernel's code
+                c.base["environment"]["launcher_sandbox"] = c.kp.sandbox
+                c.base["environment"]["runner_sandbox"] = describer.sandbox
+                c.base["environment"]["runner_syscalls"] = kernel_loaded.get("syscalls")
                 consts = [t.name for t in get_task(request["task"]).inputs if t.constant]
                 c.kp = DescribedKernel(describer, c.kp, consts, device)
             return

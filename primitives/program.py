@@ -385,7 +385,13 @@ def epilogue_name(epi) -> str:
         if target is None:
             raise ProgramError(f"{epi.name}: a library epilogue must be named as P.from_quack('quack.<module>:<name>')")
         return json.dumps({"library": target, "operands": kinds(epi.library_operands or {})})
-    return json.dumps({"graph": json.loads(_graph.trace(epi).to_json()), "name": epi.name, "outputs": list(epi.outputs),
+    from epiforge.primitives.epilogue import EpilogueError
+
+    try:
+        traced = _graph.trace(epi)
+    except _graph.GraphError as e:  # what cannot be traced cannot be built either: the kernel's compile error
+        raise EpilogueError(f"{epi.name}(): its body cannot be built for sm_90a: {e}") from None
+    return json.dumps({"graph": json.loads(traced.to_json()), "name": epi.name, "outputs": list(epi.outputs),
                        "operands": kinds(epi.operands), "reductions": kinds(epi.reductions), "mode": epi.mode,
                        "pair_outputs": list(epi.pair_outputs)})
 
@@ -412,9 +418,10 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...], device:
     """Run the kernel module's prepare(consts) (if it has one: consts are the inputs named in
     `constants`) and run(inputs, prepared) on fake tensors of `specs` (spec_of) on `device`
     ("cpu" or "cuda": the judge's, which a kernel sees as it would when run there; no GPU is
-    needed), recording every step. Raises ProgramError for a kernel that reads a value, fails
-    on shapes alone or passes something that cannot be described; an EpilogueError (a call
-    that does not fit its epilogue's declarations) as it is, as running the kernel would."""
+    needed), recording every step. Raises ProgramError for a kernel that reads a value or
+    passes something that cannot be described; whatever else the kernel's code raises (an
+    EpilogueError: a call that does not fit its epilogue's declarations) as it is, as
+    running the kernel would."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
     from epiforge.primitives.epilogue import EpilogueError
@@ -457,10 +464,10 @@ def describe(module, specs: dict[str, dict], constants: tuple[str, ...], device:
         raise
     except (NotImplementedError, DataDependentOutputException, DynamicOutputShapeException) as e:
         raise ProgramError(f"the kernel read a tensor's values while being described: {str(e)[:200]}") from None
-    except Exception as e:  # noqa: BLE001 - whatever the kernel raises is its failure to describe
+    except Exception as e:  # the kernel's own exception: as it is, as running the kernel would raise it
         if "meta tensor" in str(e) or "FakeTensor" in str(e):  # .item(), float(t), .tolist(), .numpy() ...
             raise ProgramError(f"the kernel read a tensor's values while being described: {str(e)[:200]}") from None
-        raise ProgramError(f"describing the kernel failed: {type(e).__name__}: {str(e)[:300]}") from None
+        raise
     finally:
         _describer = None
     d.program.check()

@@ -97,10 +97,15 @@ def test_an_epilogue_the_dsl_rejects_is_a_compile_error(tmp_path):
     bad.write_text(src.replace('{"D": acc * rstd}', '{"D": (acc * rstd).clamp(-100.0, 100.0)}'))
     ruled = evaluate("k1", str(bad), seed=0)
     assert ruled.outcome.value == "STATIC_REJECTED" and any("clamp" in v for v in ruled.violations), ruled.message
-    # behind the rules: the CPU guard sees non-arithmetic torch in the body, the sm_90a build rejects it
-    guarded = evaluate("k1", str(bad), compile=False, seed=0, static_checks=False)
+    # behind the rules, in the judge's default mode: the body cannot be traced into the graph the
+    # GPU would build, so it does not build, with or without the sm_90a cross-compile
+    for compile_ in (False, True):
+        r = evaluate("k1", str(bad), compile=compile_, seed=0, static_checks=False)
+        assert r.outcome.value == "COMPILE_ERROR" and "row_scale" in r.message and "sm_90a" in r.message, r.message
+    # in its own process: the CPU guard sees non-arithmetic torch in the body, the sm_90a build rejects it
+    guarded = evaluate("k1", str(bad), compile=False, seed=0, static_checks=False, launcher=False)
     assert guarded.outcome.value == "EXTRA_LAUNCHES" and "inside an epilogue body" in guarded.message, guarded.message
-    r = evaluate("k1", str(bad), compile=True, seed=0, static_checks=False)
+    r = evaluate("k1", str(bad), compile=True, seed=0, static_checks=False, launcher=False)
     assert r.outcome.value == "COMPILE_ERROR"
     assert "row_scale" in r.message and "sm_90a" in r.message
 
