@@ -37,6 +37,23 @@ PY=${PYTHON:-python3}
 fingerprint_line() {
   $PY -c 'import json, sys; from epiforge.eval.machine import fingerprint; print("environment: " + json.dumps(fingerprint("cuda", sys.argv[1])))' "$1"
 }
+# the exploit suite's GPU cases (those matching pytest -k $1, all if empty) in SHARDS pytest
+# processes side by side, each shard's output in one log, $2, headed by the fingerprint of
+# the command $3; $4: each shard's time limit
+exploit_shards() {
+  local k=(); [ -n "$1" ] && k=(-k "$1")
+  $PY -m pytest -m gpu tests/exploits "${k[@]}" --collect-only -q -p no:cacheprovider | grep "::" > "$STATE/exploit-ids"
+  rm -f "$STATE"/shard.*
+  split -n "r/${SHARDS:-4}" "$STATE/exploit-ids" "$STATE/shard."
+  for s in "$STATE"/shard.??; do
+    mapfile -t ids < "$s"
+    timeout "$4" $PY -m pytest -m gpu -q -p no:cacheprovider -rfEX "${ids[@]}" > "$s.log" 2>&1 &
+  done
+  wait
+  { fingerprint_line "$3"
+    for s in "$STATE"/shard.??; do echo "== $(basename "$s"): $(wc -l < "$s") cases"; cat "$s.log"; done
+  } > "$2"
+}
 REPS=${REPS:-60}  # the final's repetitions: twice the sweeps', for the 70B rows whose clocks wander most
 
 case "${1:-}" in
@@ -130,17 +147,9 @@ case "${1:-}" in
     $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     timeout 300 $PY -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
       > "$OUT/margins.log" 2>&1 &
-    $PY -m pytest -m gpu tests/exploits --collect-only -q -p no:cacheprovider | grep "::" > "$STATE/exploit-ids"
-    rm -f "$STATE"/shard.*
-    split -n "r/${SHARDS:-4}" "$STATE/exploit-ids" "$STATE/shard."
-    for s in "$STATE"/shard.??; do
-      mapfile -t ids < "$s"
-      timeout "${EXPLOIT_TIMEOUT_S:-330}" $PY -m pytest -m gpu -q -p no:cacheprovider -rfEX "${ids[@]}" > "$s.log" 2>&1 &
-    done
-    wait
-    { fingerprint_line "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-exploits"
-      for s in "$STATE"/shard.??; do echo "== $(basename "$s"): $(wc -l < "$s") cases"; cat "$s.log"; done
-    } > "$OUT/pytest-gpu-exploits.log"
+    exploit_shards "" "$OUT/pytest-gpu-exploits.log" "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-exploits" \
+      "${EXPLOIT_TIMEOUT_S:-330}"
+    wait  # the margins
     tail -3 "$OUT/margins.log"
     grep -E "passed|failed|FAILED|XPASS|ERROR" "$OUT/pytest-gpu-exploits.log" | tail -30
     ;;
@@ -177,17 +186,9 @@ case "${1:-}" in
     { fingerprint_line "bash bench/h200.sh judge-launcher"
       timeout 420 $PY -m pytest -m gpu tests/eval/test_launcher.py -q -p no:cacheprovider -rfEX 2>&1 || true
     } > "$OUT/pytest-gpu-launcher.log" &
-    $PY -m pytest -m gpu tests/exploits -k launcher --collect-only -q -p no:cacheprovider | grep "::" > "$STATE/exploit-ids"
-    rm -f "$STATE"/shard.*
-    split -n "r/${SHARDS:-4}" "$STATE/exploit-ids" "$STATE/shard."
-    for s in "$STATE"/shard.??; do
-      mapfile -t ids < "$s"
-      timeout "${EXPLOIT_TIMEOUT_S:-420}" $PY -m pytest -m gpu -q -p no:cacheprovider -rfEX "${ids[@]}" > "$s.log" 2>&1 &
-    done
-    wait
-    { fingerprint_line "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-launcher"
-      for s in "$STATE"/shard.??; do echo "== $(basename "$s"): $(wc -l < "$s") cases"; cat "$s.log"; done
-    } > "$OUT/pytest-gpu-exploits-launcher.log"
+    exploit_shards launcher "$OUT/pytest-gpu-exploits-launcher.log" "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-launcher" \
+      "${EXPLOIT_TIMEOUT_S:-420}"
+    wait  # the check and the launcher's GPU test
     tail -3 "$OUT/pytest-gpu-launcher.log"
     grep -E "PASSED|FAIL|s; runner" "$OUT/check-launcher.log" | grep -vE "worst/allowed=0\.[0-8]|PASSED worst" | tail -30
     grep -E "passed|failed|FAILED|XPASS|ERROR" "$OUT/pytest-gpu-exploits-launcher.log" | tail -40
