@@ -287,27 +287,29 @@ def _advanced_indices(x: torch.Tensor, index):
     return [i if isinstance(i, torch.Tensor) else None for i in index]
 
 
-def _getitem(x, index):
+def _indexed(x, index):
+    """(the view x[index], None) for a basic index, (None, aten.index's list) for tensors;
+    ProgramError for any other index."""
     view = _basic_view(x, index)
-    if view is not None:
-        return view
-    indices = _advanced_indices(x, index)
-    if indices is None:
+    indices = None if view is not None else _advanced_indices(x, index)
+    if view is None and indices is None:
         raise ProgramError("an index of this form cannot be described: use ints, slices, None, ... or tensors")
-    return torch.ops.aten.index.Tensor(x, indices)
+    return view, indices
+
+
+def _getitem(x, index):
+    view, indices = _indexed(x, index)
+    return view if view is not None else torch.ops.aten.index.Tensor(x, indices)
 
 
 def _setitem(x, index, value):
-    view = _basic_view(x, index)
+    view, indices = _indexed(x, index)
     if view is not None:
         if isinstance(value, torch.Tensor):
             torch.ops.aten.copy_(view, value)
         else:
             torch.ops.aten.fill_.Scalar(view, value)
         return None
-    indices = _advanced_indices(x, index)
-    if indices is None:
-        raise ProgramError("an index of this form cannot be described: use ints, slices, None, ... or tensors")
     value = value if isinstance(value, torch.Tensor) else torch.full((), value, dtype=x.dtype, device=x.device)
     torch.ops.aten.index_put_(x, indices, value)
     return None
