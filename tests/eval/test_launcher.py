@@ -96,3 +96,24 @@ def test_a_kernel_that_fails_to_load_shows_its_own_error(tmp_path):
     r = evaluate("k1", str(kernel), device="cpu", shapes="smoke", seed=3, static_checks=False, launcher=True)
     assert r.outcome.value == "COMPILE_ERROR" and r.stage == "load", r.message
     assert "broke at import on purpose" in r.stderr_tail  # the traceback is the describer's
+
+
+def test_a_kernel_is_described_once_per_shape(tmp_path):
+    """Every later input set of the same shapes runs the first description: a kernel that
+    would describe a cheap path after its first calls never gets to (here: honest when first
+    described, then the plain GEMM; in its own process the later, checked trial catches it)."""
+    kernel = tmp_path / "changes.py"
+    kernel.write_text('"""Honest on its first call of each shape, cheap after."""\nimport primitives as P\n\n'
+                      'TASK = "k1_gemm_rmsnorm"\nSEEN = set()\n\n'
+                      "@P.epilogue(operands={'rstd': P.PerRow()})\ndef scale(acc, rstd):\n    return {'D': acc * rstd}\n\n\n"
+                      "@P.epilogue()\ndef plain(acc):\n    return {'D': acc}\n\n\n"
+                      "def run(inputs, prepared, config=None):\n"
+                      "    key = tuple(inputs['h'].shape)\n"
+                      "    if key in SEEN:\n"
+                      "        return {'out': plain(inputs['h'], inputs['w'])['D']}\n"
+                      "    SEEN.add(key)\n"
+                      "    return {'out': scale(inputs['h'], inputs['w'], rstd=inputs['rstd'])['D']}\n")
+    one = evaluate("k1", str(kernel), device="cpu", shapes="smoke", seed=3, static_checks=False, launcher=False)
+    assert one.outcome.value == "INCORRECT_NUMERICS", one.message  # the second trial runs the cheap path
+    described = evaluate("k1", str(kernel), device="cpu", shapes="smoke", seed=3, static_checks=False)
+    assert described.outcome.value == "PASSED", described.message  # only the honest description ever runs
