@@ -9,6 +9,9 @@ from epiforge.eval.machine import REPO
 
 #: quack's object cache, filled on a CPU by bench/precompile.py and carried to the GPU
 CACHE_DIR = REPO / ".epiforge" / "quack-cache"
+#: the same objects built with line info (precompile --lineinfo) for per-instruction profiles:
+#: quack's cache key does not hold the option, so they keep a folder of their own
+LINEINFO_CACHE_DIR = REPO / ".epiforge" / "quack-cache-lineinfo"
 
 CANDIDATES = [
     GemmConfig(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True),  # quack's SM90 default

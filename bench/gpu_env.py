@@ -18,8 +18,10 @@ from epiforge.eval import machine
 from epiforge.eval.machine import source_commit  # noqa: F401 (re-exported for bench.report)
 
 
-def install_precompiled() -> int:
-    """Copy carried .o files into quack's cache for this machine; returns how many."""
+def install_precompiled(source: Path = CACHE_DIR) -> int:
+    """Copy carried .o files (from `source`, default the carried cache; LINEINFO_CACHE_DIR for
+    the objects with line info, into a QUACK_CACHE_DIR of their own) into quack's cache for
+    this machine; returns how many."""
     from epiforge.primitives.lowering import _import_quack
 
     _import_quack()  # registers primitives/ in the fingerprint before it is computed
@@ -28,7 +30,7 @@ def install_precompiled() -> int:
     dest = get_cache_path() / _compute_source_fingerprint()
     dest.mkdir(parents=True, exist_ok=True)
     n = 0
-    for obj in CACHE_DIR.glob("*/*.o"):
+    for obj in Path(source).glob("*/*.o"):
         target = dest / obj.name
         if not target.exists():
             shutil.copyfile(obj, target)

@@ -8,6 +8,7 @@
 #   bench/h200.sh rerun     # the final's command again (final-2.json): how far a rerun moves each ratio
 #   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
 #   bench/h200.sh profile-stalls # Nsight Compute warp-stall reasons: k7 1B/7B and k0 1B fused, fused with the C-load warp, plain GEMM (stalls.txt, stalls.json)
+#   bench/h200.sh profile-epilogue-stalls # Nsight Compute PC sampling per SASS instruction (objects with line info): k7 1B/7B, k0 1B without and with the C-load warp (epilogue-stalls.txt; bench.epilogue_stalls reads it here)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
@@ -126,6 +127,33 @@ case "${1:-}" in
       > "$STATE/stalls/environment.json"
     $PY -m epiforge.bench.ncu_report "$OUT/stalls.txt" --stalls --environment "$STATE/stalls/environment.json" \
       --out "$OUT/stalls.json"
+    ;;
+  profile-epilogue-stalls)
+    # issue 16: where the epilogue warps wait, instruction by instruction. PC sampling
+    # (SourceCounters) of each kernel built with line info (precompile --lineinfo), so that
+    # every sampled SASS instruction names its quack source line and the epilogue's own
+    # instructions can be told apart (bench.epilogue_stalls, here). One report per run, its
+    # source page as CSV, all in one file
+    mkdir -p "$OUT" "$STATE/epi-stalls"
+    rm -f "$STATE"/epi-stalls/*
+    for run in "k7 1B 128x128_c1x2_pp_cs2" "k7 1B 128x128_c1x2_pp_cs2_cl" "k7 7B 128x128_c1x2_pp_cs1" \
+               "k7 7B 128x128_c1x2_pp_cs1_cl" "k0 1B 128x128_c1x2_pp" "k0 1B 128x128_c1x2_pp_cl"; do
+      read -r task scale config <<< "$run"
+      name="$task-$scale-$config"
+      timeout 150 ncu -k regex:cutlass --launch-skip 2 --launch-count 1 --section SourceCounters \
+        --section WarpStateStats --metrics gpu__time_duration.sum -f -o "$STATE/epi-stalls/$name" \
+        $PY -m epiforge.bench.profile_one "$task" "$scale" fused --config "$config" --lineinfo \
+        > "$STATE/epi-stalls/$name.log" 2>&1 || echo "$run: ncu exit $?"
+      { echo "==> $name <=="
+        ncu -i "$STATE/epi-stalls/$name.ncu-rep" --page source --csv --print-source sass 2>&1 \
+          || ncu -i "$STATE/epi-stalls/$name.ncu-rep" --page source --csv 2>&1 || echo "no source page"
+        echo "==> $name details <=="
+        ncu -i "$STATE/epi-stalls/$name.ncu-rep" --page details --csv 2>&1 | grep -E "Duration|Stall|Warp Cycles|Issued" || true
+      } >> "$OUT/epilogue-stalls.txt"
+      grep -E "calls|rror" "$STATE/epi-stalls/$name.log" | tail -2
+    done
+    fingerprint_line "bash bench/h200.sh profile-epilogue-stalls" > "$OUT/epilogue-stalls-environment.txt"
+    ls -la "$OUT"
     ;;
   judge-check)
     mkdir -p "$OUT"

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from epiforge.bench.configs import CACHE_DIR, CANDIDATES, config_args
+from epiforge.bench.configs import CACHE_DIR, CANDIDATES, LINEINFO_CACHE_DIR, config_args
 
 
 def _cross_compile_environment() -> None:
@@ -105,9 +105,17 @@ def main(argv=None) -> int:
                     help="only the configs the TUNED tables and the speed-of-light table name (see the docstring)")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float16"],
                     help="precisions of the expert kernels and the GEMM-only baseline (default: bfloat16)")
-    ap.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
-                    help="where the objects go (default: the folder a GPU session carries, bench.configs.CACHE_DIR)")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="where the objects go (default: the folder a GPU session carries, bench.configs.CACHE_DIR; "
+                         "with --lineinfo, LINEINFO_CACHE_DIR)")
+    ap.add_argument("--lineinfo", action="store_true",
+                    help="build with line info (CUTE_DSL_LINEINFO=1): each SASS instruction names its quack source "
+                         "line, for bench.epilogue_stalls; the same code, in a folder of its own")
     args = ap.parse_args(argv)
+    if args.lineinfo:
+        os.environ["CUTE_DSL_LINEINFO"] = "1"  # read when the DSL is first imported, below
+    if args.cache_dir is None:
+        args.cache_dir = LINEINFO_CACHE_DIR if args.lineinfo else CACHE_DIR
     args.dtypes = list(dict.fromkeys(args.dtypes))
     cache = args.cache_dir
     if args.tuned and args.configs is not None:

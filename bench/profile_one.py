@@ -8,12 +8,14 @@ Every call launches exactly one CuTe-DSL kernel (the fused GEMM; finishers are T
 torch), so skipping the first two of three profiles the third, with warm caches. The
 config is the kernel's own TUNED pick, for all three kinds: the numbers compare like with
 like. --c-load-warp sets GemmConfig.c_load_warp on that pick (fused and diagnostics; the
-plain GEMM refuses the flag and keeps its twin's config), for before / after profiles.
+plain GEMM refuses the flag and keeps its twin's config), for before / after profiles;
+--config pins another config (a pick that already has the flag needs its twin named).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -24,6 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("what", help="fused, gemm, or a diagnostic's name (bench/quack_library.py DIAGNOSTICS)")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--c-load-warp", action="store_true", help="the TUNED pick with c_load_warp set (its _cl twin)")
+    ap.add_argument("--lineinfo", action="store_true",
+                    help="load the objects built with line info (precompile --lineinfo), through a quack cache of their own")
+    ap.add_argument("--config", help="this config key instead of the TUNED pick (e.g. 128x128_c1x2_pp_cs1, or its _cl twin)")
     args = ap.parse_args(argv)
 
     from epiforge import tasks
@@ -45,6 +50,15 @@ def main(argv=None) -> int:
     if args.what not in ("fused", "gemm", *diags):
         ap.error(f"{args.what}: not fused, gemm or one of {task.id}'s diagnostics {sorted(diags)}")
 
+    from epiforge.bench.configs import LINEINFO_CACHE_DIR
+
+    if args.lineinfo:  # before quack is imported: it reads both once
+        import tempfile
+
+        # quack's cache key does not hold the line-info option: a folder of their own, so
+        # that no object without it is loaded in their place (and one built here has it too)
+        os.environ["QUACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="epiforge-lineinfo-")
+        os.environ["CUTE_DSL_LINEINFO"] = "1"
     import torch
 
     from epiforge import primitives as P
@@ -52,13 +66,22 @@ def main(argv=None) -> int:
     from epiforge.bench.gpu_env import install_precompiled
     from epiforge.eval.kernel import load_kernel_module
 
-    install_precompiled()
+    if args.lineinfo:
+        if not install_precompiled(LINEINFO_CACHE_DIR):
+            ap.error(f"--lineinfo: no objects in {LINEINFO_CACHE_DIR.name} (bench.precompile --lineinfo)")
+    else:
+        install_precompiled()
     module = load_kernel_module(expert_kernel(task.name))
     inputs = task.make_inputs(shape.dims(), seed=100, device="cuda")
     consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
     a, b = task.gemm_operands(inputs)
-    config = P.pick_config(getattr(module, "TUNED", {}), a, b)
+    from epiforge.primitives.config import GemmConfig
+
+    try:
+        config = GemmConfig.parse(args.config) if args.config else P.pick_config(getattr(module, "TUNED", {}), a, b)
+    except ValueError as e:
+        ap.error(f"--config: {str(e).splitlines()[-1] if str(e) else e}")
     if args.c_load_warp:
         try:
             config = type(config).model_validate({**config.model_dump(), "c_load_warp": True})
