@@ -22,9 +22,10 @@ def nvdisasm() -> Path:
     return found[0]
 
 
-def sass_of(obj: Path) -> str:
+def sass_of(obj: Path, line_info: bool = False) -> str:
     """nvdisasm's text of the object's cubin: the second ELF header in quack's host object,
-    NVIDIA's machine 190."""
+    NVIDIA's machine 190. line_info: each instruction's source line as nvdisasm -g prints it
+    (objects built with CUTE_DSL_LINEINFO=1: bench.precompile --lineinfo)."""
     data = Path(obj).read_bytes()
     at = [i for i in range(1, len(data) - 20) if data[i:i + 4] == b"\x7fELF" and data[i + 18] == 190]
     if not at:
@@ -32,7 +33,8 @@ def sass_of(obj: Path) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(data[at[0]:])
         f.flush()
-        return subprocess.run([str(nvdisasm()), "-c", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(nvdisasm()), *(["-g"] if line_info else []), "-c", f.name],
+                              capture_output=True, text=True, check=True).stdout
 
 
 def instructions(sass: str) -> list[str]:
