@@ -30,6 +30,12 @@ def main(argv=None) -> int:
                     help="load the objects built with line info (precompile --lineinfo), through a quack cache of their own")
     ap.add_argument("--config", help="this config key instead of the TUNED pick (e.g. 128x128_c1x2_pp_cs1, or its _cl twin)")
     args = ap.parse_args(argv)
+    from epiforge.primitives.config import GemmConfig
+
+    try:
+        pinned = GemmConfig.parse(args.config) if args.config else None
+    except ValueError as e:
+        ap.error(f"--config: {e}")
 
     from epiforge import tasks
     from epiforge.eval.kernel import expert_kernel
@@ -61,6 +67,8 @@ def main(argv=None) -> int:
         os.environ["CUTE_DSL_LINEINFO"] = "1"
     import torch
 
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU: it is the process Nsight Compute profiles")
     from epiforge import primitives as P
     from epiforge.eval.baselines import identity_gemm as gemm_only
     from epiforge.bench.gpu_env import install_precompiled
@@ -76,12 +84,7 @@ def main(argv=None) -> int:
     consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
     a, b = task.gemm_operands(inputs)
-    from epiforge.primitives.config import GemmConfig
-
-    try:
-        config = GemmConfig.parse(args.config) if args.config else P.pick_config(getattr(module, "TUNED", {}), a, b)
-    except ValueError as e:
-        ap.error(f"--config: {str(e).splitlines()[-1] if str(e) else e}")
+    config = pinned or P.pick_config(getattr(module, "TUNED", {}), a, b)
     if args.c_load_warp:
         try:
             config = type(config).model_validate({**config.model_dump(), "c_load_warp": True})
