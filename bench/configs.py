@@ -85,8 +85,18 @@ C_LOAD_WARP_CONFIGS = [
         "128x192_c2x1_pp", "192x128_c1x2_pp",
     ) for k in (base, f"{base}_cl")
 ]
+#: the epilogue sub-tile twice as wide (GemmConfig.epi_tile_n=64: half as many sub-tiles,
+#: each one's fence, barrier and TMA stores) against quack's 32, at the configs k0 and k7 run
+#: at 1B and 7B, with and without the C-load warp (issue 16: the stall profile found the
+#: store issue, not C's latency, left in the epilogue; bench/results/h100/stalls)
+EPI_TILE_CONFIGS = [
+    c for base in (
+        "128x128_c1x2_pp", "128x128_c1x2_pp_cs2", "128x128_c1x2_pp_cs1", "128x128_c1x2_pp_cs2_cl",
+        "128x128_c1x2_pp_cs1_cl", "128x192_c2x1_pp", "192x128_c1x2_pp",
+    ) for c in (GemmConfig.parse(base), GemmConfig.parse(base).model_copy(update={"epi_tile_n": 64}))
+]
 #: named config lists for --configs (beside CANDIDATES indexes and config keys)
-CONFIG_SETS = {"early-c": EARLY_C_CONFIGS, "c-load-warp": C_LOAD_WARP_CONFIGS}
+CONFIG_SETS = {"early-c": EARLY_C_CONFIGS, "c-load-warp": C_LOAD_WARP_CONFIGS, "epi-tile": EPI_TILE_CONFIGS}
 
 
 def config_args(args: list[str]) -> list[GemmConfig]:

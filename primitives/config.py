@@ -27,6 +27,13 @@ class GemmConfig(BaseModel):
                     "epilogue's sub-tiles per tile); fewer leave room for another mainloop A/B stage, which "
                     "long-K tiles with a heavy epilogue need; more (up to all of a tile's sub-tiles) put a whole "
                     "tile's C loads in flight at once, which short-K tiles with a C-heavy epilogue need")
+    epi_tile_n: int | None = Field(
+        None,
+        description="columns of the epilogue's sub-tile (None: quack's choice, 32 for 16-bit outputs): the "
+                    "epilogue converts, stores and loads C one sub-tile at a time, each store behind a "
+                    "shared-memory fence and a barrier of the warpgroup; wider sub-tiles mean fewer of them and "
+                    "more shared memory per epilogue stage. 16, 32, 64 or 128, dividing tile_n. It changes the "
+                    "order of the row reductions' partial sums within a tile (float32), never the values stored")
     early_c_loads: bool = Field(
         False,
         description="pingpong only, and only for a GEMM that loads C: issue a tile's first C loads before "
@@ -57,6 +64,8 @@ class GemmConfig(BaseModel):
         if not ok or tn <= 0:
             mode = "pingpong" if self.pingpong else "cooperative"
             raise ValueError(f"tile {tm}x{tn} does not compile for sm_90a as {mode} (see primitive_docs/gemm_config.md)")
+        if self.epi_tile_n is not None and (self.epi_tile_n not in (16, 32, 64, 128) or tn % self.epi_tile_n):
+            raise ValueError(f"epi_tile_n {self.epi_tile_n}: 16, 32, 64 or 128, dividing tile_n ({tn})")
         if self.early_c_loads and not self.pingpong:
             raise ValueError("early_c_loads needs pingpong=True: it moves C loads ahead of the pingpong epilogue barrier")
         if self.early_c_loads and self.c_load_warp:
@@ -65,14 +74,15 @@ class GemmConfig(BaseModel):
 
     def key(self) -> str:
         """A short stable name, e.g. for caches and reports: 128x192_c2x1_pp (+ _sw1 when
-        the tile swizzle is not quack's default 8, + _cs1 when epi_c_stages is set, + _ec
-        when early_c_loads is set, + _cl when c_load_warp is set)."""
+        the tile swizzle is not quack's default 8, + _cs1 when epi_c_stages is set, + _en64
+        when epi_tile_n is set, + _ec when early_c_loads is set, + _cl when c_load_warp is set)."""
         pp = "_pp" if self.pingpong else ""
         sw = f"_sw{self.max_swizzle_size}" if self.max_swizzle_size != 8 else ""
         cs = f"_cs{self.epi_c_stages}" if self.epi_c_stages is not None else ""
+        en = f"_en{self.epi_tile_n}" if self.epi_tile_n is not None else ""
         ec = "_ec" if self.early_c_loads else ""
         cl = "_cl" if self.c_load_warp else ""
-        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}{cs}{ec}{cl}"
+        return f"{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}{pp}{sw}{cs}{en}{ec}{cl}"
 
     def for_plain_gemm(self) -> "GemmConfig":
         """This config for a GEMM that loads no C, such as the identity-epilogue GEMM timed
@@ -84,13 +94,13 @@ class GemmConfig(BaseModel):
     @classmethod
     def parse(cls, key: str) -> "GemmConfig":
         """The inverse of key()."""
-        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d+))?(_ec)?(_cl)?", key)
+        m = re.fullmatch(r"(\d+)x(\d+)_c(\d)x(\d)(_pp)?(?:_sw(\d+))?(?:_cs(\d+))?(?:_en(\d+))?(_ec)?(_cl)?", key)
         if not m:
             raise ValueError(f"not a config key: {key!r} (expected e.g. 128x192_c2x1_pp)")
-        tm, tn, cm, cn, pp, sw, cs, ec, cl = m.groups()
+        tm, tn, cm, cn, pp, sw, cs, en, ec, cl = m.groups()
         return cls(tile_m=int(tm), tile_n=int(tn), cluster_m=int(cm), cluster_n=int(cn), pingpong=bool(pp),
                    max_swizzle_size=int(sw) if sw else 8, epi_c_stages=int(cs) if cs else None,
-                   early_c_loads=bool(ec), c_load_warp=bool(cl))
+                   epi_tile_n=int(en) if en else None, early_c_loads=bool(ec), c_load_warp=bool(cl))
 
 
 DEFAULT_CONFIG = GemmConfig()

@@ -35,6 +35,8 @@ _C_STAGES_ATTR = "epiforge_epi_c_stage_base"
 _EARLY_C_ATTR = "epiforge_early_c_loads"
 #: the attribute a config's c_load_warp travels in, the same way (primitives/c_load_warp.py)
 _C_LOAD_ATTR = "epiforge_c_load_warp"
+#: the attribute a config's epi_tile_n travels in, the same way
+_EPI_TILE_ATTR = "epiforge_epi_tile_n"
 #: the stage counts of the kernels this process traced: "class tile [pp] [csN] [ec] [cl]" -> (A/B, D, C)
 STAGES: dict[str, tuple[int, int, int]] = {}
 
@@ -60,9 +62,11 @@ def _hook_stage_split():
     """quack sizes the epilogue's C stages from a class attribute (GemmSm90.epi_c_stage_base,
     4) and gives the mainloop what shared memory is left. A config's epi_c_stages overrides
     it for one trace: on the kernel's own (minted, per-epilogue) class, restored after.
-    A config's early_c_loads gives the object, before its trace, a subclass with the edited
-    kernel (primitives/early_c.py), then checks the stage split allows it; c_load_warp
-    likewise (primitives/c_load_warp.py)."""
+    A config's epi_tile_n overrides the epilogue sub-tile's width the same way, through the
+    class's _compute_tile_shape_or_override (quack's own override hook, which no frontend
+    argument reaches). A config's early_c_loads gives the object, before its trace, a
+    subclass with the edited kernel (primitives/early_c.py), then checks the stage split
+    allows it; c_load_warp likewise (primitives/c_load_warp.py)."""
     from quack.gemm_sm90 import GemmSm90
 
     original = GemmSm90._setup_attributes
@@ -82,20 +86,26 @@ def _hook_stage_split():
 
             c_load_warp.install(self)
         cls = type(self)
-        if base is None:
+        epi_n = getattr(self, _EPI_TILE_ATTR, None)
+        overrides = {}
+        if base is not None:
+            overrides["epi_c_stage_base"] = base
+        if epi_n is not None:
+            overrides["_compute_tile_shape_or_override"] = _epi_tile_width(cls, epi_n)
+        saved = {k: cls.__dict__[k] for k in overrides if k in cls.__dict__}
+        for k, v in overrides.items():
+            setattr(cls, k, v)
+        try:
             original(self, *args, **kwargs)
-        else:
-            had, before = "epi_c_stage_base" in cls.__dict__, cls.__dict__.get("epi_c_stage_base")
-            cls.epi_c_stage_base = base
-            try:
-                original(self, *args, **kwargs)
-            finally:
-                if had:
-                    cls.epi_c_stage_base = before
+        finally:  # for this trace only: the class is the epilogue's, shared by every config
+            for k in overrides:
+                if k in saved:
+                    setattr(cls, k, saved[k])
                 else:
-                    del cls.epi_c_stage_base
+                    delattr(cls, k)
         tile = "x".join(str(x) for x in self.cta_tile_shape_mnk[:2])
-        name = f"{cls.__name__} {tile}{' pp' if self.pingpong else ''}{f' cs{base}' if base else ''}{' ec' if early else ''}{' cl' if c_load else ''}"
+        name = (f"{cls.__name__} {tile}{' pp' if self.pingpong else ''}{f' cs{base}' if base else ''}"
+                f"{f' en{epi_n}' if epi_n else ''}{' ec' if early else ''}{' cl' if c_load else ''}")
         STAGES[name] = (self.ab_stage, self.epi_stage, self.epi_c_stage)
         if early:
             early_c.check(self)
@@ -104,6 +114,24 @@ def _hook_stage_split():
 
     _setup_attributes._epiforge = True
     GemmSm90._setup_attributes = _setup_attributes
+
+
+def _epi_tile_width(cls, width: int):
+    """cls's epilogue-tile rule with the sub-tile's columns set to width (its rows as quack
+    picks them: the accumulator's layout fixes those)."""
+    import inspect
+
+    rule = inspect.getattr_static(cls, "_compute_tile_shape_or_override")
+    static = isinstance(rule, staticmethod)
+    rule = rule.__func__ if isinstance(rule, (staticmethod, classmethod)) else rule
+
+    def _compute_tile_shape_or_override(self, cta_tile_shape_mnk, atom_layout_mnk, element_type=None,
+                                        epi_tile_override=None):
+        args = (cta_tile_shape_mnk, atom_layout_mnk, element_type, epi_tile_override)
+        rows, _ = rule(*args) if static else rule(self, *args)
+        return (rows, width)
+
+    return _compute_tile_shape_or_override
 
 
 def quack_mod(epi: Epilogue):
@@ -206,7 +234,8 @@ def _gemm(epi: Epilogue, call: Call, config: GemmConfig, launch: bool, device):
         max_swizzle_size=config.max_swizzle_size,
         post_init_attrs=(((_C_STAGES_ATTR, config.epi_c_stages),) if config.epi_c_stages is not None else ())
         + (((_EARLY_C_ATTR, True),) if config.early_c_loads else ())
-        + (((_C_LOAD_ATTR, True),) if config.c_load_warp else ()),
+        + (((_C_LOAD_ATTR, True),) if config.c_load_warp else ())
+        + (((_EPI_TILE_ATTR, config.epi_tile_n),) if config.epi_tile_n is not None else ()),
         _launch=launch,
     )
     return result

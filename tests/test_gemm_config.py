@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from epiforge import primitives as P
-from epiforge.bench.configs import C_LOAD_WARP_CONFIGS, CANDIDATES, EARLY_C_CONFIGS, config_args
+from epiforge.bench.configs import C_LOAD_WARP_CONFIGS, CANDIDATES, EARLY_C_CONFIGS, EPI_TILE_CONFIGS, config_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,9 +31,13 @@ def test_keys_name_every_knob_that_changes_the_kernel():
     assert P.GemmConfig(max_swizzle_size=1, epi_c_stages=2).key() == "128x192_c2x1_pp_sw1_cs2"
     assert P.GemmConfig(epi_c_stages=5, early_c_loads=True).key() == "128x192_c2x1_pp_cs5_ec"
     assert P.GemmConfig(early_c_loads=True).key() == "128x192_c2x1_pp_ec"
+    assert P.GemmConfig(epi_tile_n=64).key() == "128x192_c2x1_pp_en64"
+    both = P.GemmConfig(tile_n=128, cluster_m=1, cluster_n=2, epi_c_stages=2, epi_tile_n=64, c_load_warp=True)
+    assert both.key() == "128x128_c1x2_pp_cs2_en64_cl" and P.GemmConfig.parse(both.key()) == both
 
 
-@pytest.mark.parametrize("bad", [{"epi_c_stages": 0}, {"epi_c_stages": 17}, {"tile_m": 256, "tile_n": 128}])
+@pytest.mark.parametrize("bad", [{"epi_c_stages": 0}, {"epi_c_stages": 17}, {"tile_m": 256, "tile_n": 128},
+                                 {"epi_tile_n": 48}, {"tile_n": 192, "epi_tile_n": 128}])
 def test_bad_configs_are_refused(bad):
     with pytest.raises((ValidationError, ValueError)):
         P.GemmConfig(**bad)
@@ -111,6 +115,18 @@ def test_epi_c_stages_moves_shared_memory_between_mainloop_and_epilogue(tmp_path
     default, eight = _one(stages, "128x128 pp"), _one(stages, "128x128 pp cs8")
     assert eight[2] == 8 and default[2] < 8, stages
     assert eight[0] < default[0]  # paid for with A/B stages
+
+
+def test_epi_tile_n_widens_the_epilogue_sub_tile(tmp_path):
+    """k0 on 128x128 pingpong: quack's sub-tile is 64x32, 8 per tile, each stored by its own
+    TMA stores (D and the residual sum: 16 in the SASS); at epi_tile_n=64 there are 4 (8
+    stores), and the emulator's config (tile_m, tile_n) is the same."""
+    from epiforge.bench.sass import instructions, sass_of
+
+    stages = _stages(tmp_path, "k0:128x128_c1x2_pp", "k0:128x128_c1x2_pp_en64")
+    assert _one(stages, "128x128 pp") and _one(stages, "128x128 pp en64"), stages
+    stores = sorted(sum(i.startswith("UTMASTG") for i in instructions(sass_of(obj))) for obj in tmp_path.glob("*/*.o"))
+    assert stores == [8, 16], stores
 
 
 # ---- the early prologue C loads (GemmConfig.early_c_loads, primitives/early_c.py) ----------
@@ -264,6 +280,31 @@ def test_load_timing_flags_give_the_same_bits_on_the_gpu(flag, tid):
                 got = module.run(dict(inputs), {}, config=cfg)
                 for k in want:
                     assert torch.equal(got[k], want[k]), f"{tid} {name} {cfg.key()} call {i}: {k} differs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tid", ["k0", "k7"])
+def test_epi_tile_n_stores_the_same_values_on_the_gpu(tid):
+    """A wider epilogue sub-tile changes which values one store carries, never the values:
+    every 16-bit output is bit for bit the twin's; a float32 row reduction may add its
+    partials in another order (within 1e-5)."""
+    from epiforge import tasks
+    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
+
+    install_precompiled()
+    task = tasks.get_task(tid)
+    module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
+    for dims in (tasks.shape_sets()["paper"][0].dims(), tasks.shape_sets()["smoke"][0].dims()):
+        inputs = task.make_inputs(dims, seed=7, device="cuda")
+        for cfg in [c for c in EPI_TILE_CONFIGS if c.epi_tile_n]:
+            want = module.run(dict(inputs), {}, config=cfg.model_copy(update={"epi_tile_n": None}))
+            got = module.run(dict(inputs), {}, config=cfg)
+            for k in want:
+                if want[k].dtype == torch.float32:
+                    torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=f"{tid} {cfg.key()}: {k}")
+                else:
+                    assert torch.equal(got[k], want[k]), f"{tid} {dims} {cfg.key()}: {k} differs"
 
 
 def test_precompile_builds_the_expert_kernels_in_fp16_too(tmp_path):
