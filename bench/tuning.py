@@ -59,8 +59,8 @@ def best_configs(files: list[str], what: str = "fused") -> dict[str, dict[str, t
 
 def flag_pairs(files: list[str], suffix: str) -> list[tuple[str, str, str, list[float | None]]]:
     """(task, shape, twin config, [per file: the flagged config's time / its twin's]) for
-    every config key ending in `suffix` (a flag's key part, e.g. "_cl") whose twin without
-    it ran in the same row: the median of per-repetition ratios within one interleaved run
+    every config key holding `suffix` (a flag's key part, e.g. "_cl", or "_en64" before a
+    "_cl") whose twin without it ran in the same row: the median of per-repetition ratios within one interleaved run
     (eval.stats.paired_ratio), None where a file lacks the pair or their samples."""
     from epiforge.eval.bench_rows import BenchReport, load_report
     from epiforge.eval.stats import paired_ratio
@@ -69,9 +69,9 @@ def flag_pairs(files: list[str], suffix: str) -> list[tuple[str, str, str, list[
     out = []
     for (task, shape), row in reports[0].items():
         for key in row.configs:
-            if not key.endswith(suffix):
+            if not (key.endswith(suffix) or f"{suffix}_" in key):
                 continue
-            twin, ratios = key[:-len(suffix)], []
+            twin, ratios = key.replace(suffix, "", 1), []
             for rows in reports:
                 r = rows.get((task, shape))
                 a = r and r.configs.get(key) and r.configs[key].fused
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             ap.error(str(e))
         if not pairs:
-            ap.error(f"--pairs {args.pairs}: no config key ends in it in {args.files[0]}")
+            ap.error(f"--pairs {args.pairs}: no config key holds it in {args.files[0]}")
         print(f"| task | shape | config | " + " | ".join(f"{args.pairs} / without, {Path(f).name}" for f in args.files)
               + " |\n|---|---|---|" + "---|" * len(args.files))
         for task, shape, twin, ratios in pairs:

@@ -333,4 +333,10 @@ def test_a_flag_is_set_beside_its_twin_repetition_by_repetition(tmp_path, capsys
     assert "| k8_gemm_swiglu | 1B | a | 1.100 |" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         tuning.main([first, "--pairs", "_zz"])
-    assert e.value.code == 2 and "no config key ends in it" in capsys.readouterr().err
+    assert e.value.code == 2 and "no config key holds it" in capsys.readouterr().err
+    # a flag's key part before another's: the twin is the key without it
+    middle = _write(tmp_path / "three.json", [_row(configs={"a_cl": {"fused": _s(CLOCK)},
+                                                             "a_en64_cl": {"fused": _s(PAIRED_SLOWER)}},
+                                                    gemm_cublas=_s(CLOCK))])
+    ((_, _, twin, (ratio,)),) = tuning.flag_pairs([middle], "_en64")
+    assert twin == "a_cl" and abs(ratio - 1.1) < 1e-12
