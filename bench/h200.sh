@@ -9,6 +9,7 @@
 #   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
 #   bench/h200.sh profile-stalls # Nsight Compute warp-stall reasons: k7 1B/7B and k0 1B fused, fused with the C-load warp, plain GEMM (stalls.txt, stalls.json)
 #   bench/h200.sh profile-epilogue-stalls # Nsight Compute PC sampling per SASS instruction (objects with line info): k7 1B/7B, k0 1B without and with the C-load warp (epilogue-stalls.txt; bench.epilogue_stalls reads it here)
+#   bench/h200.sh epi-tile       # the epilogue sub-tile twice as wide (_en64) against its twins, k0 and k7 at 1B and 7B (epi-tile.json), after its GPU bit test
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
@@ -154,6 +155,19 @@ case "${1:-}" in
     done
     fingerprint_line "bash bench/h200.sh profile-epilogue-stalls" > "$OUT/epilogue-stalls-environment.txt"
     ls -la "$OUT"
+    ;;
+  epi-tile)
+    # issue 16: fewer, wider epilogue sub-tiles (GemmConfig.epi_tile_n): the same values
+    # (16-bit outputs bit for bit), then one interleaved run of every config and its twin
+    mkdir -p "$OUT"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    { fingerprint_line "bash bench/h200.sh epi-tile"
+      timeout 200 $PY -m pytest -m gpu tests/test_gemm_config.py -k epi_tile -q -p no:cacheprovider -rfEX 2>&1 || true
+    } > "$OUT/pytest-gpu-epi-tile.log"
+    tail -2 "$OUT/pytest-gpu-epi-tile.log"
+    timeout "${EPI_TILE_TIMEOUT_S:-330}" $PY -m epiforge.bench.run --tasks k0 k7 --scales 1B 7B --configs epi-tile \
+      --reps "${EPI_TILE_REPS:-30}" --out "$OUT/epi-tile.json" > "$OUT/epi-tile.log" 2>&1 || echo "bench.run: exit $?"
+    $PY -m epiforge.bench.tuning "$OUT/epi-tile.json" --pairs _en64 || true
     ;;
   judge-check)
     mkdir -p "$OUT"
