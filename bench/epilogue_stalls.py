@@ -12,13 +12,14 @@ this can:
 - each run's instructions are matched, by their text, to the object they came from
   (bench.precompile --lineinfo, LINEINFO_CACHE_DIR), and nvdisasm -g (bench.sass) names each
   instruction's source file and line;
-- the function around that line gives the role (ROLES): the epilogue, the mainloop, the A/B
+- the function around that line gives the role (`role_of`): the epilogue, the mainloop, the A/B
   loads, the C-load warp, the tile scheduler, the kernel's own lines. Helpers shared by all
   (quack/pipeline.py, copy_utils, fast_math, CuTe's own code, no line) take the role of the
   code they are inlined into: the instruction before them, or, for a wait's out-of-line
-  retry loop after the kernel's EXIT, the code it branches back to;
+  retry loop after the kernel's EXIT, the wait it retries;
 - per role: samples, share, the stall reasons; for the epilogue, its barrier waits (SYNCS
-  try-waits and their retry loops: the C loads' full barriers among them) apart from the rest.
+  try-waits, the branch on each one's predicate where its latency is sampled, and their
+  retry loops: the C loads' full barriers among them) apart from the rest.
 Samples are counts of the sampled warps' states, so a role's share is its share of warp time
 (all warps, idle producer warps included), not of the kernel's duration.
 """
