@@ -4,6 +4,8 @@ stored tensor per epilogue sub-tile), the HGMMAs, and the local-memory spills (S
 
     python -m epiforge.bench.sass_stats k7:128x128_c1x2_pp_cs2 k7:128x128_c1x2_pp_cs2_en64 --json out.json
 
+--json writes {"environment": versions, command, commit; "runs": {task:config: counts}}.
+
 Why a config is slow is often visible here: a wider epilogue sub-tile (epi_tile_n) that
 spills registers, or a kernel that did not get the instruction it was meant to (a GPU result
 file links to the counts that explain it). Each run compiles in this process into a fresh
@@ -77,7 +79,11 @@ def main(argv=None) -> int:
         if not made:
             print(f"{run}: nothing new compiled (an earlier run built the same kernel)", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        from epiforge.bench.gpu_env import command_line
+        from epiforge.eval.machine import fingerprint
+
+        report = {"environment": fingerprint(None, command_line("bench.sass_stats", argv)), "runs": out}
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

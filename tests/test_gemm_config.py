@@ -126,7 +126,7 @@ def test_epi_tile_n_widens_the_epilogue_sub_tile(tmp_path):
                           "k0:128x128_c1x2_pp_en64", "--json", str(tmp_path / "stats.json")],
                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
-    stats = json.loads((tmp_path / "stats.json").read_text())
+    stats = json.loads((tmp_path / "stats.json").read_text())["runs"]
     (narrow,), (wide,) = stats["k0:128x128_c1x2_pp"]["objects"], stats["k0:128x128_c1x2_pp_en64"]["objects"]
     assert (narrow["tma_stores"], wide["tma_stores"]) == (16, 8), stats
     assert narrow["hgmma"] == wide["hgmma"] > 0 and wide["spill_stores"] == 0, stats
