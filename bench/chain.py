@@ -10,6 +10,10 @@
             fusion reaches
 
     python -m epiforge.bench.chain --out bench/results/h200/chain.json
+    python -m epiforge.bench.chain --scales 1B 7B --k7-configs 128x128_c1x2_pp_cs2_cl --out chain-cl.json
+
+--k7-configs times more fused chains in the same run, k7 at other configs (a flag against
+its twin: ChainRow.variants_over_fused).
 """
 
 from __future__ import annotations
@@ -79,11 +83,20 @@ def main(argv=None) -> int:
     ap.add_argument("--configs-from", nargs="*", default=None,
                     help="sweeps' JSON (bench.run; later files override): k7 and k6 at their best configs, and "
                          "quack's identity-epilogue GEMMs at theirs as part of GEMM-only")
+    ap.add_argument("--k7-configs", nargs="*", default=[], metavar="KEY",
+                    help="also time the fused chain with k7 at each of these configs (k6 at its own), in the same "
+                         "run: e.g. the C-load warp's twin of k7's pick (ChainRow.variants_over_fused)")
     ap.add_argument("--sol-from", nargs="*", default=None,
                     help="sweeps' JSON: k7 and k6 at their own tuned configs, quack's identity GEMMs at the swept best")
     args = ap.parse_args(argv)
     if args.reps < 5:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
+    from epiforge.primitives.config import GemmConfig
+
+    try:
+        k7_variants = [GemmConfig.parse(k) for k in args.k7_configs]
+    except ValueError as e:
+        ap.error(f"--k7-configs: {e}")
     from epiforge.eval.bench_rows import BenchReport, ChainReport, ChainRow, load_report
 
     try:
@@ -103,7 +116,6 @@ def main(argv=None) -> int:
     from epiforge import primitives as P
     from epiforge.eval.baselines import identity_gemm as gemm_only
     from epiforge.bench.run import fastest_gemms
-    from epiforge.primitives.config import GemmConfig
 
     swept, sol = {}, {}
     for report_in, their_configs in picked_from:
@@ -131,6 +143,8 @@ def main(argv=None) -> int:
             "k7_gemm@cublas": (lambda s: s["dout"] @ s["w_down"], sets),
             "k6_gemm@cublas": (lambda s: s["z"] @ s["w_gu"], sets),
         }
+        for c in k7_variants:
+            fns[f"fused@k7={c.key()}"] = (fused_chain(k7, k6, c, swept.get(("k6", shape.name))), sets)
         for c in sol.get(("k7", shape.name), []):
             fns[f"k7_gemm@{c.key()}"] = (lambda s, _c=c: gemm_only(s["dout"], s["w_down"].T, config=_c), sets)
         for c in sol.get(("k6", shape.name), []):
@@ -142,8 +156,9 @@ def main(argv=None) -> int:
         row = ChainRow.measured(shape=shape.name, dims=shape.dims(), configs={k: c.key() for k, c in own.items()},
                                 timings=timed, max_rel_diff_fused_vs_compiled=agree)
         report.rows.append(row)
+        also = "".join(f"; {k} {v:.3f} of fused" for k, v in row.variants_over_fused.items())
         print(f"chain {shape.name}: {row.speedup_vs_compile:.2f}x vs torch.compile (bound {row.bound:.2f}x), "
-              f"fused {row.fused_over_gemm_only:.3f} of GEMM-only; max rel diff {max(agree.values()):.2e}; "
+              f"fused {row.fused_over_gemm_only:.3f} of GEMM-only{also}; max rel diff {max(agree.values()):.2e}; "
               f"{timed['fused'].clocks.line()} ({time.monotonic() - t0:.0f} s)", flush=True)
         write_report(args.out, report)
     return 0

@@ -301,6 +301,10 @@ class ChainRow(BaseModel):
     fused_over_gemm_only: float = Field(gt=0)
     fused_over_gemm_only_iqr: tuple[float, float]
     fraction_of_bound: float = Field(gt=0)
+    variants_over_fused: dict[str, float] = Field(
+        default_factory=dict,
+        description="each other fused chain timed in the same run (timings 'fused@k7=<config>': k7 at another "
+                    "config, e.g. a flag's twin) over `fused`, median of per-repetition ratios")
 
     @model_validator(mode="before")
     @classmethod
@@ -327,7 +331,9 @@ class ChainRow(BaseModel):
                    max_rel_diff_fused_vs_compiled=max_rel_diff_fused_vs_compiled, gemm_only_us=g.median_us,
                    speedup_vs_compile=paired_ratio(tc, f).median, bound=paired_ratio(tc, g).median,
                    fused_over_gemm_only=over.median, fused_over_gemm_only_iqr=(over.q1, over.q3),
-                   fraction_of_bound=paired_ratio(g, f).median)
+                   fraction_of_bound=paired_ratio(g, f).median,
+                   variants_over_fused={k.removeprefix("fused@"): paired_ratio(t, f).median
+                                        for k, t in timings.items() if k.startswith("fused@")})
 
 
 class BenchReport(BaseModel):

@@ -145,9 +145,10 @@ def test_chain_gemm_only_adds_the_two_gemms_repetition_by_repetition():
     timed = {name: _s(v) for name, v in {
         "k7_gemm@cublas": [x * 1.1 for x in k7], "k7_gemm@128x128": k7,
         "k6_gemm@cublas": [x * 1.2 for x in k6], "k6_gemm@128x128": k6,
-        "fused": [110.0] * 5, "torch_compile": [150.0] * 5}.items()}
+        "fused": [110.0] * 5, "torch_compile": [150.0] * 5, "fused@k7=c": [121.0] * 5}.items()}
     r = ChainRow.measured(shape="1B", dims={"M": 5}, configs={"k7": "a", "k6": "b"}, timings=timed,
                           max_rel_diff_fused_vs_compiled={"dz": 0.0})
+    assert r.variants_over_fused == {"k7=c": pytest.approx(1.1)}  # another fused chain, per repetition
     assert r.gemm_only_us == 100.0 and abs(r.fused_over_gemm_only - 1.1) < 1e-12
     assert r.fused_over_gemm_only_iqr == (pytest.approx(1.1),) * 2  # per-repetition sums: no spread
     assert abs(r.bound - 1.5) < 1e-12 and abs(r.speedup_vs_compile - 150 / 110) < 1e-12
