@@ -226,6 +226,10 @@ def main(argv=None) -> int:
     if "training" in args.parts:
         failures += _training_epilogues()
     _drop_stale(cache)
+    from epiforge.bench.gpu_env import SOURCES_FILE, sources_digest
+
+    # what install_precompiled checks: these objects were built from this checkout's sources
+    (cache / SOURCES_FILE).write_text(json.dumps({"digest": sources_digest()}) + "\n")
     (cache / "compile_log.json").write_text(json.dumps(lowering.COMPILE_LOG, indent=1))
     print(f"{len(lowering.COMPILE_LOG)} compiles, {failures} failures; cache in {cache}")
     return 1 if failures else 0
