@@ -8,7 +8,7 @@
 #   bench/h200.sh rerun     # the final's command again (final-2.json): how far a rerun moves each ratio
 #   bench/h200.sh profile   # Nsight Compute: k7 and k0 at 1B beside their diagnostics and the plain GEMM (ncu.txt)
 #   bench/h200.sh profile-stalls # Nsight Compute warp-stall reasons: k7 1B/7B and k0 1B fused, fused with the C-load warp, plain GEMM (stalls.txt, stalls.json)
-#   bench/h200.sh profile-epilogue-stalls # Nsight Compute PC sampling per SASS instruction (objects with line info): k7 1B/7B, k0 1B without and with the C-load warp (epilogue-stalls.txt; bench.epilogue_stalls reads it here)
+#   bench/h200.sh profile-epilogue-stalls # Nsight Compute PC sampling per SASS instruction (objects with line info: bench.precompile --lineinfo --tasks k0 k7 --configs <the six> --parts kernels, here first): k7 1B/7B, k0 1B without and with the C-load warp (epilogue-stalls.txt; bench.epilogue_stalls reads it here)
 #   bench/h200.sh epi-tile       # the epilogue sub-tile twice as wide (_en64) against its twins, k0 and k7 at 1B and 7B (epi-tile.json), after its GPU bit test
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
