@@ -33,6 +33,7 @@ import gzip
 import io
 import json
 import re
+import subprocess
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -179,9 +180,15 @@ def objects_sass(folder: Path) -> dict[str, list[dict]]:
 
 # --- the profile ----------------------------------------------------------------------------
 
+#: the source page's column of all warp-state samples at an instruction
+SAMPLES = "Warp Stall Sampling (All Samples)"
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+
+
 def read_runs(text: str) -> dict[str, list[dict]]:
-    """{run name: source-page rows} of profile-epilogue-stalls' file (the details blocks
-    skipped)."""
+    """{run name: source-page rows} of profile-epilogue-stalls' file: the blocks with an
+    address, source and samples column, their rows with a hex address (the details blocks
+    and anything else skipped)."""
     runs, name, lines = {}, None, []
 
     def close():
@@ -189,9 +196,11 @@ def read_runs(text: str) -> dict[str, list[dict]]:
             reader = csv.reader(io.StringIO("\n".join(lines)))
             rows = [r for r in reader if r]
             head = next((i for i, r in enumerate(rows) if r[:2] == ["Address", "Source"]), None)
-            if head is not None:
+            if head is not None and SAMPLES in rows[head]:
                 cols = rows[head]
-                runs[name] = [dict(zip(cols, r)) for r in rows[head + 1:] if len(r) == len(cols)]
+                kept = [dict(zip(cols, r)) for r in rows[head + 1:] if len(r) == len(cols) and _HEX.fullmatch(r[0])]
+                if kept:
+                    runs[name] = kept
 
     for line in text.splitlines():
         if m := re.match(r"==> (.+?) <==$", line):
@@ -253,7 +262,7 @@ def summarize(name: str, rows: list[dict], obj: str, sass: list[dict], score: fl
         if m := re.search(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT\s+(U?P\d+)", r["Source"]):
             pending[m.group(1)] = WAIT_WINDOW
         role = s["role"] if s else "unmatched"
-        n = _count(r["Warp Stall Sampling (All Samples)"])
+        n = _count(r[SAMPLES])
         total += n
         roles[role]["samples"] += n
         for reason in reasons:
@@ -303,8 +312,9 @@ def markdown(runs: list[dict]) -> str:
         why = ", ".join(f"{k} {v}" for k, v in list(w["reasons"].items())[:3])
         lines.append(f"| {r['run']} | {r['samples']} | " + " | ".join(share) + f" | {w['share_of_epilogue']:.3f} | {why} |")
     lines.append("")
-    lines.append("Shares of all warp-state samples (every warp, idle ones included). Epilogue waits: SYNCS")
-    lines.append("try-waits of the epilogue (the C loads' full barriers, the store pipeline's) and their retry loops.")
+    lines.append("Shares of all warp-state samples (every warp, idle ones included). Epilogue waits: the epilogue's")
+    lines.append("SYNCS try-waits (the C loads' full barriers among them), the branch on each one's predicate, and")
+    lines.append("their retry loops.")
     for r in runs:
         epi = r["roles"].get("epilogue", {}).get("samples", 0)
         lines += ["", f"{r['run']}: the epilogue's most sampled source lines (share of the epilogue's samples)", "",
@@ -330,11 +340,23 @@ def main(argv=None) -> int:
     except (OSError, gzip.BadGzipFile, UnicodeDecodeError) as e:
         print(f"epilogue_stalls: cannot read {args.profile}: {e}", file=sys.stderr)
         return 2
+    environment = None
+    if args.environment:
+        try:  # the line bench/h200.sh's fingerprint_line wrote
+            environment = json.loads(args.environment.read_text().strip().removeprefix("environment: "))
+        except (OSError, ValueError) as e:
+            print(f"epilogue_stalls: --environment {args.environment}: not an environment line ({e})", file=sys.stderr)
+            return 2
     runs = read_runs(text)
     if not runs:
         print(f"epilogue_stalls: no source page in {args.profile}", file=sys.stderr)
         return 2
-    objects = objects_sass(args.objects)
+    try:
+        objects = objects_sass(args.objects)
+    except (OSError, ValueError, subprocess.CalledProcessError) as e:
+        print(f"epilogue_stalls: cannot disassemble the objects under {args.objects}: {str(e).splitlines()[0]}",
+              file=sys.stderr)
+        return 2
     if not objects:
         print(f"epilogue_stalls: no objects under {args.objects} (bench.precompile --lineinfo)", file=sys.stderr)
         return 2
@@ -345,10 +367,11 @@ def main(argv=None) -> int:
             print(f"epilogue_stalls: {name}: no object matches its SASS (best {score:.2f}); skipped", file=sys.stderr)
             continue
         out.append(summarize(name, rows, obj, sass, score))
-    report = {"runs": out, "command": " ".join(["python -m epiforge.bench.epilogue_stalls", *(argv or sys.argv[1:])])}
-    if args.environment:
-        env = args.environment.read_text().strip()
-        report["environment"] = json.loads(env.removeprefix("environment: ")) if env.startswith("environment: ") else env
+    from epiforge.bench.gpu_env import command_line
+
+    report = {"runs": out, "command": command_line("bench.epilogue_stalls", argv)}
+    if environment is not None:
+        report["environment"] = environment
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     md = markdown(out)

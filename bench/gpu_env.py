@@ -55,12 +55,12 @@ def install_precompiled(source: Path = CACHE_DIR) -> int:
     compile here instead."""
     from epiforge.primitives.lowering import _import_quack
 
-    try:
-        built_from = json.loads((Path(source) / SOURCES_FILE).read_text()).get("digest")
-    except (OSError, ValueError, AttributeError):
-        built_from = None
     if not any(Path(source).glob("*/*.o")):
         return 0
+    try:
+        built_from = json.loads((Path(source) / SOURCES_FILE).read_text()).get("digest")
+    except (OSError, ValueError, AttributeError):  # none (a cache from before the digest), or not ours
+        built_from = None
     if built_from != sources_digest():
         print(f"precompiled objects in {Path(source).name} were built from other sources than this checkout's "
               f"(run bench.precompile again): none installed, kernels compile here", file=sys.stderr, flush=True)

@@ -149,7 +149,7 @@ case "${1:-}" in
         ncu -i "$STATE/epi-stalls/$name.ncu-rep" --page source --csv --print-source sass 2>&1 \
           || ncu -i "$STATE/epi-stalls/$name.ncu-rep" --page source --csv 2>&1 || echo "no source page"
         echo "==> $name details <=="
-        ncu -i "$STATE/epi-stalls/$name.ncu-rep" --page details --csv 2>&1 | grep -E "Duration|Stall|Warp Cycles|Issued" || true
+        ncu -i "$STATE/epi-stalls/$name.ncu-rep" --page details --csv 2>&1 | grep -iE "duration|Stall|Warp Cycles|Issued" || true
       } >> "$OUT/epilogue-stalls.txt"
       grep -E "calls|rror" "$STATE/epi-stalls/$name.log" | tail -2
     done

@@ -37,7 +37,7 @@ _EARLY_C_ATTR = "epiforge_early_c_loads"
 _C_LOAD_ATTR = "epiforge_c_load_warp"
 #: the attribute a config's epi_tile_n travels in, the same way
 _EPI_TILE_ATTR = "epiforge_epi_tile_n"
-#: the stage counts of the kernels this process traced: "class tile [pp] [csN] [ec] [cl]" -> (A/B, D, C)
+#: the stage counts of the kernels this process traced: "class tile [pp] [csN] [enN] [ec] [cl]" -> (A/B, D, C)
 STAGES: dict[str, tuple[int, int, int]] = {}
 
 
@@ -121,14 +121,13 @@ def _epi_tile_width(cls, width: int):
     picks them: the accumulator's layout fixes those)."""
     import inspect
 
-    rule = inspect.getattr_static(cls, "_compute_tile_shape_or_override")
+    rule = inspect.getattr_static(cls, "_compute_tile_shape_or_override")  # GemmSm90's is static, the mixin's not
     static = isinstance(rule, staticmethod)
-    rule = rule.__func__ if isinstance(rule, (staticmethod, classmethod)) else rule
 
     def _compute_tile_shape_or_override(self, cta_tile_shape_mnk, atom_layout_mnk, element_type=None,
                                         epi_tile_override=None):
         args = (cta_tile_shape_mnk, atom_layout_mnk, element_type, epi_tile_override)
-        rows, _ = rule(*args) if static else rule(self, *args)
+        rows, _ = rule.__func__(*args) if static else rule(self, *args)
         return (rows, width)
 
     return _compute_tile_shape_or_override

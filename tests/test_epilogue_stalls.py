@@ -110,3 +110,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert E.main([str(empty)]) == 2
     err = capsys.readouterr().err
     assert "no source page" in err and len(err.strip().splitlines()) == 1
+    # another tool's columns (no samples), or rows without an address: not a source page either
+    other = tmp_path / "other.txt"
+    other.write_text('==> run <==\n"Address","Source","Executed"\n"0x10","NOP","3"\n'
+                     '==> run2 <==\n"Address","Source","Warp Stall Sampling (All Samples)"\n"n/a","NOP","3"\n')
+    assert E.main([str(other)]) == 2 and "no source page" in capsys.readouterr().err
+    page = tmp_path / "page.txt"
+    page.write_text('==> run <==\n"Address","Source","Warp Stall Sampling (All Samples)"\n"0x10","NOP","3"\n')
+    assert E.main([str(page), "--objects", str(tmp_path / "none")]) == 2
+    assert "no objects under" in capsys.readouterr().err
+    bad_obj = tmp_path / "objs" / "fp"
+    bad_obj.mkdir(parents=True)
+    (bad_obj / "x.o").write_bytes(b"not an object")
+    assert E.main([str(page), "--objects", str(tmp_path / "objs")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot disassemble" in err and len(err.strip().splitlines()) == 1
