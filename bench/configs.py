@@ -95,8 +95,17 @@ EPI_TILE_CONFIGS = [
         "128x128_c1x2_pp_cs1_cl", "128x192_c2x1_pp", "192x128_c1x2_pp",
     ) for c in (GemmConfig.parse(base), GemmConfig.parse(base).model_copy(update={"epi_tile_n": 64}))
 ]
+#: issue 16's closing run (bench/ceiling.py): the configs where k0, k7 and k6 ran fastest at 1B
+#: and 7B with and without the C-load warp (c-load-warp.json, k7-cl-pick.json), each with its
+#: twin, so that the kernels, their diagnostics and the plain GEMM meet in one interleaved run
+C_LOAD_CEILING_CONFIGS = [
+    GemmConfig.parse(k) for base in (
+        "128x128_c1x2_pp", "128x128_c1x2_pp_cs2", "128x128_c1x2_pp_cs1", "192x128_c1x2_pp",
+    ) for k in (base, f"{base}_cl")
+]
 #: named config lists for --configs (beside CANDIDATES indexes and config keys)
-CONFIG_SETS = {"early-c": EARLY_C_CONFIGS, "c-load-warp": C_LOAD_WARP_CONFIGS, "epi-tile": EPI_TILE_CONFIGS}
+CONFIG_SETS = {"early-c": EARLY_C_CONFIGS, "c-load-warp": C_LOAD_WARP_CONFIGS, "epi-tile": EPI_TILE_CONFIGS,
+               "c-load-ceiling": C_LOAD_CEILING_CONFIGS}
 
 
 def config_args(args: list[str]) -> list[GemmConfig]:

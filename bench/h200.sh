@@ -10,6 +10,7 @@
 #   bench/h200.sh profile-stalls # Nsight Compute warp-stall reasons: k7 1B/7B and k0 1B fused, fused with the C-load warp, plain GEMM (stalls.txt, stalls.json)
 #   bench/h200.sh profile-epilogue-stalls # Nsight Compute PC sampling per SASS instruction (objects with line info: bench.precompile --lineinfo --tasks k0 k7 --configs <the six> --parts kernels, here first): k7 1B/7B, k0 1B without and with the C-load warp (epilogue-stalls.txt; bench.epilogue_stalls reads it here)
 #   bench/h200.sh epi-tile       # the epilogue sub-tile twice as wide (_en64) against its twins, k0 and k7 at 1B and 7B (epi-tile.json), after its GPU bit test
+#   bench/h200.sh c-load-ceiling # issue 16's closing run: k0, k7, k6 at 1B and 7B, with and without the C-load warp, beside their diagnostics (floors) and quack's library, one interleaved run per row (c-load-ceiling.json; bench.ceiling's table)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
@@ -168,6 +169,16 @@ case "${1:-}" in
     timeout "${EPI_TILE_TIMEOUT_S:-330}" $PY -m epiforge.bench.run --tasks k0 k7 --scales 1B 7B --configs epi-tile \
       --reps "${EPI_TILE_REPS:-30}" --out "$OUT/epi-tile.json" > "$OUT/epi-tile.log" 2>&1 || echo "bench.run: exit $?"
     $PY -m epiforge.bench.tuning "$OUT/epi-tile.json" --pairs _en64 || true
+    ;;
+  c-load-ceiling)
+    # issue 16: the targets against the floors that the diagnostics measure (bench/ceiling.py);
+    # precompile here first: --tasks k0 k7 k6 --configs c-load-ceiling --parts kernels diagnostics gemm
+    mkdir -p "$OUT"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout "${CEILING_TIMEOUT_S:-420}" $PY -m epiforge.bench.run --tasks k0 k7 k6 --scales 1B 7B --configs c-load-ceiling \
+      --library --diagnostics --reps "${CEILING_REPS:-40}" --out "$OUT/c-load-ceiling.json" > "$OUT/c-load-ceiling.log" 2>&1 \
+      || echo "bench.run: exit $?"
+    $PY -m epiforge.bench.ceiling "$OUT/c-load-ceiling.json" || true
     ;;
   judge-check)
     mkdir -p "$OUT"

@@ -162,6 +162,20 @@ def _swiglu_bwd_without_postact(acc, c):
     return {"D": P.pack(acc * up * (sig + silu * (1.0 - sig)), acc * silu)}
 
 
+@P.epilogue(outputs=("postact",), mode="packed_pair")
+def _swiglu_bwd_io_only(acc, c):
+    gate, up = P.unpack(c)
+    return {"D": P.pack(acc * up, acc * gate), "postact": gate * up}
+
+
+def k7_c_and_stores(inputs, config):
+    """k7's C load and all three of its stores (dz packed, postact), one multiply each in place
+    of the SwiGLU backward's math, no reduction: the floor of any k7 epilogue that reads and
+    writes what the task does, at this config."""
+    out = _swiglu_bwd_io_only(inputs["dout"], inputs["w_down"].T, c=inputs["z"], config=config)
+    return {"dz": out["D"], "out": out["postact"]}
+
+
 def k7_stores_only(inputs, config):
     """k7's store bytes (D = two (M, F) halves + postact (M, F): three (M, F) bf16 tensors), no C."""
     out = _three_stores(inputs["dout"], inputs["w_down"].T, config=config)
@@ -187,7 +201,9 @@ DIAGNOSTICS = {
         "without_zdz": (k7_without_zdz, "quack dswiglu_mod: k7's C, D and postact without the ZdZ row reduction"),
         "stores_only": (k7_stores_only, "k7's store bytes (three M x F bf16 tensors) without loading C"),
         "without_postact": (k7_without_postact,
-                            "k7's C load and D store without the postact store and the ZdZ reduction")},
+                            "k7's C load and D store without the postact store and the ZdZ reduction"),
+        "c_and_stores": (k7_c_and_stores, "k7's C load and its three stores, one multiply each instead of the "
+                                          "SwiGLU backward, no reduction")},
     "k0_gemm_residual_partial_rmsnorm": {
         "without_sumsq": (k0_without_sumsq, "quack norm_act_mod(C, rowvec): k0's C and two stores without the "
                                             "sum-of-squares row reduction"),

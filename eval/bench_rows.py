@@ -69,7 +69,10 @@ class ConfigTimings(BaseModel):
         return {**rest, "diagnostics": {**rest.get("diagnostics", {}), **diags}}
 
     def get(self, what: str) -> Timing | None:
-        """The timing of `what` ("fused", "gemm_quack", "quack_library") at this config."""
+        """The timing of `what` ("fused", "gemm_quack", "quack_library", or "diag:NAME", a
+        diagnostic) at this config."""
+        if what.startswith("diag:"):
+            return self.diagnostics.get(what[len("diag:"):])
         return getattr(self, what)
 
 

@@ -102,3 +102,22 @@ def test_stores_only_diagnostics_store_the_kernels_bytes_without_c():
         for i, t in enumerate(got.values()):
             assert t.dtype == torch.bfloat16
             assert (t.double() - (i + 1) * gemm).abs().max() <= 1e-2 * (i + 1) * gemm.abs().max()
+
+
+def test_c_and_stores_diagnostic_moves_k7s_bytes_with_the_lightest_math():
+    """k7's floor at fixed I/O: it reads the packed (gate, up) C and writes dz's shape and
+    dtype plus postact's, each value one product (acc * up, acc * gate, gate * up)."""
+    from epiforge.bench.quack_library import DIAGNOSTICS
+
+    task, dims, inputs = _inputs("k7_gemm_partial_swiglu_bwd")
+    exact, _ = references(task, inputs, dims)
+    fn, note = DIAGNOSTICS[task.name]["c_and_stores"]
+    got = fn(dict(inputs), None)
+    assert set(got) == {"dz", "out"} and "no reduction" in note
+    for name in ("dz", "out"):
+        assert got[name].shape == exact[name].shape and got[name].dtype == torch.bfloat16
+    acc = inputs["dout"].double() @ inputs["w_down"].double()
+    gate, up = inputs["z"].double()[:, 0::2], inputs["z"].double()[:, 1::2]
+    dz = torch.stack((acc * up, acc * gate), -1).reshape(acc.shape[0], -1)
+    for t, ref in ((got["dz"], dz), (got["out"], gate * up)):
+        assert (t.double() - ref).abs().max() <= 1e-2 * ref.abs().max()

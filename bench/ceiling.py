@@ -1,0 +1,107 @@
+"""Issue 16's table: each C-loading row's target, its best kernel without and with the C-load
+warp, and the floors its diagnostics measure, all as time / GEMM-only from bench/run.py files
+made with --diagnostics (one interleaved run per row; `bash bench/h200.sh c-load-ceiling`).
+
+A floor is the fastest config's time of a kernel that does less than the task
+(bench/quack_library.py DIAGNOSTICS), so no epilogue that does the whole task beats it on
+this mainloop:
+- `stores only + reduction`: the task's store bytes without loading C, plus what the row
+  reduction costs at the best kernel's config (the kernel against itself without it);
+- `C and stores + reduction`: the task's C load and stores with one multiply per value
+  (k7's `c_and_stores`), plus the same reduction cost: the floor at the task's own I/O.
+
+    python -m epiforge.bench.ceiling bench/results/h200/c-load-ceiling.json [more runs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from epiforge.bench.tuning import config_ratios
+
+#: issue 16's targets, fused / GEMM-only (k6 1B: no worse than its 1.045 before the issue)
+TARGETS = {("k7_gemm_partial_swiglu_bwd", "1B"): 1.12, ("k7_gemm_partial_swiglu_bwd", "7B"): 1.05,
+           ("k0_gemm_residual_partial_rmsnorm", "1B"): 1.07, ("k0_gemm_residual_partial_rmsnorm", "7B"): 1.05,
+           ("k6_gemm_residual_partial_rmsnorm_bwd", "1B"): 1.045}
+#: the diagnostic that drops each task's row reduction (k6 has none: its diagnostic drops h)
+WITHOUT_REDUCTION = {"k7_gemm_partial_swiglu_bwd": "without_zdz", "k0_gemm_residual_partial_rmsnorm": "without_sumsq"}
+C_LOAD_WARP = "_cl"
+
+
+def _best(cfgs: dict[str, float], keep) -> tuple[str, float] | None:
+    kept = {k: v for k, v in cfgs.items() if keep(k)}
+    return min(kept.items(), key=lambda kv: kv[1]) if kept else None
+
+
+def ceiling_rows(files: list[str]) -> list[dict]:
+    """One dict per task and shape of TARGETS found in the files: target, before/after (config,
+    ratio), the reduction's cost at the best kernel's config, and each floor (None where the
+    diagnostic did not run). A later file's row replaces an earlier one's."""
+    from epiforge.eval.bench_rows import BenchReport, load_report
+
+    scale_of = {}
+    for f in files:
+        for row in load_report(f, BenchReport).rows:
+            scale_of[row.task, "x".join(str(x) for x in row.gemm_mnk)] = row.shape
+    fused = config_ratios(files)
+
+    def diag(name):
+        return config_ratios(files, f"diag:{name}")
+
+    diags = {n: diag(n) for n in ("stores_only", "c_and_stores", *WITHOUT_REDUCTION.values())}
+    rows = []
+    for task, shapes in sorted(fused.items()):
+        for mnk, cfgs in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
+            scale = scale_of[task, mnk]
+            if (task, scale) not in TARGETS:
+                continue
+            before = _best(cfgs, lambda k: not k.endswith(C_LOAD_WARP))
+            after = _best(cfgs, lambda k: k.endswith(C_LOAD_WARP))
+            best = min((b for b in (before, after) if b), key=lambda kv: kv[1])
+            red_name = WITHOUT_REDUCTION.get(task)
+            without_red = diags[red_name].get(task, {}).get(mnk, {}).get(best[0]) if red_name else None
+            reduction = best[1] - without_red if without_red is not None else None
+
+            def floor(name):
+                got = _best(diags[name].get(task, {}).get(mnk, {}), lambda k: True)
+                return None if got is None or reduction is None else (got[0], got[1] + reduction)
+
+            rows.append({"task": task, "scale": scale, "target": TARGETS[task, scale], "before": before, "after": after,
+                         "best": best, "reduction": reduction, "stores_floor": floor("stores_only"),
+                         "io_floor": floor("c_and_stores")})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    def cell(x):
+        return "-" if x is None else f"{x[1]:.3f} ({x[0]})"
+
+    out = ["| row | target | best without the C-load warp | best with it | reduction's cost | "
+           "floor: stores only + reduction | floor: C and stores + reduction | met |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        reduction = "-" if r["reduction"] is None else f"{r['reduction']:+.3f}"
+        out.append(f"| {r['task'].split('_')[0]} {r['scale']} | {r['target']:.3f} | {cell(r['before'])} | "
+                   f"{cell(r['after'])} | {reduction} | "
+                   f"{cell(r['stores_floor'])} | {cell(r['io_floor'])} | "
+                   f"{'yes' if r['best'][1] <= r['target'] else 'no'} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="bench/run.py JSON made with --diagnostics")
+    args = ap.parse_args(argv)
+    try:
+        rows = ceiling_rows(args.files)
+    except (OSError, ValueError) as e:
+        ap.error(str(e).splitlines()[0])
+    if not rows:
+        ap.error(f"no row of {sorted(f'{t} {s}' for t, s in TARGETS)} in {args.files}")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

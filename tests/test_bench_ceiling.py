@@ -1,0 +1,54 @@
+"""bench.ceiling: issue 16's rows against the floors their diagnostics measure, from a
+synthetic bench file whose ratios are known by construction."""
+
+from epiforge.bench import ceiling
+from tests.test_bench_tuning import _row, _t, _write
+
+K7 = "k7_gemm_partial_swiglu_bwd"
+
+
+def _k7_file(tmp_path):
+    # every time against cuBLAS at 100 us; the plain GEMM's fastest config takes 100 us too,
+    # so each ratio is the time / 100
+    configs = {
+        "128x128_c1x2_pp_cs2": {"fused": _t(125.0), "gemm_quack": _t(100.0),
+                                "diagnostics": {"without_zdz": _t(123.0), "stores_only": _t(109.0),
+                                                "c_and_stores": _t(121.0)}},
+        "128x128_c1x2_pp_cs2_cl": {"fused": _t(118.0), "gemm_quack": _t(101.0),
+                                   "diagnostics": {"without_zdz": _t(115.0), "c_and_stores": _t(114.0)},
+                                   "errors": {"diag_stores_only": "ValueError: the C-load warp needs C"}},
+    }
+    row = _row(K7, configs=configs, gemm_cublas=_t(100.0))
+    row2 = _row("k8_gemm_swiglu", configs={"128x128_c1x2_pp": {"fused": _t(101.0), "gemm_quack": _t(100.0)}},
+                gemm_cublas=_t(100.0))  # not an issue-16 row: left out
+    return _write(tmp_path / "ceiling.json", [row, row2])
+
+
+def test_rows_split_the_c_load_warp_and_add_the_reduction_to_each_floor(tmp_path):
+    rows = ceiling.ceiling_rows([_k7_file(tmp_path)])
+    assert [(r["task"], r["scale"]) for r in rows] == [(K7, "1B")]
+    r = rows[0]
+    assert r["target"] == 1.12
+    assert r["before"][0] == "128x128_c1x2_pp_cs2" and abs(r["before"][1] - 1.25) < 1e-9
+    assert r["after"][0] == "128x128_c1x2_pp_cs2_cl" and abs(r["after"][1] - 1.18) < 1e-9
+    # the reduction's cost at the best kernel's config (the _cl one): 1.18 - 1.15
+    assert abs(r["reduction"] - 0.03) < 1e-9
+    # stores only ran at one config (1.09); C and stores fastest with the warp (1.14)
+    assert r["stores_floor"][0] == "128x128_c1x2_pp_cs2" and abs(r["stores_floor"][1] - 1.12) < 1e-9
+    assert r["io_floor"][0] == "128x128_c1x2_pp_cs2_cl" and abs(r["io_floor"][1] - 1.17) < 1e-9
+    table = ceiling.markdown(rows)
+    assert "| k7 1B | 1.120 | 1.250 (128x128_c1x2_pp_cs2) | 1.180 (128x128_c1x2_pp_cs2_cl) | +0.030 |" in table
+    assert table.rstrip().endswith("| no |")
+
+
+def test_a_file_without_issue_16_rows_or_a_missing_file_is_one_line(tmp_path, capsys):
+    import pytest
+
+    f = _write(tmp_path / "other.json", [_row("k8_gemm_swiglu", configs={
+        "128x128_c1x2_pp": {"fused": _t(101.0), "gemm_quack": _t(100.0)}})])
+    for argv, says in (([f], "no row of"), ([str(tmp_path / "missing.json")], "cannot read it")):
+        with pytest.raises(SystemExit) as e:
+            ceiling.main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "error:" in err[-1] and says in err[-1] and "Traceback" not in "".join(err)
