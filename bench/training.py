@@ -24,6 +24,10 @@ loss on the same first batch, so a contender that computed something else shows.
   their fused epilogues, the optimizer, the rest), with the largest kernels by name, and
   the GEMM time by GEMM shape, so that each fused GEMM sits beside the cuBLAS GEMM it
   replaces (on a CPU, --tiny: the GEMM calls by shape, whose counts the tests compare).
+- clocks (both parts, on a GPU): the SM clock, power and power-cap share while each profiled
+  contender runs alone, back to back (eval.clocks). At the power cap the same cuBLAS GEMM
+  takes longer in a step whose clock is lower, so a GEMM gap between two steps at equal
+  shapes can be the clock, not the GEMM.
 
 FlashInfer is not a contender here, though bench/run.py and compare time it per kernel: in
 flashinfer-python 0.7.2.post1 (the version ../shared/gpu/stage-flashinfer installs; read from
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import re
 import sys
 import time
@@ -47,6 +52,7 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, Field
 
+from epiforge.eval.clocks import ClockSummary
 from epiforge.eval.stats import Ratio, Timing, paired_ratio, summarize
 from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
@@ -65,6 +71,10 @@ BATCH, SEQ = 8, 2048
 TINY_LAYER = LlamaLayerConfig(d=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128)
 TINY_MODEL = LlamaModelConfig(vocab=256, n_layers=2, layer=TINY_LAYER)
 TINY_BATCH, TINY_SEQ = 2, 32
+
+#: calls of each profiled contender back to back while the GPU's clocks are sampled, per
+#: pass: at least CLOCK_CALLS, and enough for CLOCK_PASS_S seconds at its median time
+CLOCK_CALLS, CLOCK_PASS_S = 3, 0.5
 
 #: kernel-name patterns of the breakdown's kinds, tried in this order
 KINDS = (
@@ -130,6 +140,13 @@ class Row(BaseModel):
     breakdown: dict[str, Breakdown] = Field(default_factory=dict)
     breakdown_errors: dict[str, str] = Field(default_factory=dict,
                                              description="contender -> why its profiled call gave no breakdown")
+    clocks: dict[str, ClockSummary] = Field(
+        default_factory=dict,
+        description="on a GPU, the clocks (eval.clocks) while each profiled contender ran alone, clock_calls "
+                    "calls back to back in each of two passes (the breakdowns' order, then reversed): at the "
+                    "power cap the same cuBLAS GEMM runs slower in a step whose SM clock is lower")
+    clock_calls: dict[str, int] = Field(default_factory=dict, description="contender -> its calls per pass behind "
+                                                                          "`clocks`")
 
 
 class Report(BaseModel):
@@ -451,7 +468,49 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
             if a in rest and b in rest:
                 row.ratios[f"non-attention {a}/{b}"] = paired_ratio(rest[a], rest[b], ci=True)
     _breakdowns(row, ok, breakdown_of, cuda)
+    row.clock_calls = {name: clock_calls(e) for e in ok for name in breakdown_of if e.record.name == name}
+    row.clocks = contender_clocks(ok, row.clock_calls, torch.cuda.synchronize, torch.cuda.current_device())
     return row
+
+
+def clock_calls(entry: _Entry) -> int:
+    """Calls per clock-sampling pass: CLOCK_CALLS, or more to fill CLOCK_PASS_S at its median."""
+    t = entry.record.timing
+    return max(CLOCK_CALLS, math.ceil(CLOCK_PASS_S * 1e6 / t.median_us)) if t is not None else CLOCK_CALLS
+
+
+def contender_clocks(entries: list[_Entry], calls: dict[str, int], sync: Callable[[], None],
+                     device: int = 0) -> dict[str, ClockSummary]:
+    """The GPU's clocks while each contender named in `calls` runs alone, that many calls back
+    to back, in two passes (calls' order, then reversed, so that neither side always follows
+    the same contender); each contender's readings of both passes in one summary. Where NVML
+    cannot be read, or a call fails, the summary says why."""
+    from epiforge.eval.clocks import ClockSampler, nvml_index, summarize_readings
+
+    chosen = [e for name in calls for e in entries if e.record.name == name]
+    readings: dict[str, list] = {e.record.name: [] for e in chosen}
+    absent: dict[str, str] = {}
+    for order in (chosen, chosen[::-1]):
+        for e in order:
+            name = e.record.name
+            if name in absent:
+                continue
+            sync()
+            sampler = ClockSampler(nvml_index(device))
+            try:
+                with sampler:
+                    for i in range(calls[name]):
+                        e.call(i % 2)
+                    sync()
+            except Exception as err:  # noqa: BLE001 - recorded; the other contenders go on
+                absent[name] = f"its calls failed: {_why(err)}"
+                continue
+            readings[name] += sampler.readings
+            if not sampler.readings:
+                absent[name] = sampler.absent or "no reading was taken"
+    return {name: ClockSummary.missing(absent[name]) if name in absent or not got
+            else summarize_readings(got, device=nvml_index(device))
+            for name, got in readings.items()}
 
 
 def _breakdowns(row: Row, ok: list[_Entry], names: tuple[str, ...], cuda: bool) -> None:
@@ -661,7 +720,17 @@ def render(reports: list[Report]) -> str:
                 lines.append("")
             lines += [f"No breakdown for {name}: {why}" for name, why in row.breakdown_errors.items()]
             lines += [""] if row.breakdown_errors else []
+            lines += render_clocks(row)
     return "\n".join(lines)
+
+
+def render_clocks(row: Row) -> list[str]:
+    """The clocks each profiled contender ran at (Row.clocks), one line each."""
+    if not row.clocks:
+        return []
+    return (["GPU clocks while each contender ran alone, in two passes of calls back to back:", ""]
+            + [f"- {name} ({row.clock_calls.get(name, '?')} calls a pass): {summary.line()}"
+               for name, summary in row.clocks.items()] + [""])
 
 
 def render_gemm_times(row: Row) -> list[str]:

@@ -216,3 +216,42 @@ def test_the_weight_gradient_layouts_are_one_product():
     assert ways["gt_x"].is_contiguous() and ways["xt_g_t_copy"].is_contiguous() and not ways["xt_g_t"].is_contiguous()
     if not torch.cuda.is_available():
         assert wgl.main(["--out", "/nonexistent/x.json"]) == 2
+
+
+def test_clocks_sample_each_contender_alone_and_a_failure_is_its_own():
+    """contender_clocks calls each named contender its number of times back to back under the
+    clock sampler; a contender whose call raises gets that reason and the others go on. On a
+    machine without NVML each summary says why it is absent (on a GPU machine: readings)."""
+    from epiforge.eval.clocks import ClockReading, summarize_readings
+    from epiforge.eval.timing import summarize
+
+    made = {"compile": 0, "fused": 0}
+
+    def counted(name):
+        def call(i):
+            made[name] += 1
+            return torch.ones(4).sum()
+        return call
+
+    def boom(_):
+        raise RuntimeError("out of memory")
+
+    entries = [bt._Entry(bt.Contender(name=n, what=n), counted(n), lambda: 0) for n in made]
+    entries.append(bt._Entry(bt.Contender(name="liger", what="z"), boom, lambda: 0))
+    clocks = bt.contender_clocks(entries, {"fused": 4, "compile": 3, "liger": 3}, sync=lambda: None)
+    assert list(clocks) == ["fused", "compile", "liger"]
+    assert clocks["liger"].absent == "its calls failed: RuntimeError: out of memory"
+    for name, n in (("fused", 4), ("compile", 3)):
+        summary = clocks[name]
+        # without NVML only the first pass runs (nothing to sample twice); with it, both
+        assert made[name] == (n if summary.absent else 2 * n), (name, made)
+        assert summary.absent is None or "NVML" in summary.absent or "nvml" in summary.absent
+    # calls per pass: at least CLOCK_CALLS, else enough for CLOCK_PASS_S at the median time
+    quick = bt._Entry(bt.Contender(name="q", what="q", timing=summarize([10_000.0] * 3)), boom, lambda: 0)
+    slow = bt._Entry(bt.Contender(name="s", what="s", timing=summarize([400_000.0] * 3)), boom, lambda: 0)
+    assert bt.clock_calls(quick) == 50 and bt.clock_calls(slow) == bt.CLOCK_CALLS == 3
+    row = bt.Row(part="step", config={}, reps=1, contenders=[], clock_calls={"fused": 4},
+                 clocks={"fused": summarize_readings([ClockReading(1755.0, 690_000.0, 60.0, 0x4),
+                                                      ClockReading(1980.0, 650_000.0, 61.0, 0)])})
+    assert bt.render_clocks(row)[2] == "- fused (4 calls a pass): SM 1868 MHz (1755-1980), 670 W, power-capped 50% " \
+                                       "over 2 readings"
