@@ -11,6 +11,7 @@
 #   bench/h200.sh profile-epilogue-stalls # Nsight Compute PC sampling per SASS instruction (objects with line info: bench.precompile --lineinfo --tasks k0 k7 --configs <the six> --parts kernels, here first): k7 1B/7B, k0 1B without and with the C-load warp (epilogue-stalls.txt; bench.epilogue_stalls reads it here)
 #   bench/h200.sh epi-tile       # the epilogue sub-tile twice as wide (_en64) against its twins, k0 and k7 at 1B and 7B (epi-tile.json), after its GPU bit test
 #   bench/h200.sh c-load-ceiling # issue 16's closing run: k0, k7, k6 at 1B and 7B, with and without the C-load warp, beside their diagnostics (floors) and quack's library, one interleaved run per row (c-load-ceiling.json; bench.ceiling's table)
+#   bench/h200.sh sweep-llama1b-k6 # issue 15: k6's tile configs at the 1B model's LM-head and QKV input gradients (sweep-llama1b-k6.json)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
@@ -179,6 +180,18 @@ case "${1:-}" in
       --library --diagnostics --reps "${CEILING_REPS:-40}" --out "$OUT/c-load-ceiling.json" > "$OUT/c-load-ceiling.log" 2>&1 \
       || echo "bench.run: exit $?"
     $PY -m epiforge.bench.ceiling "$OUT/c-load-ceiling.json" || true
+    ;;
+  sweep-llama1b-k6)
+    # issue 15: k6's epilogue also runs the LM head's and the GQA QKV's input gradients
+    # (tasks/shapes.toml llama1b-k6), whose configs k6's TUNED table took from the nearest
+    # measured shape; long-K tiles (cooperative 256x128, 128x256) beside the pingpong ones.
+    # Precompile here first: --tasks k6 --configs 0 2 3 6 8 10 12 13 18 20 22 --parts kernels gemm
+    mkdir -p "$OUT"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout "${SWEEP_K6_TIMEOUT_S:-420}" $PY -m epiforge.bench.run --shape-set llama1b-k6 --tasks k6 \
+      --configs 0 2 3 6 8 10 12 13 18 20 22 --reps "${SWEEP_K6_REPS:-20}" --out "$OUT/sweep-llama1b-k6.json" \
+      > "$OUT/sweep-llama1b-k6.log" 2>&1 || echo "bench.run: exit $?"
+    $PY -m epiforge.bench.tuning "$OUT/sweep-llama1b-k6.json" --ratios || true
     ;;
   judge-check)
     mkdir -p "$OUT"
