@@ -9,6 +9,8 @@ this mainloop:
   reduction costs at the best kernel's config (the kernel against itself without it);
 - `C and stores + reduction`: the task's C load and stores with one multiply per value
   (k7's `c_and_stores`), plus the same reduction cost: the floor at the task's own I/O.
+k0's and k7's expert kernels are quack's library epilogues, so their best kernel without the
+warp is also the library's best at these configs (the issue's "faster than quack's own").
 
     python -m epiforge.bench.ceiling bench/results/h200/c-load-ceiling.json [more runs]
 """

@@ -383,6 +383,27 @@ def test_operands_that_do_not_fit_are_one_line():
         LlamaModelConfig(vocab=520, n_layers=0, layer=CPU_CONFIG.layer)
 
 
+def test_inputs_of_the_wrong_shape_are_one_clear_error():
+    """The models take integer (batch, seq) tokens and targets of one shape, the layers
+    (batch, seq, d) activations; anything else says so in one line before any kernel runs."""
+    from epiforge.training.layer import FusedLlamaLayer, ReferenceLlamaLayer
+
+    tokens = torch.randint(0, CPU_CONFIG.vocab, (2, 8))
+    for model in (FusedLlamaModel(CPU_CONFIG), ReferenceLlamaModel(CPU_CONFIG)):
+        name = type(model).__name__
+        for bad_tokens, bad_targets, says in ((tokens.reshape(-1), tokens.reshape(-1), "tokens must be integer"),
+                                              (tokens, tokens.float(), "targets must be integer"),
+                                              (tokens, tokens[:, :-1], "must have the tokens' shape")):
+            with pytest.raises(ValueError, match=f"^{name}: .*{says}") as e:
+                model(bad_tokens, bad_targets)
+            assert "\n" not in str(e.value)
+    d = CPU_CONFIG.layer.d
+    for layer in (FusedLlamaLayer(CPU_CONFIG.layer), ReferenceLlamaLayer(CPU_CONFIG.layer)):
+        for x in (torch.randn(16, d, dtype=torch.bfloat16), torch.randn(2, 8, d + 1, dtype=torch.bfloat16)):
+            with pytest.raises(ValueError, match=rf"^{type(layer).__name__}: x must be \(batch, seq, {d}\), got"):
+                layer(x)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("store_logits, padded", [(False, False), (True, False), (True, True)],
                          ids=["recomputed-logits", "stored-logits", "stored-logits-padded"])

@@ -147,6 +147,12 @@ class _LayerParams(torch.nn.Module):
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
         return kernel_to_hf_layout({n: p.detach() for n, p in self.named_parameters()}, self.cfg)
 
+    def _batch_seq(self, x: torch.Tensor) -> tuple[int, int]:
+        """x's (batch, seq), or one clear error where x is not (batch, seq, d)."""
+        if x.dim() != 3 or x.shape[-1] != self.cfg.d:
+            raise ValueError(f"{type(self).__name__}: x must be (batch, seq, {self.cfg.d}), got {tuple(x.shape)}")
+        return x.shape[0], x.shape[1]
+
     def _positions(self, batch: int, seq: int, positions: torch.Tensor | None, device) -> torch.Tensor:
         if positions is None:
             positions = torch.arange(seq, device=device)
@@ -172,7 +178,7 @@ class FusedLlamaLayer(_LayerParams):
         super().__init__(cfg, torch.bfloat16, device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        batch, seq, d = x.shape
+        (batch, seq), d = self._batch_seq(x), self.cfg.d
         rows = x.reshape(batch * seq, d)
         pos = self._positions(batch, seq, positions, x.device)
         if self.cfg.qk_norm:
@@ -206,7 +212,7 @@ class ReferenceLlamaLayer(_LayerParams):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         c = self.cfg
-        batch, seq, d = x.shape
+        (batch, seq), d = self._batch_seq(x), self.cfg.d
         rows = x.reshape(batch * seq, d)
         pos = self._positions(batch, seq, positions, x.device)
         qkv = self._rmsnorm(rows, self.input_norm) @ self.w_qkv.T

@@ -52,6 +52,17 @@ class _ModelParams(torch.nn.Module):
         self.final_norm = torch.nn.Parameter(torch.ones(d, device=device, dtype=dtype))
         self.lm_head = torch.nn.Parameter((torch.randn(cfg.vocab, d) / d**0.5).to(device=device, dtype=dtype))
 
+    def _batch_seq(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+        """tokens' (batch, seq), or one clear error where tokens and targets are not integer
+        (batch, seq) tensors of one shape."""
+        name = type(self).__name__
+        for what, t in (("tokens", tokens), ("targets", targets)):
+            if t.dim() != 2 or t.is_floating_point() or t.is_complex():
+                raise ValueError(f"{name}: {what} must be integer (batch, seq), got {t.dtype} {tuple(t.shape)}")
+        if targets.shape != tokens.shape:
+            raise ValueError(f"{name}: targets {tuple(targets.shape)} must have the tokens' shape {tuple(tokens.shape)}")
+        return tokens.shape[0], tokens.shape[1]
+
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Copy a LlamaForCausalLM state dict in (HF names and layout; converted once)."""
         n = self.cfg.n_layers
@@ -100,7 +111,7 @@ class FusedLlamaModel(_ModelParams):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
         c = self.cfg.layer
-        batch, seq = tokens.shape
+        batch, seq = self._batch_seq(tokens, targets)
         first, last = self.layers[0], self.layers[-1]
         pos = first._positions(batch, seq, positions, tokens.device)
         rope = (pos, first.inv_freq, c.q_cols + c.kv_cols)
@@ -135,6 +146,7 @@ class ReferenceLlamaModel(_ModelParams):
         self.ignore_index = ignore_index
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
+        self._batch_seq(tokens, targets)
         x = self.embed[tokens]
         for layer in self.layers:
             x = layer(x, positions)
