@@ -173,7 +173,7 @@ case "${1:-}" in
     ;;
   c-load-ceiling)
     # issue 16: the targets against the floors that the diagnostics measure (bench/ceiling.py);
-    # precompile here first: --tasks k0 k7 k6 --configs c-load-ceiling --parts kernels diagnostics gemm
+    # precompile here first: --tasks k0 k7 k6 --configs c-load-ceiling --parts kernels library diagnostics gemm
     mkdir -p "$OUT"
     $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
     timeout "${CEILING_TIMEOUT_S:-420}" $PY -m epiforge.bench.run --tasks k0 k7 k6 --scales 1B 7B --configs c-load-ceiling \
@@ -347,7 +347,7 @@ case "${1:-}" in
     echo "judge-noise: $(( $(date +%s) - start )) s"
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer|profile-epilogue-stalls|epi-tile|quack-upstream|c-load-ceiling|sweep-llama1b-k6" >&2
     exit 2
     ;;
 esac

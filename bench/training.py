@@ -52,7 +52,7 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, Field
 
-from epiforge.eval.clocks import ClockSummary
+from epiforge.eval.clocks import ClockSampler, ClockSummary
 from epiforge.eval.stats import Ratio, Timing, paired_ratio, summarize
 from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
@@ -468,8 +468,11 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
             if a in rest and b in rest:
                 row.ratios[f"non-attention {a}/{b}"] = paired_ratio(rest[a], rest[b], ci=True)
     _breakdowns(row, ok, breakdown_of, cuda)
-    row.clock_calls = {name: clock_calls(e) for e in ok for name in breakdown_of if e.record.name == name}
-    row.clocks = contender_clocks(ok, row.clock_calls, torch.cuda.synchronize, torch.cuda.current_device())
+    row.clock_calls = {name: clock_calls(e) for name in breakdown_of for e in ok if e.record.name == name}
+    try:  # the clocks are evidence beside the row: their failure costs them, not the timings
+        row.clocks = contender_clocks(ok, row.clock_calls, torch.cuda.synchronize, torch.cuda.current_device())
+    except Exception as e:  # noqa: BLE001 - recorded in the row
+        row.clocks = {name: ClockSummary.missing(f"sampling failed: {_why(e)}") for name in row.clock_calls}
     return row
 
 
@@ -479,37 +482,45 @@ def clock_calls(entry: _Entry) -> int:
     return max(CLOCK_CALLS, math.ceil(CLOCK_PASS_S * 1e6 / t.median_us)) if t is not None else CLOCK_CALLS
 
 
-def contender_clocks(entries: list[_Entry], calls: dict[str, int], sync: Callable[[], None],
-                     device: int = 0) -> dict[str, ClockSummary]:
+def contender_clocks(entries: list[_Entry], calls: dict[str, int], sync: Callable[[], None], device: int = 0,
+                     sampler: Callable[[int], ClockSampler] | None = None) -> dict[str, ClockSummary]:
     """The GPU's clocks while each contender named in `calls` runs alone, that many calls back
     to back, in two passes (calls' order, then reversed, so that neither side always follows
     the same contender); each contender's readings of both passes in one summary. Where NVML
-    cannot be read, or a call fails, the summary says why."""
-    from epiforge.eval.clocks import ClockSampler, nvml_index, summarize_readings
+    cannot be read nothing is called and every summary says why; a contender whose call
+    fails gets that reason. sampler: makes the sampler for an NVML index (default
+    eval.clocks.ClockSampler; a test passes its own)."""
+    from epiforge.eval.clocks import nvml_index, summarize_readings
 
+    make = sampler or ClockSampler
+    index = nvml_index(device)
+    with make(index) as probe:
+        pass
+    if probe.absent and not probe.readings:
+        return {name: ClockSummary.missing(probe.absent) for name in calls}
     chosen = [e for name in calls for e in entries if e.record.name == name]
     readings: dict[str, list] = {e.record.name: [] for e in chosen}
-    absent: dict[str, str] = {}
+    failed: dict[str, str] = {}
     for order in (chosen, chosen[::-1]):
         for e in order:
             name = e.record.name
-            if name in absent:
+            if name in failed:
                 continue
-            sync()
-            sampler = ClockSampler(nvml_index(device))
+            pass_sampler = make(index)
             try:
-                with sampler:
+                sync()
+                with pass_sampler:
                     for i in range(calls[name]):
                         e.call(i % 2)
                     sync()
             except Exception as err:  # noqa: BLE001 - recorded; the other contenders go on
-                absent[name] = f"its calls failed: {_why(err)}"
+                failed[name] = f"its calls failed: {_why(err)}"
                 continue
-            readings[name] += sampler.readings
-            if not sampler.readings:
-                absent[name] = sampler.absent or "no reading was taken"
-    return {name: ClockSummary.missing(absent[name]) if name in absent or not got
-            else summarize_readings(got, device=nvml_index(device))
+            readings[name] += pass_sampler.readings
+            if not readings[name] and order is not chosen:  # neither pass read anything
+                failed[name] = pass_sampler.absent or "no reading was taken"
+    return {name: ClockSummary.missing(failed[name]) if name in failed
+            else summarize_readings(got, device=index) if got else ClockSummary.missing("no reading was taken")
             for name, got in readings.items()}
 
 

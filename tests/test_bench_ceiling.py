@@ -52,3 +52,18 @@ def test_a_file_without_issue_16_rows_or_a_missing_file_is_one_line(tmp_path, ca
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert "error:" in err[-1] and says in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_a_negative_reduction_adds_nothing_and_a_row_without_timings_is_named(tmp_path):
+    k0 = "k0_gemm_residual_partial_rmsnorm"
+    rows = [_row(k0, gemm_cublas=_t(100.0), configs={
+        "128x128_c1x2_pp": {"fused": _t(110.0), "gemm_quack": _t(100.0),
+                            "diagnostics": {"without_sumsq": _t(111.0), "stores_only": _t(104.0)}}}),
+            _row(K7, gemm_cublas=_t(100.0), configs={
+                "128x128_c1x2_pp": {"errors": {"fused": "RuntimeError: no"}, "gemm_quack": _t(100.0)}})]
+    got = ceiling.ceiling_rows([_write(tmp_path / "c.json", rows)])
+    k0_row = next(r for r in got if r["task"] == k0)
+    assert abs(k0_row["reduction"] + 0.01) < 1e-9 and abs(k0_row["stores_floor"][1] - 1.04) < 1e-9
+    table = ceiling.markdown(got)
+    assert "- k0 1B: the reduction's cost is -0.010 (noise): the floors add 0" in table
+    assert "- k7 1B: in the files, but the kernel has no timing beside a plain GEMM at any config" in table

@@ -219,33 +219,51 @@ def test_the_weight_gradient_layouts_are_one_product():
 
 
 def test_clocks_sample_each_contender_alone_and_a_failure_is_its_own():
-    """contender_clocks calls each named contender its number of times back to back under the
-    clock sampler; a contender whose call raises gets that reason and the others go on. On a
-    machine without NVML each summary says why it is absent (on a GPU machine: readings)."""
+    """contender_clocks calls each named contender its number of times back to back under a
+    clock sampler, in two passes (the second reversed), one summary per contender from both;
+    a contender whose call raises gets that reason and the others go on. Without NVML (this
+    machine, through the real eval.clocks sampler) nothing is called and each summary says why."""
     from epiforge.eval.clocks import ClockReading, summarize_readings
     from epiforge.eval.timing import summarize
 
-    made = {"compile": 0, "fused": 0}
+    log = []
 
     def counted(name):
         def call(i):
-            made[name] += 1
+            log.append(name)
             return torch.ones(4).sum()
         return call
 
     def boom(_):
+        log.append("liger")
         raise RuntimeError("out of memory")
 
-    entries = [bt._Entry(bt.Contender(name=n, what=n), counted(n), lambda: 0) for n in made]
+    class OneReading:
+        """A sampler seam that reads one fixed clock per block (NVML does not run here)."""
+        def __init__(self, index):
+            self.readings, self.absent = [], None
+
+        def __enter__(self):
+            self.readings.append(ClockReading(1800.0 + 10 * len(log), 600_000.0, 60.0, 0))
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    entries = [bt._Entry(bt.Contender(name=n, what=n), counted(n), lambda: 0) for n in ("compile", "fused")]
     entries.append(bt._Entry(bt.Contender(name="liger", what="z"), boom, lambda: 0))
-    clocks = bt.contender_clocks(entries, {"fused": 4, "compile": 3, "liger": 3}, sync=lambda: None)
+    calls = {"fused": 2, "compile": 1, "liger": 3}
+    clocks = bt.contender_clocks(entries, calls, sync=lambda: None, sampler=OneReading)
+    assert log == ["fused", "fused", "compile", "liger", "compile", "fused", "fused"]  # liger's first call failed
     assert list(clocks) == ["fused", "compile", "liger"]
     assert clocks["liger"].absent == "its calls failed: RuntimeError: out of memory"
-    for name, n in (("fused", 4), ("compile", 3)):
-        summary = clocks[name]
-        # without NVML only the first pass runs (nothing to sample twice); with it, both
-        assert made[name] == (n if summary.absent else 2 * n), (name, made)
-        assert summary.absent is None or "NVML" in summary.absent or "nvml" in summary.absent
+    assert clocks["fused"].samples == clocks["compile"].samples == 2
+    assert clocks["fused"].sm_mhz_min == 1800.0 and clocks["fused"].sm_mhz_max == 1850.0  # passes 1 and 2 (5 calls before it)
+
+    log.clear()  # the real sampler: NVML is absent on a CPU machine, so nothing runs
+    real = bt.contender_clocks(entries, calls, sync=lambda: None)
+    if all(c.absent for c in real.values()):
+        assert log == [] and all("NVML" in c.absent or "nvml" in c.absent for c in real.values()), real
     # calls per pass: at least CLOCK_CALLS, else enough for CLOCK_PASS_S at the median time
     quick = bt._Entry(bt.Contender(name="q", what="q", timing=summarize([10_000.0] * 3)), boom, lambda: 0)
     slow = bt._Entry(bt.Contender(name="s", what="s", timing=summarize([400_000.0] * 3)), boom, lambda: 0)
