@@ -15,7 +15,10 @@ Hugging Face's layout, converted by training/layer.py); each row records every c
 loss on the same first batch, so a contender that computed something else shows.
 - layer: x (B, S, d) -> layer -> backward of <y, dy>. "attention" times the layer's causal
   GQA attention alone (torch SDPA, forward + backward, the same views), so each contender's
-  non-attention time is its layer time minus that, repetition by repetition.
+  non-attention time is its layer time minus that, repetition by repetition. "fused-block"
+  is one layer's work as the fused model cuts it (attention, then the block re-cut up to the
+  next layer's qkv): the standalone "fused" layer keeps its input norm in torch and its down
+  projection as an addmm, which the model fuses across the layer boundary.
 - step: loss = model(tokens, targets); loss.backward(); AdamW(fused=True).step(); zero_grad.
   Peak memory: the step's high-water mark above what was allocated before it, plus this
   contender's own parameters and optimizer state (every contender lives on the GPU at once,
@@ -56,7 +59,8 @@ from epiforge.eval.clocks import ClockSampler, ClockSummary
 from epiforge.eval.stats import Ratio, Timing, paired_ratio, summarize
 from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
-from epiforge.training.ops import eager_glue
+from epiforge.training.model_ops import decoder_block
+from epiforge.training.ops import eager_glue, rmsnorm_qk_norm_rope, rmsnorm_qkv_rope
 
 #: the layers benchmarked: LLaMA-3.2-1B, LLaMA-3-8B and LLaMA-3-70B's decoder layers
 LAYERS = {
@@ -579,6 +583,11 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
         _Entry(Contender(name="fused", what="training/ FusedLlamaLayer: k4hf, SDPA, k0, k2 forward; k7 -> k6, k6 "
                                            "backward (input norm and down-proj residual in torch)"),
                fwd_bwd(fused), lambda: _state_bytes(fused, None)),
+        _Entry(Contender(name="fused-block", what="one layer's work as FusedLlamaModel cuts it (the block re-cut): "
+                                                 "SDPA from the layer's qkv, then k0, k2, k0 + the next input norm, "
+                                                 "k4hf of the next QKV; k6, k7 -> k6 backward. This layer's norm and "
+                                                 "QKV weights stand in for the next layer's"),
+               _block_call(fused, inputs, batch, seq), lambda: _state_bytes(fused, None)),
         _Entry(Contender(name="fused-eager-glue", what="the same fused layer with the torch glue between its GEMMs "
                                                       "run eagerly (training.ops.eager_glue: an ablation)"),
                fwd_bwd(fused, eager_glue), lambda: _state_bytes(fused, None)),
@@ -603,9 +612,45 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
                               _attention_call(cfg, batch, seq, device), lambda: 0))
     config = {"d": cfg.d, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
               "ffn": cfg.ffn, "batch": batch, "seq": seq, "tokens": batch * seq}
-    pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused"), ("fused-eager-glue", "fused")]
+    pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused"), ("fused-eager-glue", "fused"),
+             ("fused-block", "fused"), ("compile", "fused-block"), ("liger", "fused-block")]
     return _run_row("layer", config, _skipped(entries, skip), reps, cuda, pairs,
-                    breakdown_of=("fused", "compile", "liger", "eager"))
+                    breakdown_of=("fused", "fused-block", "compile", "liger", "eager"))
+
+
+def _block_call(fused: FusedLlamaLayer, inputs: list[tuple[torch.Tensor, torch.Tensor]], batch: int, seq: int):
+    """A layer's forward + backward as the fused model runs it per layer (training/model.py):
+    attention from this layer's qkv, then decoder_block up to the next layer's qkv. Its GEMMs
+    are one layer's (the next QKV's stand in for this one's, whose input gradient the previous
+    block computes), so its time compares with a whole layer's. The qkv leaves are made once,
+    outside the timing, by the fused layer's own first op; the backward seeds the output x
+    with the layer's dy and the next qkv with a fixed random gradient."""
+    c = fused.cfg
+    rope = (fused._positions(batch, seq, None, inputs[0][0].device), fused.inv_freq, c.q_cols + c.kv_cols)
+    qk_norms = (fused.q_norm, fused.k_norm) if c.qk_norm else ()
+    g = torch.Generator(device="cpu").manual_seed(2)
+    leaves, dqkv = [], []
+    with torch.no_grad():
+        for x, _ in inputs:
+            rows = x.detach().reshape(batch * seq, c.d)
+            if c.qk_norm:
+                qkv, _ = rmsnorm_qk_norm_rope(rows, fused.input_norm, fused.w_qkv, *qk_norms, *rope, c.eps)
+            else:
+                qkv, _ = rmsnorm_qkv_rope(rows, fused.input_norm, fused.w_qkv, *rope, c.eps)
+            leaves.append(qkv.clone().requires_grad_())
+            dqkv.append((torch.randn(qkv.shape, generator=g) * 0.1).to(qkv.device, qkv.dtype))
+
+    def call(i):
+        x, dy = inputs[i]
+        for p in fused.parameters():
+            p.grad = None
+        x.grad = leaves[i].grad = None
+        attn = fused._attention(leaves[i], batch, seq)
+        qkv_next, out, *_ = decoder_block(attn, x.reshape(batch * seq, c.d), fused.w_o, fused.post_norm, fused.w_gu,
+                                          fused.w_down, fused.input_norm, fused.w_qkv, *rope, c.eps, *qk_norms)
+        torch.autograd.backward([out, qkv_next], [dy.reshape(batch * seq, c.d), dqkv[i]])
+        return out
+    return call
 
 
 def _attention_call(cfg: LlamaLayerConfig, batch: int, seq: int, device):
@@ -720,6 +765,9 @@ def render(reports: list[Report]) -> str:
                              f"{ratio(f'non-attention {k.name}/fused')} | {k.peak_gib if k.peak_gib is not None else ''} "
                              f"| {k.loss if k.loss is not None else ''} |")
             lines.append("")
+            others = [f"{key} {r.median:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for key, r in row.ratios.items()
+                      if not key.endswith("/fused")]
+            lines += [f"Other ratios (per repetition, 95% interval): {'; '.join(others)}", ""] if others else []
             lines += render_gemm_times(row)
             if any(b.by_kind_ms for b in row.breakdown.values()):
                 kinds = sorted({kind for b in row.breakdown.values() for kind in b.by_kind_ms})
