@@ -60,7 +60,7 @@ from epiforge.eval.stats import Ratio, Timing, paired_ratio, summarize
 from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
 from epiforge.training.model_ops import decoder_block
-from epiforge.training.ops import eager_glue, rmsnorm_qk_norm_rope, rmsnorm_qkv_rope
+from epiforge.training.ops import eager_glue
 
 #: the layers benchmarked: LLaMA-3.2-1B, LLaMA-3-8B and LLaMA-3-70B's decoder layers
 LAYERS = {
@@ -627,17 +627,12 @@ def _block_call(fused: FusedLlamaLayer, inputs: list[tuple[torch.Tensor, torch.T
     with the layer's dy and the next qkv with a fixed random gradient."""
     c = fused.cfg
     rope = (fused._positions(batch, seq, None, inputs[0][0].device), fused.inv_freq, c.q_cols + c.kv_cols)
-    qk_norms = (fused.q_norm, fused.k_norm) if c.qk_norm else ()
     g = torch.Generator(device="cpu").manual_seed(2)
     leaves, dqkv = [], []
     with torch.no_grad():
         for x, _ in inputs:
-            rows = x.detach().reshape(batch * seq, c.d)
-            if c.qk_norm:
-                qkv, _ = rmsnorm_qk_norm_rope(rows, fused.input_norm, fused.w_qkv, *qk_norms, *rope, c.eps)
-            else:
-                qkv, _ = rmsnorm_qkv_rope(rows, fused.input_norm, fused.w_qkv, *rope, c.eps)
-            leaves.append(qkv.clone().requires_grad_())
+            qkv = fused.attention_input(x.detach().reshape(batch * seq, c.d), rope[0])
+            leaves.append(qkv.requires_grad_())
             dqkv.append((torch.randn(qkv.shape, generator=g) * 0.1).to(qkv.device, qkv.dtype))
 
     def call(i):
@@ -647,7 +642,8 @@ def _block_call(fused: FusedLlamaLayer, inputs: list[tuple[torch.Tensor, torch.T
         x.grad = leaves[i].grad = None
         attn = fused._attention(leaves[i], batch, seq)
         qkv_next, out, *_ = decoder_block(attn, x.reshape(batch * seq, c.d), fused.w_o, fused.post_norm, fused.w_gu,
-                                          fused.w_down, fused.input_norm, fused.w_qkv, *rope, c.eps, *qk_norms)
+                                          fused.w_down, fused.input_norm, fused.w_qkv, *rope, c.eps,
+                                          *fused.qk_norms())
         torch.autograd.backward([out, qkv_next], [dy.reshape(batch * seq, c.d), dqkv[i]])
         return out
     return call

@@ -177,16 +177,22 @@ class FusedLlamaLayer(_LayerParams):
     def __init__(self, cfg: LlamaLayerConfig, device=None):
         super().__init__(cfg, torch.bfloat16, device)
 
+    def qk_norms(self) -> tuple:
+        """(q_norm, k_norm) of a Qwen3 layer, () of a LLaMA one (the block ops' optional arguments)."""
+        return (self.q_norm, self.k_norm) if self.cfg.qk_norm else ()
+
+    def attention_input(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """rows (M, d) -> qkv (M, q + 2 kv columns): the input norm, QKV and RoPE (Qwen3: and the
+        QK-norm), one op; positions (M,) float32."""
+        rope = (positions, self.inv_freq, self.cfg.q_cols + self.cfg.kv_cols, self.cfg.eps)
+        if self.cfg.qk_norm:
+            return rmsnorm_qk_norm_rope(rows, self.input_norm, self.w_qkv, *self.qk_norms(), *rope)[0]
+        return rmsnorm_qkv_rope(rows, self.input_norm, self.w_qkv, *rope)[0]
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         (batch, seq), d = self._batch_seq(x), self.cfg.d
         rows = x.reshape(batch * seq, d)
-        pos = self._positions(batch, seq, positions, x.device)
-        if self.cfg.qk_norm:
-            qkv, _ = rmsnorm_qk_norm_rope(rows, self.input_norm, self.w_qkv, self.q_norm, self.k_norm, pos,
-                                          self.inv_freq, self.cfg.q_cols + self.cfg.kv_cols, self.cfg.eps)
-        else:
-            qkv, _ = rmsnorm_qkv_rope(rows, self.input_norm, self.w_qkv, pos, self.inv_freq,
-                                      self.cfg.q_cols + self.cfg.kv_cols, self.cfg.eps)
+        qkv = self.attention_input(rows, self._positions(batch, seq, positions, x.device))
         attn = self._attention(qkv, batch, seq)
         y, _, _, _ = attention_out_mlp(attn, rows, self.w_o, self.post_norm, self.w_gu, self.w_down, self.cfg.eps)
         return y.reshape(batch, seq, d)

@@ -116,11 +116,11 @@ class FusedLlamaModel(_ModelParams):
         pos = first._positions(batch, seq, positions, tokens.device)
         rope = (pos, first.inv_freq, c.q_cols + c.kv_cols)
         qkv, x, _ = embed_rmsnorm_qkv_rope(tokens.reshape(-1), self.embed, first.input_norm, first.w_qkv, *rope, c.eps,
-                                           *self._qk_norms(first))
+                                           *first.qk_norms())
         for layer, nxt in zip(self.layers[:-1], self.layers[1:]):
             attn = layer._attention(qkv, batch, seq)
             qkv, x, *_ = decoder_block(attn, x, layer.w_o, layer.post_norm, layer.w_gu, layer.w_down,
-                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps, *self._qk_norms(nxt))
+                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps, *nxt.qk_norms())
         attn = last._attention(qkv, batch, seq)
         flat = targets.reshape(-1)
         kept = flat != self.ignore_index
@@ -130,10 +130,6 @@ class FusedLlamaModel(_ModelParams):
         loss = decoder_block_loss(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
                                   self.lm_head, torch.where(kept, flat, 0), c.eps, self.store_logits)[0]
         return (loss * kept).sum() / kept.sum()
-
-    def _qk_norms(self, layer) -> tuple:
-        """(q_norm, k_norm) of a Qwen3 layer, () of a LLaMA one (the ops' optional arguments)."""
-        return (layer.q_norm, layer.k_norm) if self.cfg.layer.qk_norm else ()
 
 
 class ReferenceLlamaModel(_ModelParams):
