@@ -31,13 +31,15 @@ def test_rows_split_the_c_load_warp_and_add_the_reduction_to_each_floor(tmp_path
     assert r["target"] == 1.12
     assert r["before"][0] == "128x128_c1x2_pp_cs2" and abs(r["before"][1] - 1.25) < 1e-9
     assert r["after"][0] == "128x128_c1x2_pp_cs2_cl" and abs(r["after"][1] - 1.18) < 1e-9
-    # the reduction's cost at the best kernel's config (the _cl one): 1.18 - 1.15
-    assert abs(r["reduction"] - 0.03) < 1e-9
+    # the reduction's cost where it is smallest: 1.25 - 1.23 without the warp (with it,
+    # 1.18 - 1.15 = 0.03), so each floor stays a lower bound over both configs
+    assert abs(r["reduction"] - 0.02) < 1e-9 and r["reduction_config"] == "128x128_c1x2_pp_cs2"
     # stores only ran at one config (1.09); C and stores fastest with the warp (1.14)
-    assert r["stores_floor"][0] == "128x128_c1x2_pp_cs2" and abs(r["stores_floor"][1] - 1.12) < 1e-9
-    assert r["io_floor"][0] == "128x128_c1x2_pp_cs2_cl" and abs(r["io_floor"][1] - 1.17) < 1e-9
+    assert r["stores_floor"][0] == "128x128_c1x2_pp_cs2" and abs(r["stores_floor"][1] - 1.11) < 1e-9
+    assert r["io_floor"][0] == "128x128_c1x2_pp_cs2_cl" and abs(r["io_floor"][1] - 1.16) < 1e-9
     table = ceiling.markdown(rows)
-    assert "| k7 1B | 1.120 | 1.250 (128x128_c1x2_pp_cs2) | 1.180 (128x128_c1x2_pp_cs2_cl) | +0.030 |" in table
+    assert ("| k7 1B | 1.120 | 1.250 (128x128_c1x2_pp_cs2) | 1.180 (128x128_c1x2_pp_cs2_cl) | "
+            "+0.020 (128x128_c1x2_pp_cs2) | 1.110 (128x128_c1x2_pp_cs2) | 1.160 (128x128_c1x2_pp_cs2_cl) |") in table
     assert table.rstrip().endswith("| no |")
 
 
@@ -60,10 +62,18 @@ def test_a_negative_reduction_adds_nothing_and_a_row_without_timings_is_named(tm
         "128x128_c1x2_pp": {"fused": _t(110.0), "gemm_quack": _t(100.0),
                             "diagnostics": {"without_sumsq": _t(111.0), "stores_only": _t(104.0)}}}),
             _row(K7, gemm_cublas=_t(100.0), configs={
-                "128x128_c1x2_pp": {"errors": {"fused": "RuntimeError: no"}, "gemm_quack": _t(100.0)}})]
+                "128x128_c1x2_pp": {"errors": {"fused": "RuntimeError: no"}, "gemm_quack": _t(100.0)}}),
+            _row("k6_gemm_residual_partial_rmsnorm_bwd", gemm_cublas=_t(100.0), configs={  # no reduction: no floors
+                "128x128_c1x2_pp": {"fused": _t(104.0), "gemm_quack": _t(100.0),
+                                    "diagnostics": {"without_h": _t(103.0)}}})]
     got = ceiling.ceiling_rows([_write(tmp_path / "c.json", rows)])
     k0_row = next(r for r in got if r["task"] == k0)
     assert abs(k0_row["reduction"] + 0.01) < 1e-9 and abs(k0_row["stores_floor"][1] - 1.04) < 1e-9
+    # k0's C load and stores without its reduction is without_sumsq: 1.11, plus 0
+    assert abs(k0_row["io_floor"][1] - 1.11) < 1e-9
+    k6_row = next(r for r in got if r["task"].startswith("k6"))
+    assert k6_row["reduction"] is None and k6_row["stores_floor"] is None and k6_row["io_floor"] is None
     table = ceiling.markdown(got)
+    assert "| k6 1B | 1.066 | 1.040 (128x128_c1x2_pp) | - | - | - | - | yes |" in table
     assert "- k0 1B: the reduction's cost is -0.010 (noise): the floors add 0" in table
     assert "- k7 1B: in the files, but the kernel has no timing beside a plain GEMM at any config" in table

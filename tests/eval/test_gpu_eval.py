@@ -60,7 +60,8 @@ def test_expert_kernel_passes_at_paper_shapes(task):
 
 
 @pytest.mark.parametrize("fault,kw", [
-    ("illegal_memory_access", {"static_checks": False}),
+    # the kernel's own process must reach the GPU for its fault to happen there: launcher=False
+    ("illegal_memory_access", {"static_checks": False, "launcher": False}),
     ("memory_blowup", {}),  # device OOM: torch.empty is allowed, a terabyte is not there
 ])
 def test_the_next_candidate_passes_after_a_gpu_fault(fault, kw):
@@ -70,6 +71,15 @@ def test_the_next_candidate_passes_after_a_gpu_fault(fault, kw):
         else "out of memory" in bad.message
     good = evaluate("k1", "human", device="gpu", seed=3, reps=10)
     assert good.passed, good.message + good.stderr_tail[-1500:]
+
+
+def test_in_launcher_mode_a_faulting_kernel_never_reaches_the_gpu():
+    """The kernel's process only describes, on a CPU runner: the Triton launch that would
+    fault on the GPU fails there, before anything runs on the device."""
+    bad = evaluate("k1", str(EXPLOITS / "illegal_memory_access.py"), device="gpu", seed=3, static_checks=False)
+    assert bad.outcome.value == "RUNTIME_ERROR", bad.message + bad.stderr_tail[-1500:]
+    assert "illegal memory access" not in bad.message and "CUDA error" not in bad.message, bad.message
+    assert bad.environment.get("judge_mode", "").startswith("launcher"), bad.environment
 
 
 def test_absurd_ceilings_make_an_honest_kernel_implausible(monkeypatch):
