@@ -103,9 +103,18 @@ C_LOAD_CEILING_CONFIGS = [
         "128x128_c1x2_pp", "128x128_c1x2_pp_cs2", "128x128_c1x2_pp_cs1", "192x128_c1x2_pp",
     ) for k in (base, f"{base}_cl")
 ]
+#: the fused model's GEMMs at LLaMA-3's layers (tasks/shapes.toml llama3; bench/h200.sh
+#: sweep-llama3): pingpong and cooperative tiles, with and without one C stage (at the 1B LM
+#: head's K = 128256 k6 ran fastest cooperative with one C stage, bench/results/h100/
+#: sweep-llama1b-k6), and the configs k0, k2, k6 and k7 take today from their nearest shapes
+LLAMA3_CONFIGS = [GemmConfig.parse(k) for k in (
+    "128x192_c2x1_pp", "128x128_c2x1_pp", "128x256_c2x1", "256x128_c2x1", "128x128_c1x2_pp", "192x128_c1x2_pp",
+    "128x192_c1x2_pp", "256x128_c1x2", "128x256_c1x2", "192x128_c2x1_pp", "256x128_c1x2_cs1",
+    "128x128_c1x2_pp_cs1", "128x128_c1x2_pp_cs2", "128x128_c1x2_pp_cs1_cl", "128x160_c2x1_pp",
+)]
 #: named config lists for --configs (beside CANDIDATES indexes and config keys)
 CONFIG_SETS = {"early-c": EARLY_C_CONFIGS, "c-load-warp": C_LOAD_WARP_CONFIGS, "epi-tile": EPI_TILE_CONFIGS,
-               "c-load-ceiling": C_LOAD_CEILING_CONFIGS}
+               "c-load-ceiling": C_LOAD_CEILING_CONFIGS, "llama3": LLAMA3_CONFIGS}
 
 
 def config_args(args: list[str]) -> list[GemmConfig]:

@@ -12,6 +12,7 @@
 #   bench/h200.sh epi-tile       # the epilogue sub-tile twice as wide (_en64) against its twins, k0 and k7 at 1B and 7B (epi-tile.json), after its GPU bit test
 #   bench/h200.sh c-load-ceiling # issue 16's closing run: k0, k7, k6 at 1B and 7B, with and without the C-load warp, beside their diagnostics (floors) and quack's library, one interleaved run per row (c-load-ceiling.json; bench.ceiling's table)
 #   bench/h200.sh sweep-llama1b-k6 # issue 15: k6's tile configs at the 1B model's LM-head and QKV input gradients (sweep-llama1b-k6.json)
+#   bench/h200.sh sweep-llama3   # issue 15: k0 (after the down projection, --gemm-k F), k2, k6, k7 at LLaMA-3's three layers, config set llama3 (sweep-llama3-k0-down.json, sweep-llama3.json)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
 #   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
@@ -193,6 +194,22 @@ case "${1:-}" in
       > "$OUT/sweep-llama1b-k6.log" 2>&1 || echo "bench.run: exit $?"
     $PY -m epiforge.bench.tuning "$OUT/sweep-llama1b-k6.json" --ratios || true
     ;;
+  sweep-llama3)
+    # issue 15: the fused layer's GEMMs at LLaMA-3's 1B, 8B and 70B layers (tasks/shapes.toml
+    # llama3), whose configs the TUNED tables take from the nearest paper shape: k0 after the
+    # down projection (K = F; at d = 8192 it took twice the addmm's time on an H100,
+    # bench/results/h100/training), then k2, k6 and k7 at their own shapes there.
+    # Precompile here first: --tasks k0 k2 k6 k7 --configs llama3 --parts kernels gemm
+    mkdir -p "$OUT"
+    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    timeout "${SWEEP_LLAMA3_K0_TIMEOUT_S:-200}" $PY -m epiforge.bench.run --shape-set llama3 --tasks k0 --gemm-k F \
+      --configs llama3 --reps "${SWEEP_LLAMA3_REPS:-20}" --out "$OUT/sweep-llama3-k0-down.json" \
+      > "$OUT/sweep-llama3-k0-down.log" 2>&1 || echo "bench.run k0: exit $?"
+    timeout "${SWEEP_LLAMA3_TIMEOUT_S:-360}" $PY -m epiforge.bench.run --shape-set llama3 --tasks k2 k6 k7 \
+      --configs llama3 --reps "${SWEEP_LLAMA3_REPS:-20}" --out "$OUT/sweep-llama3.json" \
+      > "$OUT/sweep-llama3.log" 2>&1 || echo "bench.run k2 k6 k7: exit $?"
+    $PY -m epiforge.bench.tuning "$OUT/sweep-llama3-k0-down.json" "$OUT/sweep-llama3.json" --ratios || true
+    ;;
   judge-check)
     mkdir -p "$OUT"
     $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
@@ -347,7 +364,7 @@ case "${1:-}" in
     echo "judge-noise: $(( $(date +%s) - start )) s"
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer|profile-epilogue-stalls|epi-tile|quack-upstream|c-load-ceiling|sweep-llama1b-k6" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer|profile-epilogue-stalls|epi-tile|quack-upstream|c-load-ceiling|sweep-llama1b-k6|sweep-llama3" >&2
     exit 2
     ;;
 esac

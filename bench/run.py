@@ -26,6 +26,14 @@ TUNED tables.
     python -m epiforge.bench.run --library --out sweep.json                       # sweep every config
     python -m epiforge.bench.run --configs-from sweep.json --top 3 --compile --liger --out confirm.json  # re-rank
     python -m epiforge.bench.run --tuned --sol-from sweep.json --compile --liger --library --out final.json
+    python -m epiforge.bench.run --tasks k0 --shape-set llama3 --gemm-k F --configs 6 8 20 24 --out down.json
+
+--gemm-k EXPR times a task whose GEMM's K is the same dimension as its N (k0) at another
+K, EXPR evaluated on each shape's dimensions: k0's epilogue after the down projection (K = F)
+instead of the out-projection (K = d), the GEMM the fused model runs it on
+(training/model_ops.py). Only the GEMM's two operands are made K wide; every other input is
+the task's at the shape's d (= N). Its rows are named SHAPE-K<k>, and bench/tuning.py keys
+them by their m x n x k like any other.
 """
 
 from __future__ import annotations
@@ -52,8 +60,38 @@ def _runs(name, fn, arg_sets, errors: dict[str, str]) -> bool:
         return False
 
 
+def gemm_k_refusal(task) -> str | None:
+    """Why --gemm-k cannot re-widen this task's GEMM (None: it can). It needs one GEMM whose A
+    (m, k) and B (n, k) are inputs, and whose k is the same dimension as its n, so that every
+    other input's use of that dimension is N-sized and stays as the task makes it."""
+    g = task.gemm
+    names = {t.name for t in task.inputs}
+    if g is None:
+        return "it has several fused GEMMs"
+    if g.a not in names or g.b not in names or (g.a_layout, g.b_layout) != ("mk", "nk"):
+        return "its GEMM's operands are not inputs as A (m, k) and B (n, k)"
+    if g.k != g.n:
+        return f"its GEMM's k ({g.k}) is not its n ({g.n}), so other inputs may be K-sized"
+    return None
+
+
+def inputs_at_gemm_k(task, dims: dict[str, int], k: int, seed: int, device) -> dict:
+    """The task's inputs at dims, but with its GEMM's K = k: A (m, k) N(0, 1) and B (n, k) with
+    nn.Linear's scale, in the operands' own dtypes; every other input unchanged (the caller
+    checked gemm_k_refusal)."""
+    from epiforge.tasks import common
+
+    inputs = task.make_inputs(dims, seed=seed, device=device)
+    g = task.gemm
+    a, b = inputs[g.a], inputs[g.b]
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    inputs[g.a] = common.normal((a.shape[0], k), gen, a.device, dtype=a.dtype)
+    inputs[g.b] = common.linear_weight(b.shape[0], k, gen, b.device, dtype=b.dtype)
+    return inputs
+
+
 def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=None, library=None, library_config=None,
-               sol_configs=(), diagnostics=None, reps=REPS):
+               sol_configs=(), diagnostics=None, reps=REPS, gemm_k=None):
     """Every config of the fused kernel, the identity-epilogue quack GEMM at each config,
     and every baseline, timed in ONE interleaved run (eval.timing), so that the configs are
     compared with each other as fairly as with the baselines; the row is made by
@@ -65,7 +103,8 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     identity-epilogue GEMM ran fastest in a sweep; they are timed too, as part of GEMM-only
     (several: the sweep's own ranking of close configs is noisy). diagnostics: {name: (fn,
     note)}, the kernel minus one piece of its work (bench/quack_library.py DIAGNOSTICS),
-    timed at every config the fused kernel runs at."""
+    timed at every config the fused kernel runs at. gemm_k: the GEMM's K where it is not the
+    task's own (inputs_at_gemm_k; main's --gemm-k)."""
     from epiforge import primitives as P
     from epiforge.bench.quack_library import LIKE_FOR_LIKE
     from epiforge.eval.baselines import identity_gemm as gemm_only
@@ -73,7 +112,15 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     from epiforge.eval.timing import time_cuda_interleaved
 
     dims = shape.dims()
-    sets = [task.make_inputs(dims, seed=100 + i, device="cuda") for i in range(N_INPUT_SETS)]
+    mnk, flops, min_bytes = task.gemm_shape(dims), task.flops(dims), task.min_bytes(dims)
+    if gemm_k is None:
+        sets = [task.make_inputs(dims, seed=100 + i, device="cuda") for i in range(N_INPUT_SETS)]
+    else:
+        sets = [inputs_at_gemm_k(task, dims, gemm_k, 100 + i, "cuda") for i in range(N_INPUT_SETS)]
+        operand_bytes = sets[0][task.gemm.a].element_size()
+        min_bytes += (gemm_k - mnk[2]) * (mnk[0] + mnk[1]) * operand_bytes
+        mnk = (mnk[0], mnk[1], gemm_k)
+        flops = 2 * mnk[0] * mnk[1] * gemm_k
     consts = {t.name: sets[0][t.name] for t in task.inputs if t.constant}
     prepared = module.prepare(consts) if hasattr(module, "prepare") else {}
     operands = [task.gemm_operands(s) for s in sets]
@@ -127,13 +174,18 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
             candidates_timed[name.split("@", 1)[1]] = t
     torch.cuda.empty_cache()
     return BenchRow.measured(
-        task=task.name, shape=shape.name, dims=dims, gemm_mnk=task.gemm_shape(dims), flops=task.flops(dims),
-        min_bytes=task.min_bytes(dims), configs={k: ConfigTimings(**v) for k, v in at_config.items()},
+        task=task.name, shape=row_shape_name(shape.name, gemm_k), dims=dims, gemm_mnk=mnk, flops=flops,
+        min_bytes=min_bytes, configs={k: ConfigTimings(**v) for k, v in at_config.items()},
         gemm_cublas=timed["gemm_cublas"], liger=timed.get("liger"), liger_note=liger[1] if "liger" in timed else None,
         torch_compile=timed.get("torch_compile"), gemm_quack_candidates=candidates_timed,
         quack_library_note=library[1] if library is not None else None, errors=errors,
         diagnostic_notes={name: note for name, (_, note) in (diagnostics or {}).items()},
         like_for_like=LIKE_FOR_LIKE.get(task.name))
+
+
+def row_shape_name(shape: str, gemm_k: int | None) -> str:
+    """A row's shape name: the set's, with -K<k> where --gemm-k set the GEMM's K."""
+    return shape if gemm_k is None else f"{shape}-K{gemm_k}"
 
 
 def fastest_gemms(row, n: int = 3) -> list[str]:
@@ -172,6 +224,10 @@ def main(argv=None) -> int:
                          "for bench.tuning, in the company of the final's baselines)")
     ap.add_argument("--sol-from", nargs="*", default=None,
                     help="sweeps' JSON: with --tuned, time the identity-epilogue GEMM at its best swept config too")
+    ap.add_argument("--gemm-k", metavar="EXPR", default=None,
+                    help="time the GEMM at this K instead of the task's own, a dimension expression evaluated on "
+                         "each shape (e.g. F: k0 as the down projection); tasks whose K is their N only, "
+                         "without --compile and --liger")
     ap.add_argument("--reps", type=int, default=REPS, help="timed repetitions of each function")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -197,6 +253,29 @@ def main(argv=None) -> int:
     shape_rows = sets.get(args.shape_set)
     if shape_rows is None:
         ap.error(f"--shape-set {args.shape_set!r}: not in tasks/shapes.toml ({', '.join(sets)})")
+    if args.gemm_k is not None:
+        from epiforge.tasks import dims as dimexpr
+        from epiforge.tasks.spec import DIMENSIONS
+
+        if args.compile or args.liger:
+            ap.error("--gemm-k times the kernel and the plain GEMMs: --compile and --liger make their own inputs "
+                     "at the set's dimensions")
+        try:
+            unknown_dims = dimexpr.symbols(args.gemm_k) - set(DIMENSIONS)
+            gemm_ks = {x.name: dimexpr.evaluate(args.gemm_k, x.dims()) for x in shape_rows} if not unknown_dims else {}
+        except (ValueError, SyntaxError, ZeroDivisionError) as e:
+            ap.error(f"--gemm-k {args.gemm_k!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        if unknown_dims:
+            ap.error(f"--gemm-k {args.gemm_k!r}: unknown dimension(s) {' '.join(sorted(unknown_dims))} "
+                     f"(known: {' '.join(DIMENSIONS)})")
+        if any(k < 1 for k in gemm_ks.values()):
+            ap.error(f"--gemm-k {args.gemm_k!r} is not a positive size at every shape: {gemm_ks}")
+        from epiforge.eval.kernel import expert_kernel
+
+        refused = {t.id: why for t in tasks.load_catalogue()[0] if (not args.tasks or t.id in args.tasks)
+                   and expert_kernel(t.name) is not None and (why := gemm_k_refusal(t))}
+        if refused:
+            ap.error("--gemm-k: " + "; ".join(f"{tid}: {why}" for tid, why in refused.items()))
     unknown = set(args.scales or ()) - {x.name for x in shape_rows}
     if unknown:
         ap.error(f"--scales {' '.join(sorted(unknown))}: not in the {args.shape_set} set "
@@ -249,17 +328,18 @@ def main(argv=None) -> int:
             if args.scales and shape.name not in args.scales:
                 continue
             t0 = time.monotonic()
-            cfgs, lib_cfg, sol_cfgs = swept.get((task.name, shape.name), (configs, None, ()))
+            gemm_k = gemm_ks[shape.name] if args.gemm_k is not None else None
+            cfgs, lib_cfg, sol_cfgs = swept.get((task.name, row_shape_name(shape.name, gemm_k)), (configs, None, ()))
             if args.sol_from:  # only the speed-of-light config from the sweeps
                 cfgs, lib_cfg = configs, None
             row = bench_task(task, module, shape, cfgs, args.compile, compiled_ref, liger.get(task.name),
                              library.get(task.name), lib_cfg, sol_cfgs,
-                             DIAGNOSTICS.get(task.name) if args.diagnostics else None, args.reps)
+                             DIAGNOSTICS.get(task.name) if args.diagnostics else None, args.reps, gemm_k)
             report.rows.append(row)
             msg = f"{row.fused_over_gemm_only or float('nan'):.3f} of GEMM-only"
             if row.speedup_vs_compile is not None:
                 msg += f", {row.speedup_vs_compile:.2f}x vs torch.compile (bound {row.compile_over_gemm_only:.2f}x)"
-            print(f"{task.id} {shape.name}: best {row.best_config} {msg}; {row.gemm_cublas.clocks.line()} "
+            print(f"{task.id} {row.shape}: best {row.best_config} {msg}; {row.gemm_cublas.clocks.line()} "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
             write_report(out, report)  # partial results survive a timeout
     write_report(out, report)

@@ -110,6 +110,59 @@ def test_bench_run_refuses_a_shape_set_or_scale_it_does_not_have(argv, line, cap
     assert not (tmp_path / "out.json").exists()
 
 
+def test_the_llama3_set_is_the_training_benchmarks_layers():
+    from epiforge import tasks
+    from epiforge.bench.training import BATCH, LAYERS, SEQ
+
+    rows = tasks.shape_sets()["llama3"]
+    assert [(r.M, r.seq, r.d, r.F, r.head_dim) for r in rows] == [
+        (BATCH * SEQ, SEQ, c.d, c.ffn, c.head_dim) for c in LAYERS.values()]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--tasks", "k0", "k2", "--gemm-k", "F"], "--gemm-k: k2: its GEMM's k (d) is not its n (2*F)"),
+    (["--tasks", "layer", "--gemm-k", "F"], "--gemm-k: layer: it has several fused GEMMs"),
+    (["--tasks", "k0", "--gemm-k", "G"], "--gemm-k 'G': unknown dimension(s) G"),
+    (["--tasks", "k0", "--gemm-k", "d-d"], "--gemm-k 'd-d' is not a positive size at every shape"),
+    (["--tasks", "k0", "--gemm-k", "F", "--liger"], "--gemm-k times the kernel and the plain GEMMs"),
+])
+def test_bench_run_refuses_a_gemm_k_it_cannot_honour(argv, line, capsys, tmp_path):
+    from epiforge.bench import run
+
+    with pytest.raises(SystemExit) as stop:
+        run.main([*argv, "--out", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and line in err and "Traceback" not in err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_gemm_k_makes_k0_the_down_projection_and_its_expert_kernel_computes_it():
+    """k0 at K = F: A (M, F) and B (d, F), everything else as the task makes it; the expert
+    kernel (on the CPU, the emulator) agrees with the task's float64 reference there, so a
+    --gemm-k row times the down projection's real work."""
+    import torch
+
+    from epiforge import tasks
+    from epiforge.bench.run import gemm_k_refusal, inputs_at_gemm_k
+    from epiforge.eval.kernel import expert_kernel, load_kernel_module
+
+    task = tasks.get_task("k0")
+    assert gemm_k_refusal(task) is None
+    assert "is not its n (3*d)" in gemm_k_refusal(tasks.get_task("k1"))  # the QKV projection: N = 3d
+    dims = tasks.shape_sets()["smoke"][1].dims()
+    k = dims["F"]
+    inputs = inputs_at_gemm_k(task, dims, k, seed=4, device="cpu")
+    plain = task.make_inputs(dims, seed=4, device="cpu")
+    assert tuple(inputs["a"].shape) == (dims["M"], k) and tuple(inputs["w_o"].shape) == (dims["d"], k)
+    assert inputs["a"].dtype == plain["a"].dtype and k != dims["d"]
+    assert all(torch.equal(inputs[n], plain[n]) for n in ("residual", "norm_weight"))
+    got = load_kernel_module(expert_kernel(task.name)).run(inputs, {})
+    want = task.reference(inputs, dims)
+    for name in ("x", "h", "rstd"):
+        err = (got[name].double() - want[name].double()).abs().max().item()
+        assert err <= 0.05 * want[name].double().abs().max().item(), (name, err)
+
+
 def test_the_llama1b_set_is_llama_3_2_1b_as_the_training_benchmark_runs_it():
     from epiforge import tasks
     from epiforge.bench.training import BATCH, MODEL_1B, SEQ
