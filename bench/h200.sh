@@ -196,7 +196,8 @@ case "${1:-}" in
     ;;
   sweep-llama3)
     # issue 15: the fused layer's GEMMs at LLaMA-3's 1B, 8B and 70B layers (tasks/shapes.toml
-    # llama3), whose configs the TUNED tables take from the nearest paper shape: k0 after the
+    # llama3), whose configs at 8B and 70B the TUNED tables take from the nearest measured
+    # shape (at 1B k2, k6 and k7 have their own llama1b entries): k0 after the
     # down projection (K = F; at d = 8192 it took twice the addmm's time on an H100,
     # bench/results/h100/training), then k2, k6 and k7 at their own shapes there.
     # Precompile here first: --tasks k0 k2 k6 k7 --configs llama3 --parts kernels gemm

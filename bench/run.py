@@ -268,8 +268,9 @@ def main(argv=None) -> int:
         if unknown_dims:
             ap.error(f"--gemm-k {args.gemm_k!r}: unknown dimension(s) {' '.join(sorted(unknown_dims))} "
                      f"(known: {' '.join(DIMENSIONS)})")
-        if any(k < 1 for k in gemm_ks.values()):
-            ap.error(f"--gemm-k {args.gemm_k!r} is not a positive size at every shape: {gemm_ks}")
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 or k % 8 for k in gemm_ks.values()):
+            ap.error(f"--gemm-k {args.gemm_k!r} is not a positive multiple of 8 at every shape (the GEMM's rows "
+                     f"of 16-bit values must be 16-byte aligned): {gemm_ks}")
         from epiforge.eval.kernel import expert_kernel
 
         refused = {t.id: why for t in tasks.load_catalogue()[0] if (not args.tasks or t.id in args.tasks)

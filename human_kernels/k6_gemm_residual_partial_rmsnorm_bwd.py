@@ -17,9 +17,9 @@ TUNED = {
     "16384x8192x44032": "192x128_c1x2_pp",  # 1.008 of GEMM-only
     # LLaMA-3.2-1B's shape (bench/run.py --shape-set llama1b, bench/results/h200/sweep-llama1b.json)
     "16384x2048x16384": "128x128_c1x2_pp",  # 1.035 of GEMM-only
-    # the 1B model's LM-head dgrad (K = V; --shape-set llama1b-k6), measured on an H100
-    # (bench/results/h100/sweep-llama1b-k6): 1.023 of GEMM-only, where the nearest shape's
-    # 128x128_c1x2_pp took 1.193
+    # the 1B model's LM-head dgrad (K = V; --shape-set llama1b-k6): the one entry measured on
+    # an H100, not the H200, where this shape has no sweep yet (bench/results/h100/
+    # sweep-llama1b-k6): 1.023 of GEMM-only, where the nearest shape's 128x128_c1x2_pp took 1.193
     "16384x2048x128256": "256x128_c1x2_cs1",
 }
 

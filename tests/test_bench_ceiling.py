@@ -77,3 +77,18 @@ def test_a_negative_reduction_adds_nothing_and_a_row_without_timings_is_named(tm
     assert "| k6 1B | 1.066 | 1.040 (128x128_c1x2_pp) | - | - | - | - | yes |" in table
     assert "- k0 1B: the reduction's cost is -0.010 (noise): the floors add 0" in table
     assert "- k7 1B: in the files, but the kernel has no timing beside a plain GEMM at any config" in table
+
+
+def test_a_reduction_is_costed_only_where_the_kernel_ran_beside_it(tmp_path):
+    """without_sumsq at a config where the kernel failed costs nothing (no kernel to subtract
+    from), and without it at any config the kernel ran, the row has no floors and says why."""
+    k0 = "k0_gemm_residual_partial_rmsnorm"
+    rows = [_row(k0, gemm_cublas=_t(100.0), configs={
+        "128x128_c1x2_pp": {"fused": _t(110.0), "gemm_quack": _t(100.0), "diagnostics": {"stores_only": _t(104.0)}},
+        "192x128_c1x2_pp": {"errors": {"fused": "RuntimeError: no"}, "gemm_quack": _t(100.0),
+                            "diagnostics": {"without_sumsq": _t(101.0)}}})]
+    (r,) = ceiling.ceiling_rows([_write(tmp_path / "c.json", rows)])
+    assert r["reduction"] is None and r["stores_floor"] is None and r["io_floor"] is None
+    assert "- k0 1B: without_sumsq did not run beside the kernel at any config: no reduction cost, no floors" \
+        in ceiling.markdown([r])
+

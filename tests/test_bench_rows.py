@@ -123,7 +123,9 @@ def test_the_llama3_set_is_the_training_benchmarks_layers():
     (["--tasks", "k0", "k2", "--gemm-k", "F"], "--gemm-k: k2: its GEMM's k (d) is not its n (2*F)"),
     (["--tasks", "layer", "--gemm-k", "F"], "--gemm-k: layer: it has several fused GEMMs"),
     (["--tasks", "k0", "--gemm-k", "G"], "--gemm-k 'G': unknown dimension(s) G"),
-    (["--tasks", "k0", "--gemm-k", "d-d"], "--gemm-k 'd-d' is not a positive size at every shape"),
+    (["--tasks", "k0", "--gemm-k", "d-d"], "--gemm-k 'd-d' is not a positive multiple of 8 at every shape"),
+    (["--tasks", "k0", "--gemm-k", "F+1"], "--gemm-k 'F+1' is not a positive multiple of 8 at every shape"),
+    (["--tasks", "k0", "--gemm-k", "True"], "--gemm-k 'True'"),
     (["--tasks", "k0", "--gemm-k", "F", "--liger"], "--gemm-k times the kernel and the plain GEMMs"),
 ])
 def test_bench_run_refuses_a_gemm_k_it_cannot_honour(argv, line, capsys, tmp_path):

@@ -79,6 +79,7 @@ def test_in_launcher_mode_a_faulting_kernel_never_reaches_the_gpu():
     bad = evaluate("k1", str(EXPLOITS / "illegal_memory_access.py"), device="gpu", seed=3, static_checks=False)
     assert bad.outcome.value == "RUNTIME_ERROR", bad.message + bad.stderr_tail[-1500:]
     assert "illegal memory access" not in bad.message and "CUDA error" not in bad.message, bad.message
+    assert "op_describe" in bad.stderr_tail, bad.stderr_tail[-1500:]  # it failed describing, on the CPU runner
     assert bad.environment.get("judge_mode", "").startswith("launcher"), bad.environment
 
 
