@@ -1,13 +1,16 @@
 """What the compiler made of an expert kernel at a config, without a GPU: cross-compile each
 `task:config` for sm_90a and count, in its SASS, the instructions, the TMA stores (one per
-stored tensor per epilogue sub-tile), the HGMMAs, and the local-memory spills (STL/LDL).
+stored tensor per epilogue sub-tile), the HGMMAs, and the local-memory spills (STL/LDL); and
+give each GEMM's shared-memory pipeline stages as quack sized them (A/B for the mainloop, D
+and C for the epilogue; primitives/lowering.STAGES).
 
     python -m epiforge.bench.sass_stats k7:128x128_c1x2_pp_cs2 k7:128x128_c1x2_pp_cs2_en64 --json out.json
 
 --json writes {"environment": versions, command, commit; "runs": {task:config: counts}}.
 
 Why a config is slow is often visible here: a wider epilogue sub-tile (epi_tile_n) that
-spills registers, or a kernel that did not get the instruction it was meant to (a GPU result
+spills registers, a mainloop left two A/B stages by the epilogue's C stages (epi_c_stages),
+or a kernel that did not get the instruction it was meant to (a GPU result
 file links to the counts that explain it). Each run compiles in this process into a fresh
 quack cache; the objects a run adds are its own.
 """
@@ -46,6 +49,7 @@ def main(argv=None) -> int:
 
     from epiforge import tasks
     from epiforge.eval.kernel import expert_kernel, load_kernel_module
+    from epiforge.primitives import lowering
     from epiforge.primitives.config import GemmConfig
 
     dims = tasks.shape_sets()["smoke"][0].dims()
@@ -62,6 +66,7 @@ def main(argv=None) -> int:
     out = {}
     for run, task, config in wanted:
         before = set(cache.glob("*/*.o"))
+        lowering.STAGES.clear()  # what this run's GEMMs are built with, compiled now or earlier
         module = load_kernel_module(expert_kernel(task.name))
         inputs = task.make_inputs(dims, seed=0)
         consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}
@@ -73,9 +78,12 @@ def main(argv=None) -> int:
             print(f"{run}: {out[run]['error']}", flush=True)
             continue
         made = sorted(set(cache.glob("*/*.o")) - before)
-        out[run] = {"objects": [counts(o) for o in made]}
+        out[run] = {"objects": [counts(o) for o in made],
+                    "stages": {name: dict(zip(("ab", "d", "c"), st)) for name, st in lowering.STAGES.items()}}
         for c in out[run]["objects"]:
             print(f"{run}: " + ", ".join(f"{k} {v}" for k, v in c.items()), flush=True)
+        for name, st in out[run]["stages"].items():
+            print(f"{run}: {name.split()[0]} stages A/B {st['ab']}, D {st['d']}, C {st['c']}", flush=True)
         if not made:
             print(f"{run}: nothing new compiled (an earlier run built the same kernel)", flush=True)
     if args.json:

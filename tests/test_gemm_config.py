@@ -130,6 +130,9 @@ def test_epi_tile_n_widens_the_epilogue_sub_tile(tmp_path):
     (narrow,), (wide,) = stats["k0:128x128_c1x2_pp"]["objects"], stats["k0:128x128_c1x2_pp_en64"]["objects"]
     assert (narrow["tma_stores"], wide["tma_stores"]) == (16, 8), stats
     assert narrow["hgmma"] == wide["hgmma"] > 0 and wide["spill_stores"] == 0, stats
+    # and each run's pipeline stages: one GEMM, quack's default of 4 C stages (epi_c_stages unset)
+    (stages,) = stats["k0:128x128_c1x2_pp"]["stages"].values()
+    assert stages["c"] == 4 and stages["ab"] >= 2 and stages["d"] >= 1, stats
 
 
 # ---- the early prologue C loads (GemmConfig.early_c_loads, primitives/early_c.py) ----------
