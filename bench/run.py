@@ -75,6 +75,26 @@ def gemm_k_refusal(task) -> str | None:
     return None
 
 
+def gemm_k_sizes(expr: str, shapes) -> dict[str, int]:
+    """--gemm-k's K at each shape of the set, or ValueError (one line) where expr is no
+    dimension expression or is not a positive multiple of 8 at every shape (a row of 16-bit
+    values must be 16-byte aligned for TMA)."""
+    from epiforge.tasks import dims as dimexpr
+    from epiforge.tasks.spec import DIMENSIONS
+
+    try:
+        unknown = dimexpr.symbols(expr) - set(DIMENSIONS)
+        if unknown:
+            raise ValueError(f"unknown dimension(s) {' '.join(sorted(unknown))} (known: {' '.join(DIMENSIONS)})")
+        sizes = {x.name: dimexpr.evaluate(expr, x.dims()) for x in shapes}
+    except (ValueError, SyntaxError, ZeroDivisionError) as e:
+        raise ValueError(f"--gemm-k {expr!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 or k % 8 for k in sizes.values()):
+        raise ValueError(f"--gemm-k {expr!r} is not a positive multiple of 8 at every shape (the GEMM's rows of "
+                         f"16-bit values must be 16-byte aligned): {sizes}")
+    return sizes
+
+
 def inputs_at_gemm_k(task, dims: dict[str, int], k: int, seed: int, device) -> dict:
     """The task's inputs at dims, but with its GEMM's K = k: A (m, k) N(0, 1) and B (n, k) with
     nn.Linear's scale, in the operands' own dtypes; every other input unchanged (the caller
@@ -254,23 +274,13 @@ def main(argv=None) -> int:
     if shape_rows is None:
         ap.error(f"--shape-set {args.shape_set!r}: not in tasks/shapes.toml ({', '.join(sets)})")
     if args.gemm_k is not None:
-        from epiforge.tasks import dims as dimexpr
-        from epiforge.tasks.spec import DIMENSIONS
-
         if args.compile or args.liger:
             ap.error("--gemm-k times the kernel and the plain GEMMs: --compile and --liger make their own inputs "
                      "at the set's dimensions")
         try:
-            unknown_dims = dimexpr.symbols(args.gemm_k) - set(DIMENSIONS)
-            gemm_ks = {x.name: dimexpr.evaluate(args.gemm_k, x.dims()) for x in shape_rows} if not unknown_dims else {}
-        except (ValueError, SyntaxError, ZeroDivisionError) as e:
-            ap.error(f"--gemm-k {args.gemm_k!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-        if unknown_dims:
-            ap.error(f"--gemm-k {args.gemm_k!r}: unknown dimension(s) {' '.join(sorted(unknown_dims))} "
-                     f"(known: {' '.join(DIMENSIONS)})")
-        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 or k % 8 for k in gemm_ks.values()):
-            ap.error(f"--gemm-k {args.gemm_k!r} is not a positive multiple of 8 at every shape (the GEMM's rows "
-                     f"of 16-bit values must be 16-byte aligned): {gemm_ks}")
+            gemm_ks = gemm_k_sizes(args.gemm_k, shape_rows)
+        except ValueError as e:
+            ap.error(str(e))
         from epiforge.eval.kernel import expert_kernel
 
         refused = {t.id: why for t in tasks.load_catalogue()[0] if (not args.tasks or t.id in args.tasks)

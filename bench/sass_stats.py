@@ -6,7 +6,8 @@ and C for the epilogue; primitives/lowering.STAGES).
 
     python -m epiforge.bench.sass_stats k7:128x128_c1x2_pp_cs2 k7:128x128_c1x2_pp_cs2_en64 --json out.json
 
---json writes {"environment": versions, command, commit; "runs": {task:config: counts}}.
+--json writes {"environment": versions, command, commit; "runs": {task:config: {"objects":
+[counts of each object it compiled], "stages": {GEMM: {"ab", "d", "c"}}}}}.
 
 Why a config is slow is often visible here: a wider epilogue sub-tile (epi_tile_n) that
 spills registers, a mainloop left two A/B stages by the epilogue's C stages (epi_c_stages),
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     out = {}
     for run, task, config in wanted:
         before = set(cache.glob("*/*.o"))
-        lowering.STAGES.clear()  # what this run's GEMMs are built with, compiled now or earlier
+        lowering.STAGES.clear()  # the GEMMs this run traces (none where an earlier run built the same kernel)
         module = load_kernel_module(expert_kernel(task.name))
         inputs = task.make_inputs(dims, seed=0)
         consts = {t.name: inputs[t.name] for t in task.inputs if t.constant}

@@ -48,36 +48,18 @@ def test_bad_key_is_one_clear_error():
         P.GemmConfig.parse("128x192_pp")
 
 
-STAGES_SCRIPT = """
-import json, sys
-from epiforge import tasks, primitives as P
-from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
-from epiforge.primitives import lowering
-dims = tasks.shape_sets()["smoke"][0].dims()
-for arg in sys.argv[1:]:
-    tid, key = arg.split(":")
-    task = tasks.get_task(tid)
-    module = load_kernel_module(HUMAN_DIR / f"{task.name}.py")
-    inputs = task.make_inputs(dims, seed=0)
-    module.run(dict(inputs), {}, config=P.GemmConfig.parse(key))
-print(json.dumps(lowering.STAGES))
-"""
-
-
 def _stages(tmp_path, *runs: str) -> dict[str, list[int]]:
-    """{"<class> <tile> [pp] [csN]": [A/B, D, C stages]} of the kernels that "task:config"
-    runs trace, cross-compiled for sm_90a in a fresh process."""
-    env = {**os.environ, "QUACK_ARCH": "90", "CUTE_DSL_ARCH": "sm_90a", "EPIFORGE_CROSS_COMPILE": "1",
-           "QUACK_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", STAGES_SCRIPT, *runs], env=env,
-                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    """{"task:config": [A/B, D, C stages]} of the one GEMM each run builds, cross-compiled for
+    sm_90a in a fresh process by bench.sass_stats."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "epiforge.bench.sass_stats", *runs, "--json", str(tmp_path / "s.json")],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _one(stages: dict, suffix: str) -> list[int]:
-    (found,) = [v for k, v in stages.items() if k.endswith(suffix)]
-    return found
+    got = {}
+    for run, stats in json.loads((tmp_path / "s.json").read_text())["runs"].items():
+        (st,) = stats["stages"].values()
+        got[run] = [st["ab"], st["d"], st["c"]]
+    return got
 
 
 def test_pick_config_takes_the_exact_entry_else_the_nearest_measured_shape():
@@ -109,10 +91,10 @@ def test_epi_c_stages_moves_shared_memory_between_mainloop_and_epilogue(tmp_path
     flight and the mainloop pays an A/B stage for it."""
     stages = _stages(tmp_path, "k6:256x192_c1x2", "k6:256x192_c1x2_cs1", "k7:128x128_c1x2_pp",
                      "k7:128x128_c1x2_pp_cs8")
-    default, one = _one(stages, "256x192"), _one(stages, "256x192 cs1")
+    default, one = stages["k6:256x192_c1x2"], stages["k6:256x192_c1x2_cs1"]
     assert default[0] == 2 and one[0] == 3, stages
     assert one[2] < default[2]  # paid for with C stages
-    default, eight = _one(stages, "128x128 pp"), _one(stages, "128x128 pp cs8")
+    default, eight = stages["k7:128x128_c1x2_pp"], stages["k7:128x128_c1x2_pp_cs8"]
     assert eight[2] == 8 and default[2] < 8, stages
     assert eight[0] < default[0]  # paid for with A/B stages
 
