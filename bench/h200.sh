@@ -174,9 +174,12 @@ case "${1:-}" in
     ;;
   c-load-ceiling)
     # issue 16: the targets against the floors that the diagnostics measure (bench/ceiling.py);
-    # precompile here first: --tasks k0 k7 k6 --configs c-load-ceiling --parts kernels library diagnostics gemm
+    # precompile here first: --tasks k0 k7 k6 --configs c-load-ceiling --parts kernels library diagnostics gemm.
+    # With --cache-dir .epiforge/ceiling-cache (8 MB) the objects fit in the call that carries
+    # .gpu/part2 and .gpu/env: carry that folder too and set PRECOMPILED=.epiforge/ceiling-cache
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    $PY -c "import sys; from pathlib import Path; from epiforge.bench.gpu_env import CACHE_DIR, install_precompiled as i
+print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects installed')" "${PRECOMPILED:-}"
     timeout "${CEILING_TIMEOUT_S:-420}" $PY -m epiforge.bench.run --tasks k0 k7 k6 --scales 1B 7B --configs c-load-ceiling \
       --library --diagnostics --reps "${CEILING_REPS:-40}" --out "$OUT/c-load-ceiling.json" > "$OUT/c-load-ceiling.log" 2>&1 \
       || echo "bench.run: exit $?"
