@@ -2,6 +2,8 @@
 # The H200 pipeline after the sweeps, in steps that each fit one 10-minute GPU command.
 # Run from the repository root on the GPU machine; results go to $OUT (default runs/h200)
 # and, for the next step on the same machine, to $STATE (default /tmp/epiforge-h200).
+# Each step first installs the carried precompiled objects: .epiforge/quack-cache, or the
+# folder $PRECOMPILED names (install_objects below).
 #
 #   bench/h200.sh confirm   # re-time every row at its sweeps' 3 fastest configs, beside the final's baselines
 #   bench/h200.sh final     # TUNED from sweeps + confirm; check, final, chain (tuned.tar: the new tables)
@@ -37,6 +39,14 @@ STATE=${STATE:-/tmp/epiforge-h200}
 R=bench/results/h200
 SWEEPS="$R/sweep.json $R/sweep-cs.json $R/sweep-c8.json"
 PY=${PYTHON:-python3}
+# the carried precompiled objects (bench.precompile) into this machine's quack cache: from
+# $PRECOMPILED where set (a smaller folder built with --cache-dir, to fit a call's carry), else
+# from the default folder (bench.configs.CACHE_DIR)
+install_objects() {
+  $PY -c "import sys; from pathlib import Path; from epiforge.bench.gpu_env import CACHE_DIR, install_precompiled as i
+src = Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR
+print(i(src), 'precompiled objects installed from', src.name)" "${PRECOMPILED:-}"
+}
 # the first line of a log: "environment: " and the machine's fingerprint (GPU, driver,
 # versions, date, command, commit; EPIFORGE_COMMIT where the machine has no .git)
 fingerprint_line() {
@@ -97,7 +107,7 @@ case "${1:-}" in
     mkdir -p "$OUT" "$STATE"
     metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
     metrics=$metrics,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; i()"
+    install_objects
     for run in "k7 1B gemm" "k7 1B fused" "k7 1B stores_only" "k7 1B without_postact" \
                "k0 1B gemm" "k0 1B fused" "k0 1B stores_only"; do
       # shellcheck disable=SC2086  # run is three words
@@ -117,7 +127,7 @@ case "${1:-}" in
     mkdir -p "$OUT" "$STATE/stalls"
     metrics='gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
     metrics=$metrics,smsp__average_warp_latency_per_inst_issued.ratio,smsp__warps_active.avg.per_cycle_active
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; i()"
+    install_objects
     rm -f "$STATE"/stalls/ncu-*.csv
     for run in "k7 1B fused" "k7 1B fused --c-load-warp" "k7 1B gemm" "k7 7B fused" "k7 7B fused --c-load-warp" \
                "k7 7B gemm" "k0 1B fused" "k0 1B fused --c-load-warp" "k0 1B gemm"; do
@@ -163,7 +173,7 @@ case "${1:-}" in
     # issue 16: fewer, wider epilogue sub-tiles (GemmConfig.epi_tile_n): the same values
     # (16-bit outputs bit for bit), then one interleaved run of every config and its twin
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     { fingerprint_line "bash bench/h200.sh epi-tile"
       timeout 200 $PY -m pytest -m gpu tests/test_gemm_config.py -k epi_tile -q -p no:cacheprovider -rfEX 2>&1 || true
     } > "$OUT/pytest-gpu-epi-tile.log"
@@ -176,10 +186,9 @@ case "${1:-}" in
     # issue 16: the targets against the floors that the diagnostics measure (bench/ceiling.py);
     # precompile here first: --tasks k0 k7 k6 --configs c-load-ceiling --parts kernels library diagnostics gemm.
     # With --cache-dir .epiforge/ceiling-cache (8 MB) the objects fit in the call that carries
-    # .gpu/part2 and .gpu/env: carry that folder too and set PRECOMPILED=.epiforge/ceiling-cache
+    # .gpu/part2 and .gpu/env: carry that folder too and set PRECOMPILED=.epiforge/ceiling-cache.
     mkdir -p "$OUT"
-    $PY -c "import sys; from pathlib import Path; from epiforge.bench.gpu_env import CACHE_DIR, install_precompiled as i
-print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects installed')" "${PRECOMPILED:-}"
+    install_objects
     timeout "${CEILING_TIMEOUT_S:-420}" $PY -m epiforge.bench.run --tasks k0 k7 k6 --scales 1B 7B --configs c-load-ceiling \
       --library --diagnostics --reps "${CEILING_REPS:-40}" --out "$OUT/c-load-ceiling.json" > "$OUT/c-load-ceiling.log" 2>&1 \
       || echo "bench.run: exit $?"
@@ -191,7 +200,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     # measured shape; long-K tiles (cooperative 256x128, 128x256) beside the pingpong ones.
     # Precompile here first: --tasks k6 --configs 0 2 3 6 8 10 12 13 18 20 22 --parts kernels gemm
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     timeout "${SWEEP_K6_TIMEOUT_S:-420}" $PY -m epiforge.bench.run --shape-set llama1b-k6 --tasks k6 \
       --configs 0 2 3 6 8 10 12 13 18 20 22 --reps "${SWEEP_K6_REPS:-20}" --out "$OUT/sweep-llama1b-k6.json" \
       > "$OUT/sweep-llama1b-k6.log" 2>&1 || echo "bench.run: exit $?"
@@ -205,7 +214,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     # bench/results/h100/training), then k2, k6 and k7 at their own shapes there.
     # Precompile here first: --tasks k0 k2 k6 k7 --configs llama3 --parts kernels gemm
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     timeout "${SWEEP_LLAMA3_K0_TIMEOUT_S:-200}" $PY -m epiforge.bench.run --shape-set llama3 --tasks k0 --gemm-k F \
       --configs llama3 --reps "${SWEEP_LLAMA3_REPS:-20}" --out "$OUT/sweep-llama3-k0-down.json" \
       > "$OUT/sweep-llama3-k0-down.log" 2>&1 || echo "bench.run k0: exit $?"
@@ -216,13 +225,13 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     ;;
   judge-check)
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     timeout 300 $PY -m epiforge.bench.check_gpu --jobs "${JOBS:-6}" --out "$OUT/check.json" > "$OUT/check.log" 2>&1 || true
     grep -E "PASSED|FAIL|s; runner" "$OUT/check.log" | grep -vE "worst/allowed=0\.[0-8]" | tail -40
     ;;
   judge-tests)
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     fingerprint_line "bash bench/h200.sh judge-tests" > "$OUT/pytest-gpu-eval.log"
     timeout 540 $PY -m pytest -m gpu tests/eval -q -p no:cacheprovider >> "$OUT/pytest-gpu-eval.log" 2>&1 || true
     tail -25 "$OUT/pytest-gpu-eval.log"
@@ -231,7 +240,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     # the exploit suite's GPU cases in SHARDS pytest processes side by side (each case is a
     # whole evaluation: ~15 s of process starts), the tolerance margins beside them
     mkdir -p "$OUT" "$STATE"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     timeout 300 $PY -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
       > "$OUT/margins.log" 2>&1 &
     exploit_shards "" "$OUT/pytest-gpu-exploits.log" "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-exploits" \
@@ -244,7 +253,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     # epiforge compare, task by task (a cut-off run keeps the tasks done): the expert and the
     # committed generated kernels at the paper shapes beside every standard baseline
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     for t in ${COMPARE_TASKS:-k8 k1 k0 k2 k3 k4 k5 k6 k7 k9}; do
       timeout "${COMPARE_TIMEOUT_S:-120}" $PY -m epiforge compare --task "$t" --shapes "${COMPARE_SHAPES:-paper}" \
         --device gpu --store "$OUT/compare.sqlite" >> "$OUT/compare.md" 2>> "$OUT/compare.log" \
@@ -267,7 +276,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
   judge-launcher)
     # issue 11: the launcher mode on the GPU. Nothing is timed, so the three run side by side.
     mkdir -p "$OUT" "$STATE"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     timeout 420 $PY -m epiforge.bench.check_gpu --jobs "${JOBS:-4}" --out "$OUT/check-launcher.json" \
       > "$OUT/check-launcher.log" 2>&1 &
     { fingerprint_line "bash bench/h200.sh judge-launcher"
@@ -299,7 +308,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     # precompiled kernels, every default baseline, one judge for all the tasks; how long it
     # took goes beside its tables (compare-all.md, compare-all.sqlite, compare-all.log)
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     start=$(date +%s)
     rc=0
     timeout "${COMPARE_ALL_TIMEOUT_S:-580}" $PY -m epiforge compare --all --shapes paper --device gpu \
@@ -312,7 +321,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     # which GPU state the judge times in (eval/timing.py Lead): the same expert kernels under
     # compare with each lead, and under bench/run.py (back to back) before and after
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     tasks=${LEAD_TASKS:-k0 k8}
     # shellcheck disable=SC2086
     $PY -m epiforge.bench.run --tasks $tasks --tuned --sol-from $SWEEPS --reps 30 --out "$OUT/lead-bench-1.json" | grep -E "^k[0-9] "
@@ -337,7 +346,7 @@ print(i(Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR), 'precompiled objects i
     # then bench again, on the same tasks' expert kernels (compare without the built
     # baselines: the speed of light is the same in both)
     mkdir -p "$OUT"
-    $PY -c "from epiforge.bench.gpu_env import install_precompiled as i; print(i(), 'precompiled objects installed')"
+    install_objects
     tasks=${NOISE_TASKS:-k0 k1 k2 k3 k4 k5 k8}
     leads=${NOISE_LEADS:-${EPIFORGE_TIMED_LEAD:-heat:3}}
     start=$(date +%s)
