@@ -7,6 +7,8 @@ configs fairly: pass those.
     python -m epiforge.bench.tuning bench/results/h200/sweep.json [--write]
     python -m epiforge.bench.tuning bench/results/h200/sweep*.json bench/results/h200/confirm.json --check
     python -m epiforge.bench.tuning bench/results/h200/c-load-warp.json --pairs _cl    (a flag against its twin)
+    python -m epiforge.bench.tuning h200/sweep-llama3/*.json --picks --other h100/sweep-llama3/*.json
+        (each shape's TUNED pick against the fastest config, here and on another card)
 """
 
 from __future__ import annotations
@@ -117,6 +119,46 @@ def check(files: list[str]) -> list[str]:
     return lines + [summary]
 
 
+def tuned_picks(files: list[str], other: list[str] | None = None,
+                kernels_dir: Path | None = None) -> list[tuple[str, str, str, bool, float | None, str, float,
+                                                               float | None, float | None]]:
+    """Per task and shape of these files: (task, shape, the config the kernel's TUNED table
+    gives that shape through primitives.pick_config, whether the shape has its own entry,
+    that config's time / GEMM-only here, the fastest config here, its ratio, then the pick's
+    and the fastest config's ratios in the other files (a sweep of the same shapes on another
+    card; None where not timed there)). Ratios within one run only (config_ratios)."""
+    import torch
+
+    from epiforge.primitives.config import pick_config
+
+    kernels_dir = kernels_dir or REPO / "human_kernels"
+    there = config_ratios(other) if other else {}
+    rows = []
+    for task, shapes in sorted(config_ratios(files).items()):
+        table_now = current_table(kernels_dir / f"{task}.py")
+        for shape, cfgs in sorted(shapes.items(), key=lambda kv: [int(x) for x in kv[0].split("x")]):
+            m, n, k = (int(x) for x in shape.split("x"))
+            pick = pick_config(table_now, torch.empty(m, k, device="meta"), torch.empty(n, k, device="meta")).key()
+            best = min(cfgs, key=cfgs.get)
+            far = there.get(task, {}).get(shape, {})
+            rows.append((task, shape, pick, shape in table_now, cfgs.get(pick), best, cfgs[best],
+                         far.get(pick), far.get(best)))
+    return rows
+
+
+def picks_table(rows, other: bool) -> str:
+    """tuned_picks as Markdown."""
+    f = lambda r: "-" if r is None else f"{r:.3f}"  # noqa: E731
+    head = "| task | m x n x k | TUNED pick | pick here | fastest here |" + (
+        " pick there | fastest here's config there |" if other else "")
+    lines = [head, "|---" * head.count(" | ") + "|---|"]
+    for task, shape, pick, own, here, best, best_r, pick_there, best_there in rows:
+        cells = [task, shape.replace("x", " x "), pick + ("" if own else " (nearest entry)"), f(here),
+                 f"{best_r:.3f} ({best})"] + ([f(pick_there), f(best_there)] if other else [])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(shapes: dict[str, tuple[str, float]], indent: str = "") -> str:
     lines = ["{"]
     for shape, (cfg, ratio) in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
@@ -166,9 +208,16 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", metavar="SUFFIX", default=None,
                     help="only list, per row, each config whose key ends in SUFFIX (a flag, e.g. _cl) over its "
                          "twin without it, per repetition, one column per file (Markdown)")
+    ap.add_argument("--picks", action="store_true",
+                    help="only list, per shape, the config the TUNED table gives it against the fastest config "
+                         "in these files (Markdown)")
+    ap.add_argument("--other", nargs="+", metavar="FILE", default=None,
+                    help="with --picks: the same sweep on another card, whose ratios of both configs are added")
     args = ap.parse_args(argv)
-    if args.write + args.check + args.ratios + (args.pairs is not None) > 1:
-        ap.error("pass one of --write, --check, --ratios, --pairs")
+    if args.write + args.check + args.ratios + (args.pairs is not None) + args.picks > 1:
+        ap.error("pass one of --write, --check, --ratios, --pairs, --picks")
+    if args.other and not args.picks:
+        ap.error("--other goes with --picks")
     if args.pairs is not None:
         try:
             pairs = flag_pairs(args.files, args.pairs)
@@ -187,6 +236,12 @@ def main(argv=None) -> int:
         ap.error(str(e))
     if args.check:
         print("\n".join(check(args.files)))
+        return 0
+    if args.picks:
+        try:
+            print(picks_table(tuned_picks(args.files, args.other), other=bool(args.other)))
+        except ValueError as e:
+            ap.error(str(e))
         return 0
     if args.ratios:
         for task, shapes in sorted(config_ratios(args.files).items()):

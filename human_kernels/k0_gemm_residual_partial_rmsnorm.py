@@ -15,8 +15,9 @@ TUNED = {
     "16384x4096x4096": "128x128_c1x2_pp",  # 1.066 of GEMM-only
     "16384x8192x8192": "128x128_c1x2_pp_cs2",  # 1.012 of GEMM-only
     # the fused model's down projection + residual at LLaMA-3's 1B, 8B and 70B layers (K = F;
-    # bench/run.py --shape-set llama3 --gemm-k F): measured on an H100, not the H200
-    # (bench/results/h100/sweep-llama3); 128x128_c1x2_pp took 1.067, 1.104 and 1.873 there
+    # bench/run.py --shape-set llama3 --gemm-k F): the H100's fastest (bench/results/h100/
+    # sweep-llama3; 128x128_c1x2_pp took 1.067, 1.104 and 1.873 there); on the H200 within
+    # 1.8 % of the fastest (1.045, 1.008, 1.014; bench/results/h200/sweep-llama3)
     "16384x2048x8192": "192x128_c1x2_pp",  # 1.046 of GEMM-only
     "16384x4096x14336": "192x128_c1x2_pp",  # 1.012 of GEMM-only
     "16384x8192x28672": "192x128_c1x2_pp",  # 1.015 of GEMM-only

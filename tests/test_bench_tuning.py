@@ -341,3 +341,30 @@ def test_a_flag_is_set_beside_its_twin_repetition_by_repetition(tmp_path, capsys
                                                     gemm_cublas=_s(CLOCK))])
     ((_, _, twin, (ratio,)),) = tuning.flag_pairs([middle], "_en64")
     assert twin == "a_cl" and abs(ratio - 1.1) < 1e-12
+
+
+def test_picks_set_each_shapes_tuned_config_beside_the_fastest_here_and_on_another_card(tmp_path, capsys):
+    kernels = tmp_path / "human_kernels"
+    kernels.mkdir()
+    # k8 has its own entry for the shape; k2's table knows only a neighbour, so pick_config takes it
+    (kernels / "k8_gemm_swiglu.py").write_text('TUNED = {\n    "16384x11264x2048": "128x192_c2x1_pp",\n}\n')
+    (kernels / "k2_gemm_rmsnorm_swiglu.py").write_text('TUNED = {\n    "16384x22016x2048": "128x96_c2x1_pp",\n}\n')
+    here = _sweep(tmp_path)
+    there_dir = tmp_path / "there"
+    there_dir.mkdir()
+    there = _write(there_dir / "sweep.json", [_row("k8_gemm_swiglu", gemm_cublas=_t(100.0), configs={
+        "128x192_c2x1_pp": {"fused": _t(103.0), "gemm_quack": _t(100.0)},
+        "128x128_c1x2_pp": {"fused": _t(180.0), "gemm_quack": _t(100.0)},
+    })])
+    rows = tuning.tuned_picks([here], [there], kernels_dir=kernels)
+    assert rows == [
+        ("k2_gemm_rmsnorm_swiglu", "16384x11264x2048", "128x96_c2x1_pp", False, pytest.approx(130 / 99),
+         "128x192_c2x1_pp", pytest.approx(101 / 99), None, None),
+        ("k8_gemm_swiglu", "16384x11264x2048", "128x192_c2x1_pp", True, pytest.approx(110 / 98),
+         "128x128_c1x2_pp", pytest.approx(104 / 98), pytest.approx(1.03), pytest.approx(1.80)),
+    ]
+    table = tuning.picks_table(rows, other=True)
+    assert "| 128x96_c2x1_pp (nearest entry) | 1.313 | 1.020 (128x192_c2x1_pp) | - | - |" in table
+    assert table.splitlines()[1].count("---") == table.splitlines()[0].count(" | ") + 1
+    with pytest.raises(SystemExit):
+        tuning.main([here, "--other", there])  # --other without --picks
