@@ -13,6 +13,7 @@
 #   bench/h200.sh profile-epilogue-stalls # Nsight Compute PC sampling per SASS instruction (objects with line info: bench.precompile --lineinfo --tasks k0 k7 --configs <the six> --parts kernels, here first): k7 1B/7B, k0 1B without and with the C-load warp (epilogue-stalls.txt; bench.epilogue_stalls reads it here)
 #   bench/h200.sh epi-tile       # the epilogue sub-tile twice as wide (_en64) against its twins, k0 and k7 at 1B and 7B (epi-tile.json), after its GPU bit test
 #   bench/h200.sh c-load-ceiling # issue 16's closing run: k0, k7, k6 at 1B and 7B, with and without the C-load warp, beside their diagnostics (floors) and quack's library, one interleaved run per row (c-load-ceiling.json; bench.ceiling's table)
+#   bench/h200.sh chain-cl       # issue 16: the backward chain (k7 -> k6) with k7 with and without the C-load warp, at 1B and 7B, twice (chain-cl.json, chain-cl-2.json)
 #   bench/h200.sh sweep-llama1b-k6 # issue 15: k6's tile configs at the 1B model's LM-head and QKV input gradients (sweep-llama1b-k6.json)
 #   bench/h200.sh sweep-llama3   # issue 15: k0 (after the down projection, --gemm-k F), k2, k6, k7 at LLaMA-3's three layers, config set llama3 (sweep-llama3-k0-down.json, sweep-llama3.json)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
@@ -193,6 +194,21 @@ case "${1:-}" in
       --library --diagnostics --reps "${CEILING_REPS:-40}" --out "$OUT/c-load-ceiling.json" > "$OUT/c-load-ceiling.log" 2>&1 \
       || echo "bench.run: exit $?"
     $PY -m epiforge.bench.ceiling "$OUT/c-load-ceiling.json" || true
+    ;;
+  chain-cl)
+    # issue 16 section 2: the chain before and after, in one interleaved run per scale: the
+    # fused chain at the TUNED configs (k7 7B with the C-load warp, 1B without), the same
+    # chain with k7 at _cs2_cl and at _cs1 (the twins), torch.compile of the unfused chain and
+    # the GEMM-only bound. Every quack object it needs is in the c-load-ceiling precompile, so
+    # PRECOMPILED=.epiforge/ceiling-cache serves it; run twice for the run-to-run spread.
+    mkdir -p "$OUT"
+    install_objects
+    for run in "" -2; do
+      timeout "${CHAIN_TIMEOUT_S:-240}" $PY -m epiforge.bench.chain --scales 1B 7B \
+        --k7-configs 128x128_c1x2_pp_cs2_cl 128x128_c1x2_pp_cs1 --reps "${CHAIN_REPS:-30}" \
+        --out "$OUT/chain-cl$run.json" > "$OUT/chain-cl$run.log" 2>&1 || echo "bench.chain: exit $?"
+      grep -E "^chain " "$OUT/chain-cl$run.log" || true
+    done
     ;;
   sweep-llama1b-k6)
     # issue 15: k6's epilogue also runs the LM head's and the GQA QKV's input gradients
@@ -377,7 +393,7 @@ case "${1:-}" in
     echo "judge-noise: $(( $(date +%s) - start )) s"
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer|profile-epilogue-stalls|epi-tile|quack-upstream|c-load-ceiling|sweep-llama1b-k6|sweep-llama3" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer|profile-epilogue-stalls|epi-tile|quack-upstream|c-load-ceiling|chain-cl|sweep-llama1b-k6|sweep-llama3" >&2
     exit 2
     ;;
 esac
