@@ -27,6 +27,9 @@ loss on the same first batch, so a contender that computed something else shows.
   their fused epilogues, the optimizer, the rest), with the largest kernels by name, and
   the GEMM time by GEMM shape, so that each fused GEMM sits beside the cuBLAS GEMM it
   replaces (on a CPU, --tiny: the GEMM calls by shape, whose counts the tests compare).
+- host time (both parts, on a GPU): how long the host takes to issue one call while the GPU
+  sleeps ahead of it (HostTime). A call whose host time exceeds its GPU time leaves the GPU
+  idle between its kernels, which its measured time includes.
 - clocks (both parts, on a GPU): the SM clock, power and power-cap share while each profiled
   contender runs alone, back to back (eval.clocks). At the power cap the same cuBLAS GEMM
   takes longer in a step whose clock is lower, so a GEMM gap between two steps at equal
@@ -46,6 +49,7 @@ import argparse
 import gc
 import math
 import re
+import statistics
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -88,6 +92,20 @@ KINDS = (
 )
 
 
+class HostTime(BaseModel):
+    """How long the host takes to issue one call, its GPU work left queued. Measured with the
+    GPU asleep ahead of each call (a lead of HOST_LEAD_CYCLES), so that no launch waits for the
+    GPU: where this exceeds the call's GPU time, the call is host-bound and its GPU idles
+    between kernels. Measured on a GPU only."""
+
+    ms: float = Field(description="the median over `calls` calls of the host's wall time from the call's start "
+                                  "to its return")
+    calls: int = Field(ge=1)
+    waited: bool = Field(description="some call returned after the lead had ended: it waited for the GPU (a "
+                                     "synchronization inside it, a full launch queue, or a lead too short), so "
+                                     "`ms` holds GPU time too")
+
+
 class Contender(BaseModel):
     """One contender of one row: what it runs and how it did."""
 
@@ -98,6 +116,8 @@ class Contender(BaseModel):
     first_call_s: float | None = Field(None, description="wall seconds of its first call (compiles, autotuning)")
     peak_gib: float | None = Field(None, description="peak memory of one call (see the module docstring)")
     timing: Timing | None = Field(None, description="its times, from the row's interleaved run")
+    host: HostTime | None = Field(None, description="the host's time to issue one call (HostTime); absent in "
+                                                    "files from before it or where measuring it failed")
     error: str | None = Field(None, description="why it did not run (then nothing else is set)")
 
 
@@ -457,6 +477,11 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
     if not cuda:  # nothing timed; the GEMM calls by shape (profile_breakdown on a CPU)
         _breakdowns(row, ok, breakdown_of, cuda)
         return row
+    for e in ok:
+        try:  # evidence beside the timings: a failure costs only this
+            e.record.host = host_time(e.call, cuda)
+        except Exception as err:  # noqa: BLE001 - reported; the row goes on
+            print(f"  {part} {e.record.name}: host time not measured: {_why(err)}", file=sys.stderr, flush=True)
     timings = time_cuda_interleaved({e.record.name: (e.call, [(i,) for i in range(2)]) for e in ok},
                                     warmup=1, reps=reps)
     for e in ok:
@@ -478,6 +503,34 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
     except Exception as e:  # noqa: BLE001 - recorded in the row
         row.clocks = {name: ClockSummary.missing(f"sampling failed: {_why(e)}") for name in row.clock_calls}
     return row
+
+
+#: the GPU sleep queued before each host_time call: about 0.5 s at the H200's boost clock
+#: (more at its power cap), longer than any layer's or step's host work measured so far
+HOST_LEAD_CYCLES = 1_000_000_000
+
+
+def host_time(call: Callable[[int], object], cuda: bool, calls: int = 3,
+              lead_cycles: int = HOST_LEAD_CYCLES) -> HostTime:
+    """The host's time to issue call(i) (HostTime). On a GPU each call follows a sleep of
+    lead_cycles and an event behind it; if that event has completed when the call returns,
+    the call may have waited for the GPU (`waited`). Each call's GPU work is finished
+    before the next. cuda=False: no lead, the calls' wall time (what the tests check of the
+    timing and the median on a CPU)."""
+    times, waited = [], False
+    for i in range(calls):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(lead_cycles)
+            lead_end = torch.cuda.Event()
+            lead_end.record()
+        t0 = time.perf_counter()
+        call(i % 2)
+        times.append((time.perf_counter() - t0) * 1000.0)
+        if cuda:
+            waited |= lead_end.query()
+            torch.cuda.synchronize()
+    return HostTime(ms=round(statistics.median(times), 3), calls=calls, waited=waited)
 
 
 def clock_calls(entry: _Entry) -> int:
@@ -764,6 +817,7 @@ def render(reports: list[Report]) -> str:
             others = [f"{key} {r.median:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for key, r in row.ratios.items()
                       if not key.endswith("/fused")]
             lines += [f"Other ratios (per repetition, 95% interval): {'; '.join(others)}", ""] if others else []
+            lines += render_host_times(row)
             lines += render_gemm_times(row)
             if any(b.by_kind_ms for b in row.breakdown.values()):
                 kinds = sorted({kind for b in row.breakdown.values() for kind in b.by_kind_ms})
@@ -777,6 +831,17 @@ def render(reports: list[Report]) -> str:
             lines += [""] if row.breakdown_errors else []
             lines += render_clocks(row)
     return "\n".join(lines)
+
+
+def render_host_times(row: Row) -> list[str]:
+    """The host's time to issue one call (Contender.host) beside the median time, one line."""
+    have = [k for k in row.contenders if k.host is not None]
+    if not have:
+        return []
+    parts = [f"{k.name} {k.host.ms:.2f}" + (f" of {k.timing.median_us / 1000:.2f}" if k.timing else "")
+             + (" (waited for the GPU)" if k.host.waited else "") for k in have]
+    return [f"Host time to issue one call, ms (the GPU kept busy ahead of it; of the median time): "
+            f"{'; '.join(parts)}", ""]
 
 
 def render_clocks(row: Row) -> list[str]:

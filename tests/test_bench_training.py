@@ -277,3 +277,30 @@ def test_clocks_sample_each_contender_alone_and_a_failure_is_its_own():
                                                       ClockReading(1980.0, 650_000.0, 61.0, 0)])})
     assert bt.render_clocks(row)[2] == "- fused (4 calls a pass): SM 1868 MHz (1755-1980), 670 W, power-capped 50% " \
                                        "over 2 readings"
+
+
+def test_host_time_is_the_median_call_and_the_report_sets_it_beside_the_median_time():
+    import time as _time
+
+    pauses = iter([0.005, 0.060, 0.030])  # ms 5, 60, 30: the median is the 30 ms call
+    got = bt.host_time(lambda i: _time.sleep(next(pauses)), cuda=False, calls=3)
+    assert 30.0 <= got.ms < 60.0 and got.calls == 3 and not got.waited
+    row = bt.Row(part="layer", config={}, reps=1, contenders=[
+        bt.Contender(name="fused", what="x", host=bt.HostTime(ms=12.5, calls=3, waited=False),
+                     timing=bt.summarize([9000.0, 10000.0, 11000.0], keep=True)),
+        bt.Contender(name="compile", what="y", host=bt.HostTime(ms=240.0, calls=3, waited=True)),
+        bt.Contender(name="eager", what="z")])
+    line = bt.render_host_times(row)[0]
+    assert "fused 12.50 of 10.00" in line and "compile 240.00 (waited for the GPU)" in line and "eager" not in line
+    with pytest.raises(ValueError):
+        bt.HostTime(ms=1.0, calls=0, waited=False)
+
+
+@pytest.mark.gpu
+def test_host_time_tells_a_call_that_queues_from_one_that_waits_for_the_gpu():
+    x = torch.ones(1024, device="cuda")
+    queued = bt.host_time(lambda i: x.mul_(1.0), cuda=True, calls=2, lead_cycles=200_000_000)
+    synced = bt.host_time(lambda i: (x.mul_(1.0), torch.cuda.synchronize()), cuda=True, calls=2,
+                          lead_cycles=200_000_000)
+    assert not queued.waited and queued.ms < 20.0, queued
+    assert synced.waited and synced.ms > queued.ms, synced
