@@ -60,6 +60,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from epiforge.eval.clocks import ClockSampler, ClockSummary
+from epiforge.eval.machine import REPO
 from epiforge.eval.stats import Ratio, Timing, paired_ratio, summarize
 from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
@@ -104,6 +105,11 @@ class HostTime(BaseModel):
     waited: bool = Field(description="some call returned after the lead had ended: it waited for the GPU (a "
                                      "synchronization inside it, a full launch queue, or a lead too short), so "
                                      "`ms` holds GPU time too")
+    by_function: list[tuple[str, float]] = Field(
+        default_factory=list,
+        description="one more call under cProfile (which slows it, so not part of `ms`): the Python functions "
+                    "with the most own time, (where, ms), the largest first; 'where' is the file below "
+                    "site-packages or the repository, its line and the function")
 
 
 class Contender(BaseModel):
@@ -477,11 +483,6 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
     if not cuda:  # nothing timed; the GEMM calls by shape (profile_breakdown on a CPU)
         _breakdowns(row, ok, breakdown_of, cuda)
         return row
-    for e in ok:
-        try:  # evidence beside the timings: a failure costs only this
-            e.record.host = host_time(e.call, cuda)
-        except Exception as err:  # noqa: BLE001 - reported; the row goes on
-            print(f"  {part} {e.record.name}: host time not measured: {_why(err)}", file=sys.stderr, flush=True)
     timings = time_cuda_interleaved({e.record.name: (e.call, [(i,) for i in range(2)]) for e in ok},
                                     warmup=1, reps=reps)
     for e in ok:
@@ -502,35 +503,75 @@ def _run_row(part: str, config: dict, entries: list[_Entry], reps: int, cuda: bo
         row.clocks = contender_clocks(ok, row.clock_calls, torch.cuda.synchronize, torch.cuda.current_device())
     except Exception as e:  # noqa: BLE001 - recorded in the row
         row.clocks = {name: ClockSummary.missing(f"sampling failed: {_why(e)}") for name in row.clock_calls}
+    # last, after everything timed: cProfile's hook must not touch a compiled contender's timings
+    for e in ok:
+        try:  # evidence beside the timings: a failure costs only this
+            e.record.host = host_time(e.call, cuda, profile_top=HOST_PROFILE_TOP if e.record.name in breakdown_of else 0)
+        except Exception as err:  # noqa: BLE001 - reported; the row goes on
+            print(f"  {part} {e.record.name}: host time not measured: {_why(err)}", file=sys.stderr, flush=True)
     return row
 
+
+#: the Python functions kept per profiled contender (HostTime.by_function)
+HOST_PROFILE_TOP = 25
 
 #: the GPU sleep queued before each host_time call: about 0.5 s at the H200's boost clock
 #: (more at its power cap), longer than any layer's or step's host work measured so far
 HOST_LEAD_CYCLES = 1_000_000_000
 
 
-def host_time(call: Callable[[int], object], cuda: bool, calls: int = 3,
-              lead_cycles: int = HOST_LEAD_CYCLES) -> HostTime:
+def host_time(call: Callable[[int], object], cuda: bool, calls: int = 3, lead_cycles: int = HOST_LEAD_CYCLES,
+              profile_top: int = 0) -> HostTime:
     """The host's time to issue call(i) (HostTime). On a GPU each call follows a sleep of
     lead_cycles and an event behind it; if that event has completed when the call returns,
     the call may have waited for the GPU (`waited`). Each call's GPU work is finished
-    before the next. cuda=False: no lead, the calls' wall time (what the tests check of the
-    timing and the median on a CPU)."""
+    before the next. profile_top > 0: one more call under cProfile, its profile_top
+    functions with the most own time (`by_function`). cuda=False: no lead, the calls' wall
+    time (what the tests check of the timing, the median and the profile on a CPU)."""
+    import cProfile
+    import pstats
+
     times, waited = [], False
-    for i in range(calls):
+    profiler = cProfile.Profile()
+    for i in range(calls + (profile_top > 0)):
+        profiled = i == calls
         if cuda:
             torch.cuda.synchronize()
             torch.cuda._sleep(lead_cycles)
             lead_end = torch.cuda.Event()
             lead_end.record()
         t0 = time.perf_counter()
+        if profiled:
+            profiler.enable()
         call(i % 2)
-        times.append((time.perf_counter() - t0) * 1000.0)
+        if profiled:
+            profiler.disable()
+        else:
+            times.append((time.perf_counter() - t0) * 1000.0)
         if cuda:
-            waited |= lead_end.query()
+            waited |= not profiled and lead_end.query()
             torch.cuda.synchronize()
-    return HostTime(ms=round(statistics.median(times), 3), calls=calls, waited=waited)
+    by_function = []
+    if profile_top > 0:
+        own = pstats.Stats(profiler).stats  # {(file, line, function): (calls, primitive calls, own s, cumulative s, callers)}
+        ranked = sorted(own.items(), key=lambda kv: -kv[1][2])[:profile_top]
+        by_function = [(_code_where(*where), round(stat[2] * 1000.0, 3)) for where, stat in ranked]
+    return HostTime(ms=round(statistics.median(times), 3), calls=calls, waited=waited, by_function=by_function)
+
+
+def _code_where(filename: str, line: int, function: str) -> str:
+    """A profiled function's place without this machine's paths: the file below
+    site-packages or the repository, else its name alone; built-ins as cProfile names them."""
+    if filename == "~":
+        return function
+    path = filename.replace("\\", "/")
+    if "site-packages/" in path:
+        path = path.rsplit("site-packages/", 1)[1]
+    elif path.startswith(str(REPO) + "/"):
+        path = path[len(str(REPO)) + 1:]
+    else:
+        path = path.rsplit("/", 1)[-1]
+    return f"{path}:{line}({function})"
 
 
 def clock_calls(entry: _Entry) -> int:
@@ -840,8 +881,13 @@ def render_host_times(row: Row) -> list[str]:
         return []
     parts = [f"{k.name} {k.host.ms:.2f}" + (f" of {k.timing.median_us / 1000:.2f}" if k.timing else "")
              + (" (waited for the GPU)" if k.host.waited else "") for k in have]
-    return [f"Host time to issue one call, ms (the GPU kept busy ahead of it; of the median time): "
-            f"{'; '.join(parts)}", ""]
+    lines = [f"Host time to issue one call, ms (the GPU kept busy ahead of it; of the median time): "
+             f"{'; '.join(parts)}", ""]
+    for k in have:
+        if k.host.by_function:
+            lines += [f"- {k.name}, the functions with the most own time in one call under cProfile, ms: "
+                      + ", ".join(f"{where} {ms:.2f}" for where, ms in k.host.by_function[:8]), ""]
+    return lines
 
 
 def render_clocks(row: Row) -> list[str]:

@@ -296,6 +296,23 @@ def test_host_time_is_the_median_call_and_the_report_sets_it_beside_the_median_t
         bt.HostTime(ms=1.0, calls=0, waited=False)
 
 
+def _busy_host_work(n):
+    return sum(i * i for i in range(n))
+
+
+def test_host_time_profile_names_the_functions_that_took_the_host_time():
+    got = bt.host_time(lambda i: (_busy_host_work(300_000), _busy_host_work(3_000)), cuda=False, calls=1,
+                       profile_top=5)
+    assert got.calls == 1 and len(got.by_function) <= 5
+    where, ms = got.by_function[0]  # the generator inside the heavier call, or the call itself
+    assert "tests/test_bench_training.py:" in where and ms > 0, got.by_function
+    assert all("/work/" not in w and not w.startswith("/") for w, _ in got.by_function), got.by_function
+    assert [m for _, m in got.by_function] == sorted((m for _, m in got.by_function), reverse=True)
+    row = bt.Row(part="layer", config={}, reps=1, contenders=[bt.Contender(name="fused-block", what="x", host=got)])
+    text = "\n".join(bt.render_host_times(row))
+    assert "fused-block, the functions with the most own time" in text and where in text
+
+
 @pytest.mark.gpu
 def test_host_time_tells_a_call_that_queues_from_one_that_waits_for_the_gpu():
     x = torch.ones(1024, device="cuda")
