@@ -205,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="only say where the kernels' TUNED tables differ from these files' picks, and by how much")
     ap.add_argument("--ratios", action="store_true", help="only list every config's time / GEMM-only, fastest first")
+    ap.add_argument("--of", default="fused", metavar="WHAT",
+                    help="with --ratios: whose time, 'fused' (default), 'quack_library' or 'diag:<diagnostic>' "
+                         "(e.g. diag:without_zdz, from files made with --diagnostics)")
     ap.add_argument("--pairs", metavar="SUFFIX", default=None,
                     help="only list, per row, each config whose key ends in SUFFIX (a flag, e.g. _cl) over its "
                          "twin without it, per repetition, one column per file (Markdown)")
@@ -243,8 +246,10 @@ def main(argv=None) -> int:
         except ValueError as e:
             ap.error(str(e))
         return 0
+    if args.of != "fused" and not args.ratios:
+        ap.error("--of goes with --ratios")
     if args.ratios:
-        for task, shapes in sorted(config_ratios(args.files).items()):
+        for task, shapes in sorted(config_ratios(args.files, args.of).items()):
             for shape, cfgs in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
                 print(f"{task} {shape}: " + ", ".join(f"{c} {r:.3f}" for c, r in sorted(cfgs.items(), key=lambda kv: kv[1])))
         return 0

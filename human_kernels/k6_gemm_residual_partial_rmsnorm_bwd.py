@@ -22,7 +22,7 @@ TUNED = {
     # sweep-llama1b-k6): 1.023 of GEMM-only, where the nearest shape's 128x128_c1x2_pp took 1.193
     "16384x2048x128256": "256x128_c1x2_cs1",
     # LLaMA-3's 8B and 70B layers (bench/run.py --shape-set llama3): the H100's fastest
-    # (bench/results/h100/sweep-llama3); on the H200 within 1.2 % of the fastest (1.013,
+    # (bench/results/h100/sweep-llama3); on the H200 within 1.3 % of the fastest (1.013,
     # 1.021; bench/results/h200/sweep-llama3)
     "16384x4096x28672": "192x128_c1x2_pp",  # 1.046 of GEMM-only
     "16384x8192x57344": "192x128_c1x2_pp",  # 1.056 of GEMM-only

@@ -21,7 +21,7 @@ TUNED = {
     "16384x8192x2048": "128x128_c1x2_pp",  # 1.234 of GEMM-only
     # LLaMA-3's 8B and 70B layers (bench/run.py --shape-set llama3): the H100's fastest
     # (bench/results/h100/sweep-llama3); on the H200 the fastest at 8B (1.072) and within
-    # 1.7 % of it at 70B (1.061; bench/results/h200/sweep-llama3)
+    # 1.6 % of it at 70B (1.061; bench/results/h200/sweep-llama3)
     "16384x14336x4096": "128x128_c1x2_pp_cs1_cl",  # 1.161 of GEMM-only
     "16384x28672x8192": "128x192_c2x1_pp",  # 1.098 of GEMM-only
 }

@@ -368,3 +368,13 @@ def test_picks_set_each_shapes_tuned_config_beside_the_fastest_here_and_on_anoth
     assert table.splitlines()[1].count("---") == table.splitlines()[0].count(" | ") + 1
     with pytest.raises(SystemExit):
         tuning.main([here, "--other", there])  # --other without --picks
+
+
+def test_ratios_of_another_timing_and_only_with_ratios(tmp_path, capsys):
+    assert tuning.main([_sweep(tmp_path), "--ratios", "--of", "quack_library"]) == 0
+    out = capsys.readouterr().out
+    # k2's library ran at both configs: 105 and 120 us against the fastest plain GEMM, 99 us
+    assert f"k2_gemm_rmsnorm_swiglu 16384x11264x2048: 128x96_c2x1_pp {105 / 99:.3f}, 128x192_c2x1_pp {120 / 99:.3f}" in out
+    assert "k8_gemm_swiglu" not in out  # no library timing there
+    with pytest.raises(SystemExit):
+        tuning.main([_sweep(tmp_path), "--of", "quack_library"])
