@@ -14,6 +14,7 @@
 #   bench/h200.sh epi-tile       # the epilogue sub-tile twice as wide (_en64) against its twins, k0 and k7 at 1B and 7B (epi-tile.json), after its GPU bit test
 #   bench/h200.sh c-load-ceiling # issue 16's closing run: k0, k7, k6 at 1B and 7B, with and without the C-load warp, beside their diagnostics (floors) and quack's library, one interleaved run per row (c-load-ceiling.json; bench.ceiling's table)
 #   bench/h200.sh chain-cl       # issue 16: the backward chain (k7 -> k6) with k7 with and without the C-load warp, at 1B and 7B, twice (chain-cl.json, chain-cl-2.json)
+#   bench/h200.sh training-check # issue 15 section 3 at this commit: every training GPU test (gradients of the ops, the layer, the LLaMA and Qwen3 models against float32) and the 200-step loss curve (pytest-gpu-training.log, loss_curve_cuda.json/.png)
 #   bench/h200.sh sweep-llama1b-k6 # issue 15: k6's tile configs at the 1B model's LM-head and QKV input gradients (sweep-llama1b-k6.json)
 #   bench/h200.sh sweep-llama3   # issue 15: k0 (after the down projection, --gemm-k F), k2, k6, k7 at LLaMA-3's three layers, config set llama3 (sweep-llama3-k0-down.json, sweep-llama3.json)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
@@ -210,6 +211,21 @@ case "${1:-}" in
       grep -E "^chain " "$OUT/chain-cl$run.log" || true
     done
     ;;
+  training-check)
+    # issue 15 section 3 on the GPU, again after the model's code changed (the H200's last
+    # run was at 4d850f3): the gradient tests of tests/test_training_*.py marked gpu, then
+    # the loss curve against the unfused float32 model (training/results holds the last ones)
+    mkdir -p "$OUT"
+    install_objects
+    { fingerprint_line "python -m pytest -m gpu tests/test_training_ops.py tests/test_training_layer.py tests/test_training_model.py tests/test_training_qk_norm.py -q"
+      timeout "${TRAINING_TESTS_TIMEOUT_S:-360}" $PY -m pytest -m gpu tests/test_training_ops.py tests/test_training_layer.py \
+        tests/test_training_model.py tests/test_training_qk_norm.py -q -p no:cacheprovider -rfEX 2>&1 || echo "pytest: exit $?"
+    } > "$OUT/pytest-gpu-training.log"
+    tail -1 "$OUT/pytest-gpu-training.log"
+    timeout "${LOSS_CURVE_TIMEOUT_S:-200}" $PY -m epiforge.training.loss_curve --steps 200 --device cuda --out "$OUT" \
+      > "$OUT/loss_curve.log" 2>&1 || echo "loss_curve: exit $?"
+    tail -3 "$OUT/loss_curve.log"
+    ;;
   sweep-llama1b-k6)
     # issue 15: k6's epilogue also runs the LM head's and the GQA QKV's input gradients
     # (tasks/shapes.toml llama1b-k6), whose configs k6's TUNED table took from the nearest
@@ -393,7 +409,7 @@ case "${1:-}" in
     echo "judge-noise: $(( $(date +%s) - start )) s"
     ;;
   *)
-    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer|profile-epilogue-stalls|epi-tile|quack-upstream|c-load-ceiling|chain-cl|sweep-llama1b-k6|sweep-llama3" >&2
+    echo "usage: bench/h200.sh confirm|final|rerun|profile|profile-stalls|judge-check|judge-tests|judge-exploits|judge-compare|judge-compare-all|judge-lead|judge-noise|judge-launcher|launcher-overhead|layer|profile-epilogue-stalls|epi-tile|quack-upstream|c-load-ceiling|chain-cl|training-check|sweep-llama1b-k6|sweep-llama3" >&2
     exit 2
     ;;
 esac
