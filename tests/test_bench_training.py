@@ -282,9 +282,9 @@ def test_clocks_sample_each_contender_alone_and_a_failure_is_its_own():
 def test_host_time_is_the_median_call_and_the_report_sets_it_beside_the_median_time():
     import time as _time
 
-    pauses = iter([0.005, 0.060, 0.030])  # ms 5, 60, 30: the median is the 30 ms call
+    pauses = iter([0.001, 0.250, 0.050])  # ms 1, 250, 50: the median is the 50 ms call
     got = bt.host_time(lambda i: _time.sleep(next(pauses)), cuda=False, calls=3)
-    assert 30.0 <= got.ms < 60.0 and got.calls == 3 and not got.waited
+    assert 50.0 <= got.ms < 250.0 and got.calls == 3 and not got.waited
     row = bt.Row(part="layer", config={}, reps=1, contenders=[
         bt.Contender(name="fused", what="x", host=bt.HostTime(ms=12.5, calls=3, waited=False),
                      timing=bt.summarize([9000.0, 10000.0, 11000.0], keep=True)),
