@@ -60,7 +60,6 @@ import torch
 from pydantic import BaseModel, Field
 
 from epiforge.eval.clocks import ClockSampler, ClockSummary
-from epiforge.eval.machine import REPO
 from epiforge.eval.stats import Ratio, Timing, paired_ratio, summarize
 from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
@@ -560,18 +559,11 @@ def host_time(call: Callable[[int], object], cuda: bool, calls: int = 3, lead_cy
 
 
 def _code_where(filename: str, line: int, function: str) -> str:
-    """A profiled function's place without this machine's paths: the file below
-    site-packages or the repository, else its name alone; built-ins as cProfile names them."""
-    if filename == "~":
-        return function
-    path = filename.replace("\\", "/")
-    if "site-packages/" in path:
-        path = path.rsplit("site-packages/", 1)[1]
-    elif path.startswith(str(REPO) + "/"):
-        path = path[len(str(REPO)) + 1:]
-    else:
-        path = path.rsplit("/", 1)[-1]
-    return f"{path}:{line}({function})"
+    """A profiled function's place without this machine's paths (epilogue_stalls.short_path);
+    built-ins as cProfile names them."""
+    from epiforge.bench.epilogue_stalls import short_path
+
+    return function if filename == "~" else f"{short_path(filename)}:{line}({function})"
 
 
 def clock_calls(entry: _Entry) -> int:

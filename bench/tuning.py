@@ -149,9 +149,9 @@ def tuned_picks(files: list[str], other: list[str] | None = None,
 def picks_table(rows, other: bool) -> str:
     """tuned_picks as Markdown."""
     f = lambda r: "-" if r is None else f"{r:.3f}"  # noqa: E731
-    head = "| task | m x n x k | TUNED pick | pick here | fastest here |" + (
-        " pick there | fastest here's config there |" if other else "")
-    lines = [head, "|---" * head.count(" | ") + "|---|"]
+    cols = ["task", "m x n x k", "TUNED pick", "pick here", "fastest here",
+            *(["pick there", "fastest here's config there"] if other else [])]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for task, shape, pick, own, here, best, best_r, pick_there, best_there in rows:
         cells = [task, shape.replace("x", " x "), pick + ("" if own else " (nearest entry)"), f(here),
                  f"{best_r:.3f} ({best})"] + ([f(pick_there), f(best_there)] if other else [])
@@ -221,6 +221,10 @@ def main(argv=None) -> int:
         ap.error("pass one of --write, --check, --ratios, --pairs, --picks")
     if args.other and not args.picks:
         ap.error("--other goes with --picks")
+    if args.of != "fused" and not args.ratios:
+        ap.error("--of goes with --ratios")
+    if args.of not in ("fused", "quack_library") and not (args.of.startswith("diag:") and len(args.of) > 5):
+        ap.error(f"--of {args.of}: use fused, quack_library or diag:<diagnostic>")
     if args.pairs is not None:
         try:
             pairs = flag_pairs(args.files, args.pairs)
@@ -243,13 +247,14 @@ def main(argv=None) -> int:
     if args.picks:
         try:
             print(picks_table(tuned_picks(args.files, args.other), other=bool(args.other)))
-        except ValueError as e:
-            ap.error(str(e))
+        except (ValueError, OSError) as e:
+            ap.error(str(e).splitlines()[0])
         return 0
-    if args.of != "fused" and not args.ratios:
-        ap.error("--of goes with --ratios")
     if args.ratios:
-        for task, shapes in sorted(config_ratios(args.files, args.of).items()):
+        ratios = config_ratios(args.files, args.of)
+        if not ratios:
+            ap.error(f"no {args.of} timings in {' '.join(args.files)}")
+        for task, shapes in sorted(ratios.items()):
             for shape, cfgs in sorted(shapes.items(), key=lambda kv: int(kv[0].split("x")[1])):
                 print(f"{task} {shape}: " + ", ".join(f"{c} {r:.3f}" for c, r in sorted(cfgs.items(), key=lambda kv: kv[1])))
         return 0

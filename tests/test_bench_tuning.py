@@ -378,3 +378,16 @@ def test_ratios_of_another_timing_and_only_with_ratios(tmp_path, capsys):
     assert "k8_gemm_swiglu" not in out  # no library timing there
     with pytest.raises(SystemExit):
         tuning.main([_sweep(tmp_path), "--of", "quack_library"])
+    for bad in ("nonsense", "diag:never_measured"):  # one line, not a traceback
+        with pytest.raises(SystemExit) as e:
+            tuning.main([_sweep(tmp_path), "--ratios", "--of", bad])
+        assert e.value.code == 2 and bad in capsys.readouterr().err
+
+
+def test_picks_of_a_task_without_a_kernel_file_is_one_line(tmp_path, capsys):
+    sweep = _write(tmp_path / "sweep.json", [_row("k99_no_such_kernel", gemm_cublas=_t(100.0), configs={
+        "128x128_c1x2_pp": {"fused": _t(104.0), "gemm_quack": _t(101.0)}})])
+    with pytest.raises(SystemExit) as e:
+        tuning.main([sweep, "--picks"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "k99_no_such_kernel.py" in err and "Traceback" not in err
