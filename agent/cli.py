@@ -569,6 +569,12 @@ def cmd_ablate(args) -> int:
     from epiforge.agent.loop import data_path
     from epiforge.agent.session import ConfigError
 
+    if args.report:  # before any session runs: a report that cannot be written must not cost them
+        from epiforge.agent.loop import output_file_problem
+
+        problem = output_file_problem("--report", Path(args.report))
+        if problem:
+            return _die(problem)
     if args.from_logs:
         logs = sorted(Path(args.from_logs).glob("*.jsonl"))
         if not logs:
@@ -595,12 +601,13 @@ def cmd_ablate(args) -> int:
         except (BackendError, ConfigError) as e:
             return _die(str(e))
     rows = report(logs, warn=lambda line: print(line, file=sys.stderr))
-    if args.report:
-        Path(args.report).write_text(json.dumps(rows_json(rows), indent=1) + "\n")
     if args.json:
         print(json.dumps(rows_json(rows), indent=1))
     else:
         print_report(rows)
+    if args.report:  # after the report is printed: a file that fails now loses nothing
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(rows_json(rows), indent=1) + "\n")
     return 0
 
 

@@ -77,6 +77,17 @@ def folder_problem(flag: str, path: Path | None) -> str | None:
     return None
 
 
+def output_file_problem(flag: str, path: Path) -> str | None:
+    """Why a file cannot be written at `path` (a report, a page; `flag` names it), in one line,
+    or None. Its missing folders are made when it is written; asked before any work starts."""
+    if path.is_dir():
+        return f"{flag} {path}: a directory, not a file"
+    problem = folder_problem(flag, path.parent)
+    if problem is None and path.exists() and not os.access(path, os.W_OK):
+        return f"{flag} {path}: not writable"
+    return problem and problem.replace(f"{flag} {path.parent}:", f"{flag} {path}:", 1)
+
+
 def folders_problem(*, log_dir: Path | None, workspace: Path | None, out_dir: Path | None) -> str | None:
     """The first folder a session writes in (its log's, its workspace, its kernels') that it
     cannot, in one line naming the flag that sets it, or None."""

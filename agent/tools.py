@@ -17,6 +17,7 @@ from typing import Callable
 from epiforge.agent.backends.base import ToolSpec
 from epiforge.agent.feedback import describe, plain, scrub, scrub_tree, speed_ratio
 from epiforge.agent.session import BestKernel, Evaluation, ToolResultBlock, ToolUseBlock
+from epiforge.eval.machine import hopper_available
 
 MAX_SOURCE_BYTES = 200_000
 
@@ -45,16 +46,6 @@ _RANK = {"PASSED": 3, "INCORRECT_NUMERICS": 2, "INCORRECT_SHAPE": 1, "INCORRECT_
 
 
 @functools.lru_cache(maxsize=1)
-def hopper_available() -> bool:
-    """A Hopper GPU the quack kernels can run on (imports torch, ~1 s, once)."""
-    try:
-        import torch
-
-        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-    except Exception:
-        return False
-
-
 class ToolFailure(Exception):
     """A tool call the model got wrong: its message goes back as an error result."""
 

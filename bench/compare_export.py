@@ -44,7 +44,7 @@ def load(stores: list[Path], commits: list[str], command: str) -> list:
         raise SystemExit("compare_export: give one --commit, or one per store")
     latest: dict[tuple[str, str, str], object] = {}
     for store, commit in zip(stores, commits * len(stores) if len(commits) == 1 else commits):
-        for row in ResultStore(store).rows()[::-1]:  # rows() is newest first
+        for row in ResultStore(store, read_only=True).rows()[::-1]:  # rows() is newest first
             r = row.result
             kernel = Path(r.kernel)
             rel = next((str(kernel.relative_to(p)) for p in (REPO, *kernel.parents)

@@ -110,16 +110,31 @@ def cmd_tasks_show(args) -> int:
 # ---- eval / compile --------------------------------------------------------------------
 
 
+def _gpu_refused(device: str) -> None:
+    """ValueError (one line) when --device asks for a GPU this machine lacks: a judge started
+    there would fail at its first CUDA call and blame the kernel."""
+    if device in ("gpu", "cuda"):
+        from epiforge.eval.machine import hopper_problem
+
+        problem = hopper_problem()
+        if problem:
+            raise ValueError(f"--device {device}: {problem} (use --device cpu for the emulator)")
+
+
 def cmd_eval(args) -> int:
     from epiforge.eval import evaluate
 
+    _gpu_refused(args.device)
+    store = None
+    if args.store:  # opened before the evaluation: a bad file must not cost the run
+        from epiforge.eval.store import ResultStore
+
+        store = ResultStore(args.store)
     result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
                       timeout_s=args.timeout, compile=args.compile, dtype=args.dtype,
                       launcher=not args.one_process)
-    if args.store:
-        from epiforge.eval.store import ResultStore
-
-        ResultStore(args.store).add(result)
+    if store is not None:
+        store.add(result)
     if args.json:
         print(result.model_dump_json(indent=1))
     else:
@@ -183,10 +198,10 @@ def cmd_compare(args) -> int:
 
     device = args.device
     if device == "auto":
-        import torch
+        from epiforge.eval.machine import hopper_available
 
-        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-        device = "gpu" if hopper else "cpu"
+        device = "gpu" if hopper_available() else "cpu"
+    _gpu_refused(device)
     if not args.all:
         names = list(dict.fromkeys(tasks.get_task(t).name for t in args.task))  # one judge, in the order given
         plans = [(name, select_kernels(name, args.kernels)) for name in names]
@@ -314,11 +329,19 @@ def cmd_leaderboard(args) -> int:
     if not args.no_shipped:
         results += lb.load_shipped()
         sources += lb.describe_shipped()
+    if args.html:  # before any work: the page's folder must take it
+        from epiforge.agent.loop import output_file_problem
+
+        problem = output_file_problem("--html", Path(args.html))
+        if problem:
+            raise ValueError(problem)
     path = Path(args.store or os.environ.get(ENV_PATH) or DEFAULT_PATH)
-    if path.is_file() or args.store:
-        stored = [row.result for row in ResultStore(path).rows()]
+    if args.store or path.exists():
+        stored = [row.result for row in ResultStore(path, read_only=True).rows()]
         results += stored
-        sources.append(f"the store {path}: {len(stored)} results")
+        sources.append(f"the store {path}: {len(stored)} result{'' if len(stored) == 1 else 's'}")
+    elif os.environ.get(ENV_PATH):
+        print(f"epiforge: no results store at {path} (${ENV_PATH}) yet", file=sys.stderr)
     logs = [Path(d) for d in (args.logs or [])]
     for d in logs:
         if not d.is_dir():

@@ -129,6 +129,7 @@ def write_html(board: Board, path: Path) -> None:
     parts.append("<h2>Tables</h2>")
     parts.append(_markdown_to_html(render_markdown(board)))
     parts.append("</body></html>")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts))
 
 

@@ -31,6 +31,27 @@ def data_dir() -> Path:
     return base / "epiforge"
 
 
+def hopper_problem() -> str | None:
+    """Why the fused kernels cannot run on a GPU of this machine, in one line, or None: they
+    need a Hopper (sm_90) GPU that torch sees. Imports torch (about a second)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA GPU here"
+        major, minor = torch.cuda.get_device_capability()
+        if major != 9:
+            return f"the GPU here is {torch.cuda.get_device_name()} (sm_{major}{minor}); the fused kernels need sm_90"
+    except Exception as e:  # noqa: BLE001 - a broken CUDA setup is an answer too: no GPU to run on
+        return f"torch cannot use the GPU: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+    return None
+
+
+def hopper_available() -> bool:
+    """A Hopper GPU the quack kernels can run on (hopper_problem finds none in the way)."""
+    return hopper_problem() is None
+
+
 def expert_kernel(task_name: str) -> Path | None:
     """The task's expert kernel, human_kernels/<task name>.py, or None: a task may have none
     (its expert track is then empty)."""

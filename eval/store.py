@@ -100,8 +100,15 @@ class StoredResult(BaseModel):
 
 
 class ResultStore:
-    def __init__(self, path: str | os.PathLike | None = None):
+    """read_only: for readers (the leaderboard): the file must exist and be a store; nothing
+    is created, migrated or written, so a typo'd path is an error, not a new empty store."""
+
+    def __init__(self, path: str | os.PathLike | None = None, read_only: bool = False):
         self.path = Path(path or os.environ.get(ENV_PATH) or DEFAULT_PATH)
+        self.read_only = read_only
+        if read_only:
+            self._check_readable()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connect() as db:
@@ -117,7 +124,28 @@ class ResultStore:
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"{self.path}: cannot open the results store: {e}") from None
 
+    def _check_readable(self) -> None:
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: no results store there" + (" (a directory)" if self.path.is_dir() else ""))
+        try:
+            with self._connect() as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.Error as e:
+            raise StoreError(f"{self.path}: cannot read the results store: {e}") from None
+        if "evaluations" not in tables:
+            raise StoreError(f"{self.path}: not an epiforge results store")
+        if version not in (*MIGRATIONS, SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: written by another epiforge (store schema {version}, this one reads "
+                             f"{SCHEMA_VERSION})")
+
     def _connect(self) -> sqlite3.Connection:
+        if self.read_only:  # a URI opened mode=ro: SQLite neither creates nor writes the file
+            uri = f"{self.path.resolve().as_uri()}?mode=ro"
+            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            db.row_factory = sqlite3.Row
+            return db
         db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         db.execute("PRAGMA foreign_keys=ON")
@@ -128,6 +156,8 @@ class ResultStore:
 
     def add(self, result: Result) -> int:
         """Record one Result; returns the new row's id."""
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
         if not isinstance(result, Result):
             result = Result.model_validate(result)
         timed = [(sh.shape, sh.timing) for sh in result.per_shape if sh.timing is not None]
@@ -182,8 +212,11 @@ class ResultStore:
         if outcome:
             sql, args = sql + " AND outcome = ?", [*args, outcome]
         sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
-        with self._connect() as db:
-            found = list(db.execute(sql, args))
+        try:
+            with self._connect() as db:
+                found = list(db.execute(sql, args))
+        except sqlite3.Error as e:
+            raise StoreError(f"{self.path}: cannot read the results store: {e}") from None
         out = []
         for r in found:
             try:

@@ -576,9 +576,11 @@ def _one_line(path: Path, err: ValidationError) -> str:
 def load_task_file(path: Path) -> Task:
     """Parse and validate one task.toml; TaskError (one line, file and field) if malformed."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text (TOML is): byte {e.start}") from None
     except OSError as e:
         raise TaskError(f"{path}: cannot read: {e.strerror}") from None
     _import_finishing(path.parent)  # a task's own finishing steps, before `launches` names them
@@ -639,9 +641,11 @@ def _check_sizes(task: Task, path: Path) -> None:
 
 def load_shape_sets(path: Path = TASKS_DIR / "shapes.toml") -> dict[str, list[ShapeSet]]:
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
         return {name: [ShapeSet(**row) for row in rows] for name, rows in data.items()}
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text (TOML is): byte {e.start}") from None
     except ValidationError as e:
         raise TaskError(_one_line(path, e)) from None

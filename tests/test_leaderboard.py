@@ -17,6 +17,7 @@ from epiforge import tasks
 from epiforge.eval import leaderboard as lb
 from epiforge.eval.result import Outcome, Result, ShapeResult, ShapeTiming
 from epiforge.eval.stats import summarize
+from epiforge.eval.store import ResultStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,6 +160,7 @@ def test_the_shipped_h200_results_are_compares_of_every_task():
 
 
 def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):
+    ResultStore(tmp_path / "none.sqlite")  # an empty store of one's own
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "none.sqlite")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -267,6 +269,7 @@ def test_by_default_the_agents_table_reads_the_users_own_sessions(tmp_path):
     for log in (REPO / "logs" / "examples").glob("*.jsonl"):
         shutil.copy(log, sessions / log.name)
     env = {**os.environ, "EPIFORGE_DATA_DIR": str(tmp_path / "data")}
+    ResultStore(tmp_path / "n.sqlite")
     out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "n.sqlite")],
                          capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
@@ -275,3 +278,33 @@ def test_by_default_the_agents_table_reads_the_users_own_sessions(tmp_path):
     out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "n.sqlite")],
                          capture_output=True, text=True, cwd=REPO, timeout=120, env=empty)
     assert out.returncode == 0 and "agent sessions:" not in out.stdout and "| anthropic |" not in out.stdout
+
+
+def test_the_leaderboard_reads_a_store_and_never_writes_one(tmp_path):
+    """A typo'd --store is an error, not a new empty store; a file that is no store is left as
+    it was; an existing store is read without a write (its bytes unchanged); --html is checked
+    before any work and its missing folders made."""
+    def board(*args, env=None):
+        return subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--no-shipped", *args],
+                              capture_output=True, text=True, cwd=REPO, timeout=120, env={**os.environ, **(env or {})})
+
+    missing = board("--store", str(tmp_path / "typo.sqlite"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no results store there" in missing.stderr
+    assert not (tmp_path / "typo.sqlite").exists()
+    script = tmp_path / "empty.py"
+    script.write_text("")
+    not_store = board(env={"EPIFORGE_RESULTS": str(script)})
+    assert not_store.returncode == 2 and "not an epiforge results store" in not_store.stderr
+    assert script.read_bytes() == b""
+    store_path = tmp_path / "r.sqlite"
+    store = ResultStore(store_path)
+    store.add(result(task="k1_gemm_rmsnorm", times=((110, 100, 150), (105, 100, 140))))
+    before = store_path.read_bytes()
+    ok = board("--store", str(store_path), "--html", str(tmp_path / "a" / "b" / "board.html"))
+    assert ok.returncode == 0, ok.stderr
+    assert "1 result" in ok.stdout and "| k1 | expert | yes |" in ok.stdout
+    assert store_path.read_bytes() == before and (tmp_path / "a" / "b" / "board.html").is_file()
+    into_dir = board("--store", str(store_path), "--html", str(tmp_path))
+    assert into_dir.returncode == 2 and "--html" in into_dir.stderr and "a directory" in into_dir.stderr
+    unset = board(env={"EPIFORGE_RESULTS": str(tmp_path / "later.sqlite")})
+    assert unset.returncode == 0 and "no results store at" in unset.stderr and not (tmp_path / "later.sqlite").exists()

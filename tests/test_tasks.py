@@ -323,9 +323,14 @@ def test_broken_specs_are_one_line_each_and_the_others_still_list(tmp_path):
     write_task(root, "x1_gemm_bias")
     write_task(root, "x2_bad_dim", lambda t: t.replace('id = "x1"', 'id = "x2"').replace('n = "F"', 'n = "hidden"'))
     write_task(root, "x1_zz_again")  # the id x1 is taken
+    (root / "x3_binary").mkdir()
+    (root / "x3_binary" / "task.toml").write_bytes(bytes(range(200, 256)) * 4)  # not UTF-8
     listed = cli("tasks", "list", "--json", extra_tasks=root)
     assert listed.returncode == 1
-    bad_dim, taken = sorted(listed.stderr.splitlines(), key=lambda line: "x1_zz_again" in line)
+    lines = listed.stderr.splitlines()
+    (binary,) = [line for line in lines if "x3_binary" in line]
+    assert "x3_binary/task.toml: not UTF-8" in binary and binary.startswith("epiforge: skipped a malformed task")
+    bad_dim, taken = sorted([line for line in lines if line != binary], key=lambda line: "x1_zz_again" in line)
     assert "x2_bad_dim/task.toml: gemm.n:" in bad_dim and "'hidden'" in bad_dim
     assert "x1_zz_again/task.toml: id:" in taken and "already taken" in taken
     assert [t["name"] for t in json.loads(listed.stdout)] == [t.name for t in CATALOGUE] + ["x1_gemm_bias"]
