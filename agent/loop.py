@@ -82,10 +82,9 @@ def output_file_problem(flag: str, path: Path) -> str | None:
     or None. Its missing folders are made when it is written; asked before any work starts."""
     if path.is_dir():
         return f"{flag} {path}: a directory, not a file"
-    problem = folder_problem(flag, path.parent)
-    if problem is None and path.exists() and not os.access(path, os.W_OK):
-        return f"{flag} {path}: not writable"
-    return problem and problem.replace(f"{flag} {path.parent}:", f"{flag} {path}:", 1)
+    if path.exists():
+        return None if os.access(path, os.W_OK) else f"{flag} {path}: not writable"
+    return folder_problem(flag, path)  # the nearest folder that exists must take it
 
 
 def folders_problem(*, log_dir: Path | None, workspace: Path | None, out_dir: Path | None) -> str | None:

@@ -104,3 +104,17 @@ def test_a_log_dir_that_cannot_be_written_is_the_one_line_of_an_ablation(tmp_pat
     out, err = capsys.readouterr()
     assert "ablation:" not in out and "Traceback" not in err
     assert err.strip().splitlines() == [f"epiforge: --log-dir {bad}: {tmp_path / 'a-file'} is not a directory"]
+
+
+def test_a_report_that_cannot_be_written_is_refused_before_any_session(tmp_path, docs, anthropic_key, capsys):
+    """--report is checked before the sessions run (they cost money); a missing folder is
+    made when the report is written."""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    bad = tmp_path / "a-file" / "r.json"
+    assert epiforge.main(["ablate", "--task", "k1", "--backend", "anthropic", "--pack-without", "hint",
+                          "--docs-dir", str(docs), "--log-dir", str(tmp_path / "logs"), "--report", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [f"epiforge: --report {bad}: {tmp_path / 'a-file'} is not a directory"]
+    assert not (tmp_path / "logs").exists() and not out
+    assert epiforge.main(["ablate", "--from-logs", str(tmp_path), "--report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"epiforge: --report {tmp_path}: a directory, not a file"
