@@ -221,7 +221,7 @@ def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
             if ok:
                 row.solved += 1
                 row.turns += end.totals.turns
-                row.tokens += end.totals.usage.input_tokens + end.totals.usage.output_tokens
+                row.tokens += end.totals.usage.total  # cache reads and writes too, as `sessions` counts them
                 row.usd = None if row.usd is None or end.totals.cost_usd is None else row.usd + end.totals.cost_usd
                 first = next((e for e in events if isinstance(e, Evaluation) and e.outcome == "PASSED"), None)
                 if first is not None:
@@ -278,10 +278,10 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
             if s.shape not in shapes:
                 shapes.append(s.shape)
     gpu = sorted({c.result.environment.get("gpu", "?") for c in cells})
+    header = ["task", "track", "correct", "fraction of the speed of light", *(f"x {b} (geomean)" for b in present),
+              "generated / expert"]
     out = [f"## Tasks x tracks in {dtype} ({', '.join(gpu) or 'nothing ranked'}, {' / '.join(shapes) or '-'})", "",
-           "| task | track | correct | fraction of the speed of light | "
-           + " | ".join(f"x {b} (geomean)" for b in present) + " | generated / expert |",
-           "|---|---|---|---|" + "---|" * len(present) + "---|"]
+           _md_row(*header), "|" + "---|" * len(header)]
     tasks = sorted({c.task for c in cells} | {t for t, _ in unsolved}, key=lambda t: task_order(id_of(t)))
     stale: list[str] = []
     for task in tasks:
@@ -290,11 +290,11 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
             c = board.cell(task, track, dtype)
             if c is None:
                 if track == "expert" and (task, track) not in unsolved and expert_kernel(task) is None:
-                    out.append(f"| {id_of(task)} | expert | none: the task has no expert kernel | - | "
-                               + " | ".join("-" for _ in present) + " | - |")
+                    out.append(_md_row(id_of(task), "expert", "none: the task has no expert kernel", "-",
+                                       *("-" for _ in present), "-"))
                 elif (task, track) in unsolved:
-                    out.append(f"| {id_of(task)} | {track} | no ({unsolved[task, track]}) | - | "
-                               + " | ".join("-" for _ in present) + " | - |")
+                    out.append(_md_row(id_of(task), track, f"no ({unsolved[task, track]})", "-",
+                                       *("-" for _ in present), "-"))
                 continue
             by_shape = {s.shape: s.timing for s in c.shapes()}
             if track == "expert" and not expert_is_current(c.result):
@@ -307,7 +307,7 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
                 ge = _f(c.over_expert_in_one_run(), "{:.3f}") + " (one run, geomean)"
             elif expert is not None and c is not expert:
                 ge = _f(c.worst_over_sol / expert.worst_over_sol, "{:.3f}") + " (each run's speed of light)"
-            out.append(f"| {id_of(task)} | {track} | yes | {sol} | " + " | ".join(vs) + f" | {ge} |")
+            out.append(_md_row(id_of(task), track, "yes", sol, *vs, ge))
     out.append("")
     out.append("fraction of the speed of light: GEMM-only time / the kernel's (1.00 = as fast as the plain GEMM). "
                "x baseline: how many times faster than it (median of per-repetition ratios, geometric mean over "
@@ -330,16 +330,21 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
                    "writes finished values where CODA's kernels write per-block partials, and ZdZ as a sum where CODA "
                    "takes a mean (README: conventions).")
     out.append("")
+    fast = [(track, b, counts) for track in board.tracks() for b in present
+            if (counts := [board.fast_p(track, b, p, dtype) for p in FAST_P])[0][1]]
     out += ["fast_p (shapes at least p times faster than the baseline / shapes timed against it):", ""]
-    out += ["| track | baseline | " + " | ".join(f"p = {p}" for p in FAST_P) + " |",
-            "|---|---|" + "---|" * len(FAST_P)]
-    for track in board.tracks():
-        for b in present:
-            counts = [board.fast_p(track, b, p, dtype) for p in FAST_P]
-            if counts[0][1]:
-                out.append(f"| {track} | {b} | " + " | ".join(f"{h}/{t}" for h, t in counts) + " |")
+    if fast:
+        out += [_md_row("track", "baseline", *(f"p = {p}" for p in FAST_P)), "|---|---|" + "---|" * len(FAST_P)]
+        out += [_md_row(track, b, *(f"{h}/{t}" for h, t in counts)) for track, b, counts in fast]
+    else:
+        out.append("none: no shape was timed against a baseline here.")
     out.append("")
     return out
+
+
+def _md_row(*cells: str) -> str:
+    """One Markdown table row: every cell its own column, so that no row can lose or gain one."""
+    return "| " + " | ".join(cells) + " |"
 
 
 def _untimed(listed: list[str], dtype: str) -> list[str]:
@@ -358,12 +363,12 @@ def _agents_table(board: Board) -> list[str]:
            "| $ / solved | time to first correct (median) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for a in board.agents:
         n = sum(x for x, _ in a.tasks.values())
-        per = (lambda v: _f(v / a.solved, "{:.1f}") if a.solved else "-")
+        per = (lambda v, fmt="{:.1f}": _f(v / a.solved, fmt) if a.solved else "-")
         usd = "-" if a.usd is None or not a.solved else f"{a.usd / a.solved:.3f}"
         first = sorted(a.first_correct_s)
         med = f"{first[len(first) // 2]:.0f} s" if first else "-"
         out.append(f"| {a.backend} | {a.model} | {len(a.tasks)} | {n} | {_f(a.pass_at(1))} | {_f(a.pass_at(5))} | "
-                   f"{per(a.turns)} | {per(a.tokens)} | {usd} | {med} |")
+                   f"{per(a.turns)} | {per(a.tokens, '{:.0f}')} | {usd} | {med} |")
     out += ["", "pass@k: the unbiased estimator over each task's sessions, averaged over tasks ('-': fewer than k "
                 "sessions).", ""]
     return out

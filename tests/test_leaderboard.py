@@ -308,3 +308,20 @@ def test_the_leaderboard_reads_a_store_and_never_writes_one(tmp_path):
     assert into_dir.returncode == 2 and "--html" in into_dir.stderr and "a directory" in into_dir.stderr
     unset = board(env={"EPIFORGE_RESULTS": str(tmp_path / "later.sqlite")})
     assert unset.returncode == 0 and "no results store at" in unset.stderr and not (tmp_path / "later.sqlite").exists()
+
+
+def test_the_agents_table_counts_tokens_as_the_sessions_list_does():
+    """One count of a session's tokens everywhere (cache reads and writes included): the
+    leaderboard's tokens / solved is `sessions list`'s tokens over the solved sessions."""
+    logs = REPO / "logs" / "examples"
+    listed = json.loads(subprocess.run([sys.executable, "-m", "epiforge", "sessions", "list", "--log-dir", str(logs),
+                                        "--json"], capture_output=True, text=True, cwd=REPO, timeout=120).stdout)
+    solved = [s for s in listed if s["pass"] and s["replay_of"] is None]
+    (row,) = lb.agent_rows([logs])
+    assert solved and row.solved == len(solved) and row.tokens == sum(s["tokens"] for s in solved)
+
+
+def test_a_tasks_table_without_baseline_columns_is_still_a_table():
+    board = lb.build([result(outcome="INCORRECT_NUMERICS", times=())], [], [])
+    rows = [line for line in lb.render_markdown(board).splitlines() if line.startswith("|")]
+    assert rows and len({line.count("|") for line in rows if "k1" in line or "---" in line or "task |" in line}) == 1
