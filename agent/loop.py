@@ -87,6 +87,29 @@ def output_file_problem(flag: str, path: Path) -> str | None:
     return folder_problem(flag, path)  # the nearest folder that exists must take it
 
 
+#: the file a session leaves in its workspace (the session's id): a folder holding it, or
+#: nothing, may be written over; any other folder is the user's
+WORKSPACE_MARK = ".epiforge-workspace"
+
+
+def workspace_problem(path: Path) -> str | None:
+    """Why a session must not write in the existing folder `path` (it writes PROMPT.md, check,
+    kernel.py and docs/ over whatever is there), in one line, or None: a new or empty folder,
+    or one a session made (its mark, or the check script of a workspace made before the mark)."""
+    try:
+        if not path.is_dir() or (path / WORKSPACE_MARK).is_file():
+            return None
+        entries = sorted(e.name for e in path.iterdir())
+        check = path / "check"
+        if not entries or (check.is_file() and "epiforge.agent.check" in check.read_text(errors="replace")):
+            return None
+    except OSError:
+        return None  # folder_problem says why it cannot be used
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    return (f"--workspace {path}: holds files no epiforge session wrote ({shown}); a session writes PROMPT.md, check "
+            "and kernel.py there: name a new or empty folder")
+
+
 def folders_problem(*, log_dir: Path | None, workspace: Path | None, out_dir: Path | None) -> str | None:
     """The first folder a session writes in (its log's, its workspace, its kernels') that it
     cannot, in one line naming the flag that sets it, or None."""
@@ -95,6 +118,11 @@ def folders_problem(*, log_dir: Path | None, workspace: Path | None, out_dir: Pa
         if problem:
             return problem
     return None
+
+
+def _make_workspace(workspace: Path, session_id: str) -> None:
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / WORKSPACE_MARK).write_text(session_id + "\n", encoding="utf-8")
 
 
 class KernelNotSaved(Exception):
@@ -153,15 +181,17 @@ def run_session(config: SessionConfig, backend: Backend, *, log_dir: Path | None
     log_path = Path(log_path or Path(log_dir or data_path("sessions")) / f"{session_id}.jsonl")
     if out_dir == "beside":
         out_dir = beside(log_path.parent, "kernels")
+    given = workspace is not None  # the user's folder: a default one is new, or a session's own
     workspace = Path(workspace or Path(workspaces or beside(log_path.parent, "workspaces")) / session_id)
     problem = problem or folders_problem(log_dir=log_path.parent, workspace=workspace, out_dir=out_dir)
+    problem = problem or (workspace_problem(workspace) if given else None)
     if problem:
         raise ConfigError(problem)
     with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
         pack = build_pack(task, docs_dir, config.pack_without, watch=watch)
     system = pack.system_prompt(speed_target=config.speed_target)
     prompt = pack.task_prompt(speed_target=config.speed_target)
-    workspace.mkdir(parents=True, exist_ok=True)
+    _make_workspace(workspace, session_id)
     backend.start(SessionContext(session_id, task, pack, workspace, system, prompt, config))  # may fail: no log yet
     log = SessionLog.create(log_path)
     log.write(SessionStarted(session=session_id, config=config, pack=pack.info(), system_sha256=_sha(system),
@@ -197,9 +227,11 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
         raise LogError(f"{log_path}: the session already ended ({state.ended.outcome}); only a session that ended "
                        "on a backend error can be resumed: replay or fork it instead")
     config = (config or state.config).model_copy(update={"task": start.config.task})
+    given = workspace is not None
     workspace = Path(workspace or beside(log_path.parent, "workspaces") / start.session)
     out_dir = out_dir or beside(log_path.parent, "kernels")
     problem = config_problem(config) or folders_problem(log_dir=None, workspace=workspace, out_dir=out_dir)
+    problem = problem or (workspace_problem(workspace) if given else None)
     if not problem and not os.access(log_path, os.W_OK):
         problem = f"--resume {log_path}: not writable (a resume appends to its log)"
     if problem:
@@ -210,7 +242,7 @@ def resume_session(log_path: Path, backend: Backend, *, config: SessionConfig | 
     system = pack.system_prompt(speed_target=config.speed_target)
     if pack.sha256 != start.pack.sha256 and not pack.unscreened:
         say("warning: the knowledge pack changed since this session started; resuming with the current one")
-    workspace.mkdir(parents=True, exist_ok=True)
+    _make_workspace(workspace, start.session)
     backend.start(SessionContext(start.session, task, pack, workspace, system, start.prompt, config))
     skipped = truncated_last_line(log_path)
     log = SessionLog.append_to(log_path)

@@ -580,6 +580,33 @@ def test_a_folder_that_cannot_be_written_is_one_line_before_anything(tmp_path, a
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+def test_a_workspace_of_the_users_files_is_refused_and_left_as_it_was(tmp_path, anthropic_key, capsys):
+    """A session writes PROMPT.md, check and kernel.py in its workspace: a folder holding
+    other files is refused before anything starts; an empty one is used and marked, and a
+    session's marked workspace may be named again."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "PROMPT.md").write_text("my notes\n")
+    (mine / "check").write_text("#!/bin/sh\necho mine\n")
+    with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+        rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                 server.url, "--workspace", str(mine), "--log-dir", str(tmp_path / "logs"), *FAST)
+        assert server.requests == []
+    assert rc == 2 and err.strip().splitlines() == [
+        f"epiforge: --workspace {mine}: holds files no epiforge session wrote (PROMPT.md, check); a session writes "
+        "PROMPT.md, check and kernel.py there: name a new or empty folder"]
+    assert (mine / "PROMPT.md").read_text() == "my notes\n" and (mine / "check").read_text() == "#!/bin/sh\necho mine\n"
+    assert not (tmp_path / "logs").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):  # the second time the folder is a session's workspace
+        with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+            rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
+                                     server.url, "--workspace", str(empty), "--log-dir", str(tmp_path / "logs"), *FAST)
+            assert server.requests, err
+        assert "holds files" not in err and (empty / ".epiforge-workspace").is_file()
+
+
 def test_a_bad_folder_on_resume_leaves_the_log_as_it_was(tmp_path, anthropic_key, said, capsys):
     end, log, _ = _session(tmp_path, [Fail(401, "authentication_error")], said, _config())
     before = log.read_text()
