@@ -121,10 +121,32 @@ def _gpu_refused(device: str) -> None:
             raise ValueError(f"--device {device}: {problem} (use --device cpu for the emulator)")
 
 
+#: GEMM work per pass over a shape set above which the CPU emulator takes minutes (float64
+#: references and the kernel's own pass, each trial): say so before the wait, not after
+CPU_FLOP_NOTE = 1e12
+
+
+def _warn_if_large_on_the_cpu(task_name: str, shapes: str, timeout_s: float | None) -> None:
+    from epiforge import tasks
+    from epiforge.eval.evaluation import DEFAULT_TIMEOUT_S
+
+    rows = tasks.shape_sets().get(shapes)
+    if not rows:
+        return  # the judge names the unknown set
+    flop = sum(tasks.get_task(task_name).flops(row.dims()) for row in rows)
+    if flop > CPU_FLOP_NOTE:
+        limit = timeout_s or DEFAULT_TIMEOUT_S["cpu"]
+        print(f"epiforge: note: --shapes {shapes} on the CPU emulator is {flop / 1e12:.1f} TFLOP of GEMMs per pass at "
+              f"full size: expect minutes, and TIMEOUT past --timeout ({limit:g} s); a Hopper GPU takes "
+              "milliseconds (--device gpu)", file=sys.stderr)
+
+
 def cmd_eval(args) -> int:
     from epiforge.eval import evaluate
 
     _gpu_refused(args.device)
+    if args.device == "cpu":
+        _warn_if_large_on_the_cpu(args.task, args.shapes, args.timeout)
     store = None
     if args.store:  # opened before the evaluation: a bad file must not cost the run
         from epiforge.eval.store import ResultStore
@@ -397,7 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True)
     p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "cuda"])
-    p.add_argument("--shapes", default="smoke", help="shape set: smoke | paper")
+    p.add_argument("--shapes", default="smoke",
+                   help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
+                        "tasks/shapes.toml (a wrong name lists them)")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
     p.add_argument("--timeout", type=float, default=None,
                    help="the whole evaluation's limit in seconds (default: 600 on a CPU, 900 on a GPU)")
@@ -414,7 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="cross-compile a kernel's epilogues for sm_90a (no GPU needed)")
     p.add_argument("--task", required=True)
     p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
-    p.add_argument("--shapes", default="smoke")
+    p.add_argument("--shapes", default="smoke",
+                   help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
+                        "tasks/shapes.toml (a wrong name lists them)")
     p.add_argument("--seed", type=int, default=0)
     add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
@@ -432,7 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "generated:session=<s> | a path (default: expert generated). Generated kernels are "
                         "looked up in the repository's generated_kernels/ and in DATA/kernels/, where generate "
                         "puts them")
-    p.add_argument("--shapes", default="smoke", help="shape set: smoke | paper (default: smoke)")
+    p.add_argument("--shapes", default="smoke",
+                   help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
+                        "tasks/shapes.toml (a wrong name lists them)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto (default): a Hopper GPU when there is one, else the CPU")
     p.add_argument("--reps", type=int, default=30,
@@ -490,7 +518,12 @@ def main(argv=None) -> int:
             from epiforge.eval.timing import Lead
 
             Lead.parse(os.environ["EPIFORGE_TIMED_LEAD"])
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader that left shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): quiet, as rich's console is
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (TaskError, KernelError, EpilogueError, StoreError, ValueError, FileNotFoundError) as e:
         return _die(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:  # a folder or file that cannot be read or written: one line, never a traceback

@@ -506,3 +506,14 @@ def test_a_kernel_that_stores_the_added_output_wrong_fails_on_that_output_alone(
     assert r.outcome.value == "INCORRECT_NUMERICS", r.message
     bad = {c.name for s in r.per_shape for c in s.outputs if not c.ok}
     assert bad == {output}, bad
+
+
+@pytest.mark.parametrize("args", [("tasks", "list", "--json"), ("tasks", "show", "k0")])
+def test_a_reader_that_leaves_early_gets_no_error_text(args):
+    """`epiforge ... | head`: the reader closes the pipe before the output is written; the
+    command stops quietly (exit 1, as rich's console does), no "Broken pipe" line."""
+    proc = subprocess.Popen([sys.executable, "-m", "epiforge", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, text=True)
+    proc.stdout.close()  # before the command has started: its first write finds no reader
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == ""

@@ -174,3 +174,18 @@ def test_device_gpu_without_a_gpu_is_one_line_and_stores_nothing(tmp_path):
         assert out.returncode == 2 and out.stderr.count("\n") == 1, (args, out.stderr)
         assert out.stderr.startswith("epiforge: --device gpu: ") and "--device cpu" in out.stderr
         assert not out.stdout and not store.exists()
+
+
+def test_eval_says_before_the_wait_that_the_paper_shapes_are_large_for_the_cpu(tmp_path):
+    """The paper's shapes run at full size on the emulator: the note comes first, with the
+    GEMM work from the task's own shapes (k0: 2 m n k at 1B, 7B and 70B)."""
+    from epiforge import tasks
+
+    rows = tasks.shape_sets()["paper"]
+    tflop = sum(2 * r.M * r.d * r.d for r in rows) / 1e12  # k0: x = a @ w_o^T, a (M, d), w_o (d, d)
+    out = _cli("eval", "--task", "k0", "--kernel", "human", "--shapes", "paper", "--timeout", "3")
+    note = out.stderr.splitlines()[0]
+    assert note.startswith(f"epiforge: note: --shapes paper on the CPU emulator is {tflop:.1f} TFLOP") and "(3 s)" in note
+    assert out.returncode == 1 and "TIMEOUT" in out.stdout
+    small = _cli("eval", "--task", "k0", "--kernel", "human", "--shapes", "smoke", "--json")
+    assert small.returncode == 0 and "note:" not in small.stderr
