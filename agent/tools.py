@@ -5,7 +5,6 @@ the harness never imports generated code; it reads a kernel's metadata with the 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import secrets
 import threading
@@ -45,7 +44,6 @@ TOOL_NAMES = [t.name for t in TOOLS]
 _RANK = {"PASSED": 3, "INCORRECT_NUMERICS": 2, "INCORRECT_SHAPE": 1, "INCORRECT_DTYPE": 1}
 
 
-@functools.lru_cache(maxsize=1)
 class ToolFailure(Exception):
     """A tool call the model got wrong: its message goes back as an error result."""
 

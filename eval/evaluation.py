@@ -137,13 +137,14 @@ def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -
     the kernel stops here, else the Result fields learnt from its metadata. Only parsing
     (bounded in size and depth): nothing of the source runs here."""
     from epiforge.eval.kernel import read_kernel
-    from epiforge.eval.static_checks import SourceTooComplex, check_source, only_compile_errors, parse_bounded, summarize
+    from epiforge.eval.static_checks import (SourceTooComplex, check_source, only_compile_errors, parse_bounded,
+                                             summarize, syntax_error_line)
 
     try:
         parse_bounded(text, str(path))
     except SyntaxError as e:
         return Result(**base, track="candidate", outcome=Outcome.COMPILE_ERROR, stage="static",
-                      message=f"line {e.lineno}: syntax error: {e.msg}")
+                      message=syntax_error_line(e))
     except SourceTooComplex as e:
         return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
                       message=f"static checks: {e} [size]", violations=[f"line {e.line}: {e} [size]"])
@@ -166,7 +167,7 @@ def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -
             violations = check_source(text, str(path))
         except SyntaxError as e:
             return Result(**base, outcome=Outcome.COMPILE_ERROR, stage="static",
-                          message=f"line {e.lineno}: syntax error: {e.msg}")
+                          message=syntax_error_line(e))
         except (RecursionError, MemoryError, ValueError) as e:
             return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
                           message=f"the source is too large or too deeply nested to check ({type(e).__name__})")

@@ -50,7 +50,7 @@ def read_kernel(path: Path, track: str | None = None, source: str | None = None)
     try:
         tree = parse_bounded(source, str(path))
     except SyntaxError as e:
-        raise KernelError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+        raise KernelError(f"{path}{f':{e.lineno}' if e.lineno else ''}: syntax error: {e.msg}") from None
     except SourceTooComplex as e:
         raise KernelError(f"{path}: {e}") from None
     consts, funcs = {}, set()

@@ -4,6 +4,7 @@ the sources that every result file, Result and session log records."""
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata as md
 import os
 import platform
@@ -47,8 +48,10 @@ def hopper_problem() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def hopper_available() -> bool:
-    """A Hopper GPU the quack kernels can run on (hopper_problem finds none in the way)."""
+    """A Hopper GPU the quack kernels can run on (hopper_problem finds none in the way); asked
+    once per process."""
     return hopper_problem() is None
 
 

@@ -1511,3 +1511,9 @@ class _Checker(ast.NodeVisitor):
             return b.node in self.epilogue_defs
         return (b.kind == "value" and isinstance(b.node, ast.Call)
                 and self._path(b.node.func) is not None and _kind(self._path(b.node.func)) == "from_quack")
+
+
+def syntax_error_line(e: SyntaxError) -> str:
+    """A SyntaxError in one line: "line N: syntax error: why", without the line where Python
+    names none (a NUL byte in the source)."""
+    return (f"line {e.lineno}: " if e.lineno else "") + f"syntax error: {e.msg}"

@@ -527,6 +527,18 @@ def test_syntax_errors_raise():
         parse_bounded("def run(:\n")
 
 
+def test_a_syntax_error_is_a_compile_error_that_names_its_line_where_there_is_one(tmp_path):
+    from epiforge.eval import evaluate
+
+    bad = tmp_path / "k1_syntax.py"
+    bad.write_text(HEAD + "def run(:\n")
+    r = evaluate("k1", str(bad))
+    assert r.outcome.value == "COMPILE_ERROR" and r.message.startswith("line 5: syntax error: ")
+    bad.write_bytes(HEAD.encode() + b"x = 1\x00\n")  # Python names no line for a NUL byte
+    r = evaluate("k1", str(bad))
+    assert r.outcome.value == "COMPILE_ERROR" and r.message.startswith("syntax error: ") and "None" not in r.message
+
+
 # ---- the pinned quack epilogues ------------------------------------------------------
 
 
