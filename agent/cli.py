@@ -488,6 +488,9 @@ def _resume(args, say):
     recorded = state.config
     if recorded.backend == "replay":
         return _die(f"{args.resume} is a replay: run epiforge replay on its recording again instead")
+    if state.ended is not None and state.ended.outcome != "backend_error":  # before the settings are listed
+        return _die(f"{args.resume}: the session already ended ({state.ended.outcome}); only a session that ended "
+                    "on a backend error can be resumed: replay or fork it instead")
     config, lines = resumed_config(args, recorded)
     problem = config.budget.problem()
     if problem:
@@ -522,6 +525,14 @@ def cmd_replay(args) -> int:
         return _die("--fork-at needs --backend: the live backend that continues the session")
     if args.backend and args.fork_at is None:
         return _die("--backend is for forks: add --fork-at N")
+    fork_only = [flag for flag, value in (("--max-turns", args.max_turns), ("--out", args.out), ("--model", args.model),
+                                          ("--base-url", args.base_url), ("--command", args.command),
+                                          ("--timeout", args.timeout), ("--max-retries", args.max_retries),
+                                          ("--stream", args.stream), ("--max-output-tokens", args.max_output_tokens))
+                 if value is not None]
+    if fork_only and args.fork_at is None:  # a replay runs every recorded step with the recorded responses
+        return _die(f"{', '.join(fork_only)}: only for a fork (--fork-at N --backend ...); a replay takes every "
+                    "recorded step as recorded")
     problem = _number_problem(args)
     if problem:
         return _die(problem)
@@ -548,9 +559,14 @@ def print_replay(report, say=print) -> None:
     if report.fork_at is not None:
         say(f"fork of {report.session} at step {report.fork_at}: {report.outcome}; new log {report.new_log}")
     else:
-        verdict = "reproduced" if report.reproduced else "DIVERGED"
-        say(f"replay of {report.session}: recorded {report.recorded_outcome}, replayed {report.outcome} "
-            f"in {report.steps} steps: {verdict}")
+        if report.recorded_outcome is None:  # a log cut off before its session ended
+            say(f"replay of {report.session}: the recording has no end (its log stops before the session ended); "
+                f"replayed {report.outcome} in {report.steps} steps: NOT REPRODUCED ("
+                f"{'its recorded verdicts agree' if not report.divergences else 'and its verdicts diverge'})")
+        else:
+            verdict = "reproduced" if report.reproduced else "DIVERGED"
+            say(f"replay of {report.session}: recorded {report.recorded_outcome}, replayed {report.outcome} "
+                f"in {report.steps} steps: {verdict}")
     for d in report.divergences:
         say("  diverges: " + d.line())
     if report.differences:

@@ -96,7 +96,8 @@ def replay(log_path: Path, *, log_dir: Path, fork_at: int | None = None, live=No
         config = start.config.model_copy(update=update | {"budget": budget, "backend": live.name, "model": live.model,
                                                            "base_url": getattr(live, "base_url", None)})
         origin = {"forked_from": {"log": log_path.name, "session": start.session, "step": fork_at}}
-        say(f"forking {log_path.name} at step {fork_at}: steps 0..{fork_at - 1} replayed, then {live.name} / {live.model}")
+        replayed = f"steps 0..{fork_at - 1} replayed" if fork_at else "nothing replayed"
+        say(f"forking {log_path.name} at step {fork_at}: {replayed}, then {live.name} / {live.model}")
     seeds = {(e.step, e.call_id, e.device, e.shapes): e.seed for e in events if isinstance(e, Evaluation)}
     try:
         end, new_log = run_session(config, backend, log_dir=log_dir, workspace=workspace, out_dir=out_dir,

@@ -110,6 +110,13 @@ def cmd_tasks_show(args) -> int:
 # ---- eval / compile --------------------------------------------------------------------
 
 
+def _kernel_spec(spec: str) -> str:
+    """--kernel: "expert" is "human" (compare's name for the same track) unless a file is named so."""
+    from pathlib import Path
+
+    return "human" if spec == "expert" and not Path(spec).exists() else spec
+
+
 def _gpu_refused(device: str) -> None:
     """ValueError (one line) when --device asks for a GPU this machine lacks: a judge started
     there would fail at its first CUDA call and blame the kernel."""
@@ -152,7 +159,7 @@ def cmd_eval(args) -> int:
         from epiforge.eval.store import ResultStore
 
         store = ResultStore(args.store)
-    result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
+    result = evaluate(args.task, _kernel_spec(args.kernel), device=args.device, shapes=args.shapes, seed=args.seed,
                       timeout_s=args.timeout, compile=args.compile, dtype=args.dtype,
                       launcher=not args.one_process)
     if store is not None:
@@ -193,7 +200,7 @@ def cmd_eval(args) -> int:
 def cmd_compile(args) -> int:
     from epiforge.eval import evaluate
 
-    result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed,
+    result = evaluate(args.task, _kernel_spec(args.kernel), device="cpu", shapes=args.shapes, compile=True, seed=args.seed,
                       dtype=args.dtype)
     compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
     if args.json:
@@ -205,8 +212,10 @@ def cmd_compile(args) -> int:
         for c in result.compiled:
             print(f"{result.kernel}: {c['epilogue']} [{c['config']}] {'ok' if c['ok'] else 'FAILED'} in {c['seconds']} s")
         if not result.compiled:
-            print(f"{result.kernel}: nothing was compiled for sm_90a (the kernel never launched a fused GEMM)")
-        print(f"{result.outcome.value}: {result.message}")
+            never = result.stage == "static" or result.outcome.value == "TASK_ERROR"
+            why = "the judge stopped before the kernel ran" if never else "the kernel never launched a fused GEMM"
+            print(f"{result.kernel}: nothing was compiled for sm_90a ({why})")
+        print(f"the CPU judge's verdict (the exit status is the compile's): {result.outcome.value}: {result.message}")
     return 0 if compiled_ok and result.outcome.value != "COMPILE_ERROR" else 1
 
 
@@ -224,6 +233,8 @@ def cmd_compare(args) -> int:
 
         device = "gpu" if hopper_available() else "cpu"
     _gpu_refused(device)
+    if args.reps < 1:
+        raise ValueError(f"--reps must be at least 1 (got {args.reps})")
     if not args.all:
         names = list(dict.fromkeys(tasks.get_task(t).name for t in args.task))  # one judge, in the order given
         plans = [(name, select_kernels(name, args.kernels)) for name in names]
@@ -417,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate one kernel on one task")
     p.add_argument("--task", required=True)
-    p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
+    p.add_argument("--kernel", required=True, help="human (or expert: the task's expert kernel) | generated:ID (from generated_kernels/ or "
+                        "DATA/kernels/) | PATH")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "cuda"])
     p.add_argument("--shapes", default="smoke",
                    help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
@@ -437,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="cross-compile a kernel's epilogues for sm_90a (no GPU needed)")
     p.add_argument("--task", required=True)
-    p.add_argument("--kernel", required=True, help="human | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH")
+    p.add_argument("--kernel", required=True, help="human (or expert: the task's expert kernel) | generated:ID (from generated_kernels/ or "
+                        "DATA/kernels/) | PATH")
     p.add_argument("--shapes", default="smoke",
                    help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
                         "tasks/shapes.toml (a wrong name lists them)")

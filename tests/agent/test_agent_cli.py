@@ -43,6 +43,24 @@ def test_fork_needs_a_backend_and_an_unknown_task_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("epiforge: unknown task 'k99'")
 
 
+def test_a_replay_refuses_a_forks_flags_and_says_when_its_recording_has_no_end(tmp_path, capsys):
+    """Flags that only a fork uses were silently ignored by a replay (--out), or cut it short
+    and called it DIVERGED (--max-turns); a log without its end said 'recorded None'."""
+    example = next((REPO / "logs" / "examples").glob("*.jsonl"))
+    for flags in (["--max-turns", "3"], ["--out", str(tmp_path / "k")], ["--base-url", "http://x", "--model", "m"]):
+        assert epiforge.main(["replay", str(example), "--log-dir", str(tmp_path / "out"), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "only for a fork (--fork-at N --backend ...)" in err[0]
+        assert all(f in err[0] for f in flags if f.startswith("--"))
+    assert not (tmp_path / "out").exists()
+    cut = tmp_path / "cut.jsonl"
+    lines = example.read_text().splitlines(keepends=True)
+    cut.write_text("".join(line for line in lines if '"session_ended"' not in line))
+    rc = epiforge.main(["replay", str(cut), "--log-dir", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 1 and "the recording has no end" in out and "NOT REPRODUCED" in out and "None" not in out
+
+
 def _subparsers(parser, prefix=()):
     import argparse
 

@@ -256,6 +256,7 @@ def test_a_session_that_ended_otherwise_is_not_resumed(tmp_path, anthropic_key, 
     assert rc == 2 and err.strip().splitlines() == [
         f"epiforge: {log}: the session already ended (gave_up); only a session that ended on a backend error can "
         "be resumed: replay or fork it instead"]
+    assert "resume:" not in out  # refused before the resumed settings are listed
 
 
 def test_kill_9_during_a_check_then_a_resume(tmp_path, sdk, capsys):

@@ -279,3 +279,11 @@ def test_a_launcher_row_is_the_per_repetition_ratio_of_the_two_modes(tmp_path):
     assert row.fused_over_gemm_only == {"one-process": res["expert"].timing.fused_over_gemm_only.median,
                                         "launcher": res["gen"].timing.fused_over_gemm_only.median}
     assert LauncherRow.of(cmp, "no-such-shape", "expert", "gen") is None
+
+
+def test_compare_needs_at_least_one_repetition(capsys):
+    from epiforge import cli
+
+    for reps in ("0", "-3"):
+        assert cli.main(["compare", "--task", "k0", "--reps", reps]) == 2
+        assert capsys.readouterr().err.strip() == f"epiforge: --reps must be at least 1 (got {reps})"
