@@ -413,6 +413,11 @@ def add_dtype_flag(p: argparse.ArgumentParser) -> None:
                         "only the first named is timed")
 
 
+SHAPES_HELP = ("shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
+               "tasks/shapes.toml (a wrong name lists them)")
+KERNEL_HELP = "human (or expert: the task's expert kernel) | generated:ID (from generated_kernels/ or DATA/kernels/) | PATH"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="epiforge", description="LLM-written fused GEMM epilogues, proved right and fast.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -428,12 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate one kernel on one task")
     p.add_argument("--task", required=True)
-    p.add_argument("--kernel", required=True, help="human (or expert: the task's expert kernel) | generated:ID (from generated_kernels/ or "
-                        "DATA/kernels/) | PATH")
+    p.add_argument("--kernel", required=True, help=KERNEL_HELP)
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "cuda"])
-    p.add_argument("--shapes", default="smoke",
-                   help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
-                        "tasks/shapes.toml (a wrong name lists them)")
+    p.add_argument("--shapes", default="smoke", help=SHAPES_HELP)
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
     p.add_argument("--timeout", type=float, default=None,
                    help="the whole evaluation's limit in seconds (default: 600 on a CPU, 900 on a GPU)")
@@ -449,11 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="cross-compile a kernel's epilogues for sm_90a (no GPU needed)")
     p.add_argument("--task", required=True)
-    p.add_argument("--kernel", required=True, help="human (or expert: the task's expert kernel) | generated:ID (from generated_kernels/ or "
-                        "DATA/kernels/) | PATH")
-    p.add_argument("--shapes", default="smoke",
-                   help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
-                        "tasks/shapes.toml (a wrong name lists them)")
+    p.add_argument("--kernel", required=True, help=KERNEL_HELP)
+    p.add_argument("--shapes", default="smoke", help=SHAPES_HELP)
     p.add_argument("--seed", type=int, default=0)
     add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
@@ -471,9 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "generated:session=<s> | a path (default: expert generated). Generated kernels are "
                         "looked up in the repository's generated_kernels/ and in DATA/kernels/, where generate "
                         "puts them")
-    p.add_argument("--shapes", default="smoke",
-                   help="shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "
-                        "tasks/shapes.toml (a wrong name lists them)")
+    p.add_argument("--shapes", default="smoke", help=SHAPES_HELP)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto (default): a Hopper GPU when there is one, else the CPU")
     p.add_argument("--reps", type=int, default=30,
