@@ -100,7 +100,7 @@ def report(log_paths: list[Path], warn: Callable[[str], None] = print) -> list[R
 
 
 def print_report(rows: list[Row]) -> None:
-    from rich.console import Console
+    from epiforge.cli import console
     from rich.table import Table
 
     table = Table(title="knowledge-pack ablation")
@@ -111,7 +111,7 @@ def print_report(rows: list[Row]) -> None:
                       "" if r.delta_success is None else f"{r.delta_success:+.0%}", f"{r.mean_turns:.1f}",
                       "" if r.delta_turns is None else f"{r.delta_turns:+.1f}", f"{r.mean_tokens:.0f}",
                       "unpriced" if r.mean_cost_usd is None else f"${r.mean_cost_usd:.4f}")
-    Console().print(table)
+    console().print(table)
 
 
 def rows_json(rows: list[Row]) -> list[dict]:

@@ -55,13 +55,13 @@ def _leaderboard() -> None:
 
 
 def _experts() -> bool:
-    from rich.console import Console
+    from epiforge.cli import console
     from rich.table import Table
 
     from epiforge import tasks
     from epiforge.eval import evaluate
 
-    con = Console()
+    con = console()
     table = Table(title="expert kernels, CPU emulator, smoke shapes")
     for col in ("task", "author", "outcome", "worst error / allowed", "seconds"):
         table.add_column(col)

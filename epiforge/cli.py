@@ -28,10 +28,17 @@ def os_error_line(e: OSError) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def _console():
+#: the width of rich's tables when stdout is no terminal: rich's default there is 80 columns,
+#: which cut task names and numbers with an ellipsis ($COLUMNS still decides when set)
+PIPE_WIDTH = 200
+
+
+def console():
+    """rich's console for the commands' tables and lines."""
     from rich.console import Console
 
-    return Console()
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=PIPE_WIDTH if piped else None)
 
 
 # ---- tasks --------------------------------------------------------------------------------
@@ -62,7 +69,7 @@ def cmd_tasks_list(args) -> int:
         else:
             gemm = f"{t.gemm_count} GEMMs, {t.flops(one_b) / 1e12:.1f} TFLOP in all"
         table.add_row(*(Text(x) for x in (t.id, t.name, t.title, gemm, ", ".join(t.launches))))
-    _console().print(table)
+    console().print(table)
     return 1 if errors else 0
 
 
@@ -75,7 +82,7 @@ def cmd_tasks_show(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
-    con = _console()
+    con = console()
 
     def say(text: str, style: str | None = None) -> None:  # the task's text as written: brackets are not markup
         con.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
@@ -167,7 +174,7 @@ def cmd_eval(args) -> int:
     if args.json:
         print(result.model_dump_json(indent=1))
     else:
-        con = _console()
+        con = console()
         color = "green" if result.passed else "red"
         tag = " (provisional: CPU emulator only; a Hopper GPU run makes it final)" if result.provisional else ""
         precisions = ", ".join(result.dtypes)

@@ -517,3 +517,12 @@ def test_a_reader_that_leaves_early_gets_no_error_text(args):
     proc.stdout.close()  # before the command has started: its first write finds no reader
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 1 and err == ""
+
+
+def test_a_piped_table_keeps_whole_names():
+    """Into a pipe rich drew 80 columns and cut names with an ellipsis (k0_gemm_residu…)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run([sys.executable, "-m", "epiforge", "tasks", "list"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, env=env)
+    assert out.returncode == 0 and "…" not in out.stdout
+    assert all(t.name in out.stdout for t in CATALOGUE)
