@@ -12,7 +12,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Callable
 
-from epiforge.agent.session import SessionConfig, SessionEnded, read_events
+from epiforge.agent.session import LogError, SessionConfig, SessionEnded, read_events
 
 FULL = "(full pack)"
 _PASSED = ("passed", "passed_slow")
@@ -72,7 +72,11 @@ def report(log_paths: list[Path], warn: Callable[[str], None] = print) -> list[R
     """One row per (task, pages left out), from the logs of finished sessions."""
     groups: dict[tuple[str, str], list[SessionEnded]] = {}
     for path in log_paths:
-        events, warnings = read_events(path)
+        try:
+            events, warnings = read_events(path)
+        except LogError as e:  # one unreadable file among the logs: say so, report the others
+            warn(f"warning: {str(e).splitlines()[0]}; left out of the report")
+            continue
         for w in warnings:
             warn(f"warning: {w}")
         end = next((e for e in reversed(events) if isinstance(e, SessionEnded)), None)

@@ -47,10 +47,14 @@ def test_ablation_runs_and_reports_each_condition(tmp_path, docs, anthropic_key,
     assert full.mean_turns == 1 and ablated.mean_turns == 2 and ablated.delta_turns == 1
     assert full.mean_cost_usd > 0 and ablated.mean_cost_usd > 0
 
-    # the same report from the logs alone, through the CLI
+    # the same report from the logs alone, through the CLI; a file that is no session log among
+    # them is named and left out
+    (tmp_path / "logs" / "zz-notes.jsonl").write_text("not a log\n")
     rc = epiforge.main(["ablate", "--from-logs", str(tmp_path / "logs"), "--json", "--report", str(tmp_path / "r.json")])
-    printed = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    printed = json.loads(out)
     assert rc == 0 and printed == json.loads((tmp_path / "r.json").read_text())
+    assert "zz-notes.jsonl" in err and "left out of the report" in err and err.count("\n") == 1
     assert [(r["without"], r["success_rate"]) for r in printed] == [(FULL, 1.0), ("hint", 0.0)]
 
 
