@@ -65,15 +65,18 @@ def folder_problem(flag: str, path: Path | None) -> str | None:
     if path is None:
         return None
     path = there = Path(path)
+    # a folder of the data directory is there by default, not by the flag: name what moves it
+    name = f"{path} (the data directory's; EPIFORGE_DATA_DIR moves it)" if path.is_relative_to(data_dir()) \
+        else f"{flag} {path}"
     try:
         while not there.exists() and there.parent != there:  # the nearest part that exists
             there = there.parent
         if not there.is_dir():
-            return f"{flag} {path}: " + ("not a directory" if there == path else f"{there} is not a directory")
+            return f"{name}: " + ("not a directory" if there == path else f"{there} is not a directory")
     except OSError as e:
-        return f"{flag} {path}: {e.strerror}"
+        return f"{name}: {e.strerror}"
     if not os.access(there, os.W_OK | os.X_OK):
-        return f"{flag} {path}: {there} is not writable"
+        return f"{name}: {there} is not writable"
     return None
 
 

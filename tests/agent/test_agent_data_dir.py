@@ -164,3 +164,17 @@ def test_a_run_ended_by_a_backend_error_is_not_counted_but_listed_to_resume():
     assert (rep["n"], rep["passed"], rep["not_counted"], rep["unfinished"]) == (2, 1, 1, 0)
     assert rep["pass_at_k"] == {"1": pytest.approx(0.5), "2": 1.0} and rep["to_resume"] == ["c.jsonl"]
     assert render(rep).splitlines()[0] == f"3 runs of k1_gemm_rmsnorm with anthropic / {PRICED}: 1 passed, 1 ended by a backend error"
+
+
+def test_a_default_folder_that_cannot_be_written_names_the_data_directory(tmp_path, monkeypatch, capsys):
+    """No flag named the folder, so the line names what does: EPIFORGE_DATA_DIR."""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(tmp_path / "a-file" / "data"))
+    example = next((REPO / "logs" / "examples").glob("*.jsonl"))
+    assert epiforge.main(["replay", str(example)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"epiforge: {tmp_path / 'a-file' / 'data' / 'replays'} (the data directory's; EPIFORGE_DATA_DIR "
+                   f"moves it): {tmp_path / 'a-file'} is not a directory"]
+    bad = tmp_path / "a-file" / "logs"  # a flag's folder is still named by its flag
+    assert epiforge.main(["replay", str(example), "--log-dir", str(bad)]) == 2
+    assert capsys.readouterr().err.strip() == f"epiforge: --log-dir {bad}: {tmp_path / 'a-file'} is not a directory"
