@@ -288,10 +288,17 @@ def _live_backend(args, name: str | None = None, *, model=None, base_url=None, c
                   stream=None, note=None):
     """The live backend the options name; the keyword arguments fill options left unset
     (`note`: where the backend reports retries; default: stderr)."""
-    from epiforge.agent.backends import RetryPolicy, make_backend
+    from epiforge.agent.backends import BackendError, RetryPolicy, make_backend
 
+    backend = name or args.backend
+    api_only = [flag for flag, value in (("--base-url", args.base_url), ("--stream", args.stream),
+                                         ("--max-retries", args.max_retries)) if value is not None]
+    if backend == "command" and api_only:  # an option the backend would ignore is refused, not dropped
+        raise BackendError(f"{', '.join(api_only)}: options of the API backends; --backend command runs a local command")
+    if backend != "command" and args.command is not None:
+        raise BackendError(f"--command is for --backend command, not {backend}")
     retry = RetryPolicy() if args.max_retries is None else RetryPolicy(max_retries=args.max_retries)
-    return make_backend(name or args.backend, model=args.model or model, base_url=args.base_url or base_url,
+    return make_backend(backend, model=args.model or model, base_url=args.base_url or base_url,
                         command=args.command or command,
                         max_output_tokens=args.max_output_tokens or max_output_tokens or DEFAULTS["max_output_tokens"],
                         timeout_s=args.timeout, stream=_pick(args.stream, stream), retry=retry,

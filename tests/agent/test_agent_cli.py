@@ -130,3 +130,14 @@ def test_sessions_show_of_an_unknown_id_is_one_line(tmp_path, capsys):
     assert epiforge.main(["sessions", "show", "nope", "--log-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"epiforge: no session 'nope' in {tmp_path} (epiforge sessions list shows them)"]
+
+
+def test_an_option_the_backend_would_ignore_is_refused(tmp_path, capsys):
+    common = ["generate", "--task", "k1", "--log-dir", str(tmp_path / "logs")]
+    assert epiforge.main([*common, "--backend", "command", "--command", "true", "--base-url", "http://x",
+                          "--max-retries", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("epiforge: --base-url, --max-retries: options of the API backends; "
+                                               "--backend command runs a local command")
+    assert epiforge.main([*common, "--backend", "anthropic", "--command", "true"]) == 2
+    assert capsys.readouterr().err.strip() == "epiforge: --command is for --backend command, not anthropic"
+    assert not (tmp_path / "logs").exists()
