@@ -565,15 +565,14 @@ def cmd_replay(args) -> int:
 def print_replay(report, say=print) -> None:
     if report.fork_at is not None:
         say(f"fork of {report.session} at step {report.fork_at}: {report.outcome}; new log {report.new_log}")
+    elif report.recorded_outcome is None:  # a log cut off before its session ended
+        say(f"replay of {report.session}: the recording has no end (its log stops before the session ended); "
+            f"replayed {report.outcome} in {report.steps} steps: NOT REPRODUCED ("
+            f"{'its recorded verdicts agree' if not report.divergences else 'and its verdicts diverge'})")
     else:
-        if report.recorded_outcome is None:  # a log cut off before its session ended
-            say(f"replay of {report.session}: the recording has no end (its log stops before the session ended); "
-                f"replayed {report.outcome} in {report.steps} steps: NOT REPRODUCED ("
-                f"{'its recorded verdicts agree' if not report.divergences else 'and its verdicts diverge'})")
-        else:
-            verdict = "reproduced" if report.reproduced else "DIVERGED"
-            say(f"replay of {report.session}: recorded {report.recorded_outcome}, replayed {report.outcome} "
-                f"in {report.steps} steps: {verdict}")
+        verdict = "reproduced" if report.reproduced else "DIVERGED"
+        say(f"replay of {report.session}: recorded {report.recorded_outcome}, replayed {report.outcome} "
+            f"in {report.steps} steps: {verdict}")
     for d in report.divergences:
         say("  diverges: " + d.line())
     if report.differences:

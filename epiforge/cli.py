@@ -117,13 +117,6 @@ def cmd_tasks_show(args) -> int:
 # ---- eval / compile --------------------------------------------------------------------
 
 
-def _kernel_spec(spec: str) -> str:
-    """--kernel: "expert" is "human" (compare's name for the same track) unless a file is named so."""
-    from pathlib import Path
-
-    return "human" if spec == "expert" and not Path(spec).exists() else spec
-
-
 def _gpu_refused(device: str) -> None:
     """ValueError (one line) when --device asks for a GPU this machine lacks: a judge started
     there would fail at its first CUDA call and blame the kernel."""
@@ -166,7 +159,7 @@ def cmd_eval(args) -> int:
         from epiforge.eval.store import ResultStore
 
         store = ResultStore(args.store)
-    result = evaluate(args.task, _kernel_spec(args.kernel), device=args.device, shapes=args.shapes, seed=args.seed,
+    result = evaluate(args.task, args.kernel, device=args.device, shapes=args.shapes, seed=args.seed,
                       timeout_s=args.timeout, compile=args.compile, dtype=args.dtype,
                       launcher=not args.one_process)
     if store is not None:
@@ -207,7 +200,7 @@ def cmd_eval(args) -> int:
 def cmd_compile(args) -> int:
     from epiforge.eval import evaluate
 
-    result = evaluate(args.task, _kernel_spec(args.kernel), device="cpu", shapes=args.shapes, compile=True, seed=args.seed,
+    result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed,
                       dtype=args.dtype)
     compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
     if args.json:
@@ -239,7 +232,8 @@ def cmd_compare(args) -> int:
         from epiforge.eval.machine import hopper_available
 
         device = "gpu" if hopper_available() else "cpu"
-    _gpu_refused(device)
+    else:
+        _gpu_refused(device)
     if args.reps < 1:
         raise ValueError(f"--reps must be at least 1 (got {args.reps})")
     if not args.all:

@@ -113,9 +113,10 @@ def generated_kernels(task_name: str) -> list[Path]:
 
 
 def resolve_kernel(spec: str, task_name: str) -> Path:
-    """'human' -> the expert kernel of the task; 'generated:ID' -> <task>/<ID>.py in the
-    committed track or the user's data directory (generated_roots); anything else is a path."""
-    if spec == "human":
+    """'human' (or 'expert', compare's name for the track) -> the expert kernel of the task;
+    'generated:ID' -> <task>/<ID>.py in the committed track or the user's data directory
+    (generated_roots); anything else is a path."""
+    if spec in ("human", "expert"):
         path = expert_kernel(task_name)
         if path is None:
             raise KernelError(f"{task_name} has no expert kernel (no {HUMAN_DIR.name}/{task_name}.py): "

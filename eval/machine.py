@@ -44,7 +44,8 @@ def hopper_problem() -> str | None:
         if major != 9:
             return f"the GPU here is {torch.cuda.get_device_name()} (sm_{major}{minor}); the fused kernels need sm_90"
     except Exception as e:  # noqa: BLE001 - a broken CUDA setup is an answer too: no GPU to run on
-        return f"torch cannot use the GPU: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+        first = str(e).splitlines()[0] if str(e) else ""
+        return f"torch cannot use the GPU: {type(e).__name__}" + (f": {first}" if first else "")
     return None
 
 

@@ -114,8 +114,7 @@ class ResultStore:
             with self._connect() as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
-                    raise StoreError(f"{self.path}: written by another epiforge (store schema {version}, this one reads "
-                                     f"{SCHEMA_VERSION}); move it aside or name another file")
+                    raise StoreError(self._foreign(version) + "; move it aside or name another file")
                 db.execute("PRAGMA journal_mode=WAL")
                 if version in MIGRATIONS:
                     db.execute(MIGRATIONS[version])
@@ -136,17 +135,15 @@ class ResultStore:
         if "evaluations" not in tables:
             raise StoreError(f"{self.path}: not an epiforge results store")
         if version not in (*MIGRATIONS, SCHEMA_VERSION):
-            raise StoreError(f"{self.path}: written by another epiforge (store schema {version}, this one reads "
-                             f"{SCHEMA_VERSION})")
+            raise StoreError(self._foreign(version))
+
+    def _foreign(self, version: int) -> str:
+        return f"{self.path}: written by another epiforge (store schema {version}, this one reads {SCHEMA_VERSION})"
 
     def _connect(self) -> sqlite3.Connection:
-        if self.read_only:  # a URI opened mode=ro: SQLite neither creates nor writes the file
-            uri = f"{self.path.resolve().as_uri()}?mode=ro"
-            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            db.row_factory = sqlite3.Row
-            return db
-        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        # read-only: a URI opened mode=ro, so that SQLite neither creates nor writes the file
+        target, uri = (f"{self.path.resolve().as_uri()}?mode=ro", True) if self.read_only else (self.path, False)
+        db = sqlite3.connect(target, uri=uri, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         db.execute("PRAGMA foreign_keys=ON")
         db.row_factory = sqlite3.Row

@@ -573,16 +573,21 @@ def _one_line(path: Path, err: ValidationError) -> str:
     return f"{path}: " + "; ".join(parts)
 
 
-def load_task_file(path: Path) -> Task:
-    """Parse and validate one task.toml; TaskError (one line, file and field) if malformed."""
+def _read_toml(path: Path) -> dict:
+    """A TOML file's table; TaskError (one line naming the file) if it cannot be read or parsed."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{path}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
         raise TaskError(f"{path}: not UTF-8 text (TOML is): byte {e.start}") from None
     except OSError as e:
         raise TaskError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def load_task_file(path: Path) -> Task:
+    """Parse and validate one task.toml; TaskError (one line, file and field) if malformed."""
+    data = _read_toml(path)
     _import_finishing(path.parent)  # a task's own finishing steps, before `launches` names them
     try:
         task = Task(**data, folder=path.parent)
@@ -640,12 +645,8 @@ def _check_sizes(task: Task, path: Path) -> None:
 
 
 def load_shape_sets(path: Path = TASKS_DIR / "shapes.toml") -> dict[str, list[ShapeSet]]:
+    data = _read_toml(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
         return {name: [ShapeSet(**row) for row in rows] for name, rows in data.items()}
-    except tomllib.TOMLDecodeError as e:
-        raise TaskError(f"{path}: not valid TOML: {e}") from None
-    except UnicodeDecodeError as e:
-        raise TaskError(f"{path}: not UTF-8 text (TOML is): byte {e.start}") from None
     except ValidationError as e:
         raise TaskError(_one_line(path, e)) from None
