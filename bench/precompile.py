@@ -54,28 +54,40 @@ def _drop_stale(cache: Path) -> None:
 
 
 def _training_epilogues() -> int:
-    """The training ops' own epilogues (training/model_ops.py), at the configs they pick
-    (k5's TUNED table and the default); returns the failures."""
+    """The training ops' own epilogues, at the configs they pick (the default and the TUNED
+    table of the kernel whose configs each takes): the LM head's CE backward
+    (training/model_ops.py, k5's) and keep_act's SwiGLU backward (training/ops.py, k7's);
+    returns the failures."""
     import torch
 
     from epiforge.eval.kernel import expert_kernel, load_kernel_module
     from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
-    from epiforge.training import model_ops
+    from epiforge.training import model_ops, ops
 
-    k5 = load_kernel_module(expert_kernel(model_ops.K5))
-    configs = {c: GemmConfig.parse(c) for c in k5.TUNED.values()} | {DEFAULT_CONFIG.key(): DEFAULT_CONFIG}
-    h, w, rows = torch.zeros(256, 64, dtype=torch.bfloat16), torch.zeros(512, 64, dtype=torch.bfloat16), torch.ones(256)
+    def configs(task: str) -> dict:
+        tuned = load_kernel_module(expert_kernel(task)).TUNED
+        return {c: GemmConfig.parse(c) for c in tuned.values()} | {DEFAULT_CONFIG.key(): DEFAULT_CONFIG}
+
+    def bf16(*shape):
+        return torch.zeros(*shape, dtype=torch.bfloat16)
+
+    rows = torch.ones(256)
+    builds = [("lm_head_ce_backward", model_ops.K5, lambda cfg: model_ops.lm_head_ce_backward_epilogue()(
+                  bf16(256, 64), bf16(512, 64), rstd=rows, lse=rows, dloss=rows,
+                  targets=torch.zeros(256, dtype=torch.int64), config=cfg)),
+              ("swiglu_backward_kept_act", ops.K7, lambda cfg: ops.swiglu_backward_kept_act_epilogue()(
+                  bf16(256, 64), bf16(256, 64), c=bf16(256, 512), config=cfg))]
     failures = 0
-    for key, cfg in configs.items():
-        t0 = time.monotonic()
-        try:
-            model_ops.lm_head_ce_backward_epilogue()(h, w, rstd=rows, lse=rows, dloss=rows,
-                                                     targets=torch.zeros(256, dtype=torch.int64), config=cfg)
-            ok = "ok"
-        except Exception as e:
-            failures += 1
-            ok = f"FAILED {type(e).__name__}: {str(e).splitlines()[-1][:300] if str(e) else ''}"
-        print(f"training lm_head_ce_backward {key}: {ok} ({time.monotonic() - t0:.1f} s)", flush=True)
+    for name, task, build in builds:
+        for key, cfg in configs(task).items():
+            t0 = time.monotonic()
+            try:
+                build(cfg)
+                ok = "ok"
+            except Exception as e:
+                failures += 1
+                ok = f"FAILED {type(e).__name__}: {str(e).splitlines()[-1][:300] if str(e) else ''}"
+            print(f"training {name} {key}: {ok} ({time.monotonic() - t0:.1f} s)", flush=True)
     return failures
 
 

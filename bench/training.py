@@ -674,6 +674,10 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
                                                  "k4hf of the next QKV; k6, k7 -> k6 backward. This layer's norm and "
                                                  "QKV weights stand in for the next layer's"),
                _block_call(fused, inputs, batch, seq), lambda: _state_bytes(fused, None)),
+        _Entry(Contender(name="fused-block-kept-act", what="fused-block with keep_act: SwiGLU's forward output "
+                                                          "kept for the backward, whose down-projection dgrad is "
+                                                          "k7's epilogue without its act store"),
+               _block_call(fused, inputs, batch, seq, keep_act=True), lambda: _state_bytes(fused, None)),
         _Entry(Contender(name="fused-eager-glue", what="the same fused layer with the torch glue between its GEMMs "
                                                       "run eagerly (training.ops.eager_glue: an ablation)"),
                fwd_bwd(fused, eager_glue), lambda: _state_bytes(fused, None)),
@@ -699,14 +703,17 @@ def bench_layer(cfg: LlamaLayerConfig, batch: int, seq: int, reps: int, device: 
     config = {"d": cfg.d, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
               "ffn": cfg.ffn, "batch": batch, "seq": seq, "tokens": batch * seq}
     pairs = [("compile", "fused"), ("eager", "fused"), ("liger", "fused"), ("fused-eager-glue", "fused"),
-             ("fused-block", "fused"), ("compile", "fused-block"), ("liger", "fused-block")]
+             ("fused-block", "fused"), ("compile", "fused-block"), ("liger", "fused-block"),
+             ("fused-block", "fused-block-kept-act"), ("compile", "fused-block-kept-act")]
     return _run_row("layer", config, _skipped(entries, skip), reps, cuda, pairs,
-                    breakdown_of=("fused", "fused-block", "compile", "liger", "eager"))
+                    breakdown_of=("fused", "fused-block", "fused-block-kept-act", "compile", "liger", "eager"))
 
 
-def _block_call(fused: FusedLlamaLayer, inputs: list[tuple[torch.Tensor, torch.Tensor]], batch: int, seq: int):
+def _block_call(fused: FusedLlamaLayer, inputs: list[tuple[torch.Tensor, torch.Tensor]], batch: int, seq: int,
+                keep_act: bool = False):
     """A layer's forward + backward as the fused model runs it per layer (training/model.py):
-    attention from this layer's qkv, then decoder_block up to the next layer's qkv. Its GEMMs
+    attention from this layer's qkv, then decoder_block (with keep_act as given) up to the
+    next layer's qkv. Its GEMMs
     are one layer's (the next QKV's stand in for this one's, whose input gradient the previous
     block computes), so its time compares with a whole layer's. The qkv leaves are made once,
     outside the timing, by the fused layer's own first op; the backward seeds the output x
@@ -729,7 +736,7 @@ def _block_call(fused: FusedLlamaLayer, inputs: list[tuple[torch.Tensor, torch.T
         attn = fused._attention(leaves[i], batch, seq)
         qkv_next, out, *_ = decoder_block(attn, x.reshape(batch * seq, c.d), fused.w_o, fused.post_norm, fused.w_gu,
                                           fused.w_down, fused.input_norm, fused.w_qkv, *rope, c.eps,
-                                          *fused.qk_norms())
+                                          *(fused.qk_norms() or (None, None)), keep_act)
         torch.autograd.backward([out, qkv_next], [dy.reshape(batch * seq, c.d), dqkv[i]])
         return out
     return call
@@ -782,6 +789,9 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
     add("fused-recomputed-logits", "the same fused model with store_logits=False: k5 keeps no logits and its "
                                    "backward recomputes them in a second LM-head GEMM whose epilogue is the "
                                    "softmax gradient", fused, fused, partial(_recomputing_logits, fused))
+    add("fused-kept-act", "the same fused model with keep_act: every layer keeps SwiGLU's forward output for "
+                          "its backward, whose down-projection dgrad is k7's epilogue without its act store",
+        fused, fused, partial(_keeping_act, fused))
     add("eager", "the same model, unfused bf16 PyTorch, eager (float32 logits for the loss)", eager, eager)
     if cuda:
         add("fused+compile", "FusedLlamaModel under torch.compile(fullgraph=True): the torch glue between "
@@ -799,9 +809,21 @@ def bench_step(cfg: LlamaModelConfig, batch: int, seq: int, reps: int, device: s
               "parameters": sum(p.numel() for p in fused.parameters())}
     pairs = [("compile", "fused"), ("compile", "fused+compile"), ("eager", "fused"), ("liger", "fused"),
              ("liger", "fused+compile"), ("fused-eager-glue", "fused"), ("compile", "fused-recomputed-logits"),
-             ("fused-recomputed-logits", "fused"), ("liger", "fused-recomputed-logits")]
+             ("fused-recomputed-logits", "fused"), ("liger", "fused-recomputed-logits"),
+             ("fused", "fused-kept-act"), ("compile", "fused-kept-act")]
     return _run_row("step", config, _skipped(entries, skip), reps, cuda, pairs,
-                    breakdown_of=("fused", "fused-recomputed-logits", "fused+compile", "compile", "liger", "eager"))
+                    breakdown_of=("fused", "fused-recomputed-logits", "fused-kept-act", "fused+compile", "compile",
+                                  "liger", "eager"))
+
+
+@contextmanager
+def _keeping_act(model: FusedLlamaModel):
+    """Inside: the fused model's layers keep SwiGLU's forward output for their backward."""
+    model.keep_act = True
+    try:
+        yield
+    finally:
+        model.keep_act = False
 
 
 @contextmanager

@@ -18,8 +18,9 @@ def test_tiny_run_writes_a_report_whose_contenders_agree(tmp_path):
     assert report.environment["commit"] and "bench.training" in report.environment["command"]
     for row in report.rows:
         by_name = {c.name: c for c in row.contenders}
-        want = {"fused", "fused-eager-glue", "eager"} | ({"fused-recomputed-logits"} if row.part == "step" else
-                                                         {"fused-block"})
+        want = {"fused", "fused-eager-glue", "eager"} | ({"fused-recomputed-logits", "fused-kept-act"}
+                                                         if row.part == "step" else
+                                                         {"fused-block", "fused-block-kept-act"})
         assert set(by_name) == want, by_name
         assert all(c.error is None and c.loss is not None for c in row.contenders), row.contenders
         fused, eager = by_name["fused"].loss, by_name["eager"].loss
@@ -27,13 +28,16 @@ def test_tiny_run_writes_a_report_whose_contenders_agree(tmp_path):
         assert abs(fused - eager) <= 0.01 * abs(eager), (row.part, fused, eager)
         if row.part == "step":  # k5l's loss is k5's: both from the unrounded float32 logits
             assert abs(by_name["fused-recomputed-logits"].loss - fused) <= 1e-6 * abs(fused), row.contenders
+            # keep_act changes the backward only
+            assert by_name["fused-kept-act"].loss == fused, row.contenders
         else:  # the block computes the layer's output too, with k0 where the layer has an addmm
             assert abs(by_name["fused-block"].loss - fused) <= 0.01 * abs(fused), row.contenders
+            assert by_name["fused-block-kept-act"].loss == by_name["fused-block"].loss, row.contenders
         assert row.reps == 0 and not row.ratios and all(c.timing is None for c in row.contenders), "a CPU time reported"
         _same_gemms_as_eager(row)
     text = bt.render([report])
     step = report.rows[1].breakdown
-    assert text.count("GEMM call (CPU) time by GEMM shape") == 2 and "| shape | fused | fused-recomputed-logits | eager |" in text
+    assert text.count("GEMM call (CPU) time by GEMM shape") == 2 and "| shape | fused | fused-recomputed-logits | fused-kept-act | eager |" in text
     assert (f"| total | {sum(g.ms for g in step['fused'].gemms):.2f} ({sum(g.launches for g in step['fused'].gemms)}) |"
             in text)
 
@@ -44,8 +48,8 @@ def _same_gemms_as_eager(row):
     fused-recomputed-logits contender, which the default fused model (stored logits) does not make."""
     c = row.config
     calls = {name: {g.shape: g.launches for g in b.gemms} for name, b in row.breakdown.items()}
-    assert set(calls) == {"fused", "eager"} | ({"fused-recomputed-logits"} if row.part == "step" else
-                                               {"fused-block"}), calls
+    assert set(calls) == {"fused", "eager"} | ({"fused-recomputed-logits", "fused-kept-act"} if row.part == "step" else
+                                               {"fused-block", "fused-block-kept-act"}), calls
     assert all(b.by_kind_ms == {} for b in row.breakdown.values())  # no GPU kernels on a CPU
     eager = calls["eager"]
     # per layer: QKV, O, gate/up, down; each forward, input-gradient and weight-gradient GEMM

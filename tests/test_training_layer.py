@@ -33,17 +33,17 @@ GPU_CONFIG = LlamaLayerConfig(d=2048, n_heads=32, n_kv_heads=8, head_dim=64, ffn
 GPU_BATCH, GPU_SEQ = 2, 1024
 
 
-def _layers(cfg, device, seed=0):
+def _layers(cfg, device, seed=0, keep_act=False):
     sd = hf_layer_state_dict(cfg, seed)
-    layers = FusedLlamaLayer(cfg, device), ReferenceLlamaLayer(cfg, device=device), \
+    layers = FusedLlamaLayer(cfg, device, keep_act), ReferenceLlamaLayer(cfg, device=device), \
         ReferenceLlamaLayer(cfg, torch.bfloat16, device)
     for layer in layers:
         layer.load_hf_state_dict(sd)
     return layers
 
 
-def _against_float32_reference(cfg, batch, seq, device):
-    fused, ref, plain_bf16 = _layers(cfg, device)
+def _against_float32_reference(cfg, batch, seq, device, keep_act=False):
+    fused, ref, plain_bf16 = _layers(cfg, device, keep_act=keep_act)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, seq, cfg.d, generator=g).bfloat16().float().to(device)
     dy = (1e-2 * torch.randn(batch, seq, cfg.d, generator=g)).bfloat16().float().to(device)
@@ -53,8 +53,11 @@ def _against_float32_reference(cfg, batch, seq, device):
     assert_near_float32(got, want, plain, REL_TOL)
 
 
-def test_output_and_every_gradient_match_the_float32_reference_on_the_cpu():
-    _against_float32_reference(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu")
+@pytest.mark.parametrize("keep_act", [False, True], ids=["act-recomputed", "act-kept"])
+def test_output_and_every_gradient_match_the_float32_reference_on_the_cpu(keep_act):
+    """keep_act: the backward's down-projection dgrad is k7's epilogue without its act store,
+    and dw_down comes from the forward's SwiGLU output."""
+    _against_float32_reference(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", keep_act)
 
 
 @pytest.mark.parametrize("cfg", [CPU_CONFIG, LlamaLayerConfig(d=256, n_heads=4, n_kv_heads=4, head_dim=64, ffn=768),
@@ -105,15 +108,25 @@ def _unfused_attention_out_mlp(attn, residual, w_o, norm_weight, w_gu, w_down, e
     return x + (torch.nn.functional.silu(z[:, 0::2]) * z[:, 1::2]) @ w_down.T, x
 
 
-@pytest.mark.parametrize("which", ["rmsnorm_qkv_rope", "attention_out_mlp"])
+OPS = ["rmsnorm_qkv_rope", "attention_out_mlp", "attention_out_mlp-kept-act"]
+
+
+def _op(which, qkv_args, mlp_args):
+    """(op, its arguments) of an OPS entry; -kept-act: keep_act on."""
+    if which == "rmsnorm_qkv_rope":
+        return rmsnorm_qkv_rope, qkv_args
+    return attention_out_mlp, (*mlp_args, which.endswith("kept-act"))
+
+
+@pytest.mark.parametrize("which", OPS)
 def test_each_op_and_its_gradients_match_unfused_float64_math(which):
     """Op by op, with a loss on every differentiable output (attention_out_mlp's x as well as
     y: the gradient arriving at x joins k6's residual input)."""
-    qkv_args, mlp_args = _op_inputs(m=96)
+    op, args = _op(which, *_op_inputs(m=96))
     if which == "rmsnorm_qkv_rope":
-        args, fused, unfused = qkv_args, lambda *a: rmsnorm_qkv_rope(*a)[:1], lambda *a: (_unfused_qkv_rope(*a),)
+        fused, unfused = lambda *a: rmsnorm_qkv_rope(*a)[:1], lambda *a: (_unfused_qkv_rope(*a),)
     else:
-        args, fused, unfused = mlp_args, lambda *a: attention_out_mlp(*a)[:2], _unfused_attention_out_mlp
+        fused, unfused = lambda *a: attention_out_mlp(*a)[:2], lambda *a: _unfused_attention_out_mlp(*a[:7])
     tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     ref_args = [a.detach().double().requires_grad_() if i in tensors else
                 a.double() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
@@ -128,18 +141,18 @@ def test_each_op_and_its_gradients_match_unfused_float64_math(which):
         assert rel(args[i].grad, ref_args[i].grad) <= REL_TOL, f"gradient of argument {i}: {rel(args[i].grad, ref_args[i].grad):.2e}"
 
 
-@pytest.mark.parametrize("which", ["rmsnorm_qkv_rope", "attention_out_mlp"])
+@pytest.mark.parametrize("which", OPS)
 def test_each_op_passes_torch_library_opcheck(which):
     """Its schema, autograd registration and fake (meta) implementation, as torch checks them."""
-    qkv_args, mlp_args = _op_inputs()
-    op, args = (rmsnorm_qkv_rope, qkv_args) if which == "rmsnorm_qkv_rope" else (attention_out_mlp, mlp_args)
+    op, args = _op(which, *_op_inputs())
     result = torch.library.opcheck(op, args, test_utils=(
         "test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     assert all(v == "SUCCESS" for v in result.values()), result
 
 
-def test_the_layer_traces_whole_under_torch_compile_and_gives_the_eager_numbers():
-    fused = _layers(CPU_CONFIG, "cpu")[0]
+@pytest.mark.parametrize("keep_act", [False, True], ids=["act-recomputed", "act-kept"])
+def test_the_layer_traces_whole_under_torch_compile_and_gives_the_eager_numbers(keep_act):
+    fused = _layers(CPU_CONFIG, "cpu", keep_act=keep_act)[0]
     x = torch.randn(CPU_BATCH, CPU_SEQ, CPU_CONFIG.d, generator=torch.Generator().manual_seed(2)).bfloat16()
 
     def step(x):
@@ -199,5 +212,36 @@ def test_operands_that_do_not_fit_are_one_line():
 
 
 @pytest.mark.gpu
-def test_output_and_every_gradient_match_the_float32_reference_on_the_gpu():
-    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda")
+@pytest.mark.parametrize("keep_act", [False, True], ids=["act-recomputed", "act-kept"])
+def test_output_and_every_gradient_match_the_float32_reference_on_the_gpu(keep_act):
+    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda", keep_act)
+
+
+def test_the_kept_act_backward_gives_the_swiglu_gradient_and_passes_the_kept_act_on():
+    """training/ops.py swiglu_backward_kernels with a kept act (keep_act's backward): dz, the
+    SwiGLU backward of dy @ w_down at the packed (gate, up) pairs of z, rounded once to bf16,
+    and the ZdZ row sums z . dz, both against float64 math written here; the act it returns
+    is the kept one, not a recomputed one. Without a kept act (k7) the same dz and ZdZ, and
+    the act recomputed as silu(gate) * up. Ragged sizes (neither M nor F a tile multiple)."""
+    from epiforge.training.ops import swiglu_backward_kernels
+
+    g = torch.Generator().manual_seed(7)
+    m, d, f = 96, 64, 200
+    dy = torch.randn(m, d, generator=g).bfloat16()
+    w_down = (torch.randn(d, f, generator=g) / f**0.5).bfloat16()
+    z = torch.randn(m, 2 * f, generator=g).bfloat16()
+    kept = torch.randn(m, f, generator=g).bfloat16()
+    gate, up, grad = z.double()[:, 0::2], z.double()[:, 1::2], dy.double() @ w_down.double()
+    s = torch.sigmoid(gate)
+    want = torch.stack((grad * up * s * (1 + gate * (1 - s)), grad * gate * s), -1).reshape(m, 2 * f)
+    want_zdz = (z.double() * want).sum(-1)
+    for act in (kept, kept.new_empty(0)):
+        dz, zdz, out = swiglu_backward_kernels(dy, w_down, z, act)
+        assert dz.dtype == torch.bfloat16 and dz.shape == (m, 2 * f)
+        # one bf16 rounding of a float32 result: half a unit in the last place, and float32's own
+        assert ((dz.double() - want).abs() <= 2.0 ** -8 * want.abs() + 1e-6).all()
+        assert torch.allclose(zdz.double(), want_zdz, rtol=1e-4, atol=1e-4)
+        if act.numel():
+            assert out is kept
+        else:
+            assert ((out.double() - gate * s * up).abs() <= 2.0 ** -8 * (gate * s * up).abs() + 1e-6).all()

@@ -46,9 +46,9 @@ GPU_CONFIG = LlamaModelConfig(vocab=32768, n_layers=2,
 GPU_BATCH, GPU_SEQ = 2, 1024
 
 
-def _models(cfg, device, seed=0, store_logits=False):
+def _models(cfg, device, seed=0, store_logits=False, keep_act=False):
     sd = hf_model_state_dict(cfg, seed)
-    models = FusedLlamaModel(cfg, device, store_logits), ReferenceLlamaModel(cfg, device=device), \
+    models = FusedLlamaModel(cfg, device, store_logits, keep_act=keep_act), ReferenceLlamaModel(cfg, device=device), \
         ReferenceLlamaModel(cfg, torch.bfloat16, device)
     for model in models:
         model.load_hf_state_dict(sd)
@@ -77,8 +77,8 @@ def _padded(targets, every=5):
     return targets
 
 
-def _against_float32_reference(cfg, batch, seq, device, store_logits=False, padded=False):
-    fused, ref, plain_bf16 = _models(cfg, device, store_logits=store_logits)
+def _against_float32_reference(cfg, batch, seq, device, store_logits=False, padded=False, keep_act=False):
+    fused, ref, plain_bf16 = _models(cfg, device, store_logits=store_logits, keep_act=keep_act)
     tokens, targets = _tokens(cfg, batch, seq, device)
     if padded:
         targets = _padded(targets)
@@ -86,13 +86,15 @@ def _against_float32_reference(cfg, batch, seq, device, store_logits=False, padd
     assert_near_float32(got, want, plain, REL_TOL)
 
 
-@pytest.mark.parametrize("n_layers, store_logits", [(2, False), (3, False), (2, True)],
-                         ids=["2-layers", "3-layers", "2-layers-stored-logits"])
-def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu(n_layers, store_logits):
+@pytest.mark.parametrize("n_layers, store_logits, keep_act", [(2, False, False), (3, False, False), (2, True, False),
+                                                               (3, True, True)],
+                         ids=["2-layers", "3-layers", "2-layers-stored-logits", "3-layers-stored-logits-kept-act"])
+def test_loss_and_every_gradient_match_the_float32_reference_on_the_cpu(n_layers, store_logits, keep_act):
     """3 layers: a decoder_block's residual cotangent then comes from another decoder_block.
-    Stored logits: the LM head is k5l and its backward reads the bf16 logits it kept."""
+    Stored logits: the LM head is k5l and its backward reads the bf16 logits it kept. Kept
+    act: every layer's backward takes SwiGLU's output from its forward (keep_act)."""
     _against_float32_reference(LlamaModelConfig(CPU_CONFIG.vocab, n_layers, CPU_CONFIG.layer), CPU_BATCH, CPU_SEQ, "cpu",
-                               store_logits)
+                               store_logits, keep_act=keep_act)
 
 
 def test_the_backward_fills_no_zeros_for_the_saved_activations():
@@ -161,22 +163,24 @@ def test_ignored_targets_change_the_loss_and_a_target_out_of_range_is_an_error()
 KERNEL_OF_EPILOGUE = {"rstd_rope_posfreq_epi": "k4hf", "rms_partial_epi": "k0", "rmsnorm_swiglu": "k2",
                       "rmsnorm_cross_entropy": "k5", "rmsnorm_cross_entropy_logits": "k5l",
                       "lm_head_ce_backward": "ce-bwd", "rmsnorm_bwd": "k6",
-                      "dswiglu_dpreact_mod": "k7"}
+                      "dswiglu_dpreact_mod": "k7", "swiglu_backward_kept_act": "k7-kept-act"}
 
 
-@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
-def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward(store_logits):
+@pytest.mark.parametrize("store_logits, keep_act", [(False, False), (True, False), (True, True)],
+                         ids=["recomputed-logits", "stored-logits", "stored-logits-kept-act"])
+def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward(store_logits, keep_act):
     """The fused GEMMs a 3-layer model launches, in order (primitives' trace): layer 0's k4hf
     (its norm in torch), then per layer k0, k2, k0 (with the next layer's norm, or the final
     one) and the next layer's k4hf, then k5; backward k1 (the logits again) and k6 (final
     norm), then per layer k7, k6 (post-attention norm), k6 (input norm). No other GEMM runs
     through the primitives (the rest are plain torch GEMMs). With stored logits: k5l, and no
-    GEMM before the final norm's k6."""
+    GEMM before the final norm's k6. With kept act: k7's epilogue without its act output
+    (swiglu_backward_kept_act) in k7's place."""
     from epiforge.primitives import trace
 
     cfg = LlamaModelConfig(vocab=64, n_layers=3, layer=LlamaLayerConfig(d=128, n_heads=2, n_kv_heads=1, head_dim=64,
                                                                         ffn=256))
-    model = FusedLlamaModel(cfg, store_logits=store_logits)
+    model = FusedLlamaModel(cfg, store_logits=store_logits, keep_act=keep_act)
     tokens, targets = _tokens(cfg, 1, 16, "cpu")
 
     def kernels(calls):
@@ -188,7 +192,8 @@ def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward(stor
         loss.backward()
     assert kernels(forward) == ["k4hf"] + ["k0", "k2", "k0", "k4hf"] * 2 + ["k0", "k2", "k0",
                                                                            "k5l" if store_logits else "k5"]
-    assert kernels(backward) == ([] if store_logits else ["ce-bwd"]) + ["k6"] + ["k7", "k6", "k6"] * 3
+    k7 = "k7-kept-act" if keep_act else "k7"
+    assert kernels(backward) == ([] if store_logits else ["ce-bwd"]) + ["k6"] + [k7, "k6", "k6"] * 3
 
 
 def _hf_style_model(sd, cfg, tokens, targets, positions):
@@ -279,17 +284,20 @@ def _op_inputs(which, cfg=CPU_CONFIG, m=96, seed=0):
         tokens = torch.randint(0, 40, (m,), generator=g)  # repeated tokens: their gradients add
         return ((tokens, bf16(cfg.vocab, c.d), norm(), bf16(qkv_rows, c.d, scale=c.d**-0.5), *rope, c.eps),
                 lambda *a: embed_rmsnorm_qkv_rope(*a)[:2], _unfused_embed)
-    if which == "decoder_block":
-        return ((*block, norm(), bf16(qkv_rows, c.d, scale=c.d**-0.5), *rope, c.eps),
-                lambda *a: decoder_block(*a)[:2], _unfused_block)
+    keep_act = which.endswith("-kept-act")
+    if which.startswith("decoder_block-") or which == "decoder_block":
+        kept = (None, None, True) if keep_act else ()  # keep_act follows the optional QK-norm weights
+        return ((*block, norm(), bf16(qkv_rows, c.d, scale=c.d**-0.5), *rope, c.eps, *kept),
+                lambda *a: decoder_block(*a)[:2], lambda *a: _unfused_block(*a[:12]))
     # logits ~ 3 standard deviations, as a trained LM head gives (the k5 task's inputs)
     w_lm = bf16(cfg.vocab, c.d, scale=3 * c.d**-0.5)
     store_logits = which == "decoder_block_loss-stored-logits"
-    return ((*block, norm(), w_lm, torch.randint(0, cfg.vocab, (m,), generator=g), c.eps, store_logits),
-            lambda *a: decoder_block_loss(*a)[:1], _unfused_block_loss)
+    return ((*block, norm(), w_lm, torch.randint(0, cfg.vocab, (m,), generator=g), c.eps, store_logits, keep_act),
+            lambda *a: decoder_block_loss(*a)[:1], lambda *a: _unfused_block_loss(*a[:11]))
 
 
-OPS = ["embed_rmsnorm_qkv_rope", "decoder_block", "decoder_block_loss", "decoder_block_loss-stored-logits"]
+OPS = ["embed_rmsnorm_qkv_rope", "decoder_block", "decoder_block_loss", "decoder_block_loss-stored-logits",
+       "decoder_block-kept-act", "decoder_block_loss-kept-act"]
 
 
 @pytest.mark.parametrize("which", OPS)
@@ -317,8 +325,8 @@ def test_each_op_and_its_gradients_match_unfused_float64_math(which):
 def test_each_op_passes_torch_library_opcheck(which):
     """Schema, autograd registration and the fake (meta) implementation, as torch checks them."""
     args, _, _ = _op_inputs(which, m=32)
-    op = {"embed_rmsnorm_qkv_rope": embed_rmsnorm_qkv_rope, "decoder_block": decoder_block}.get(which,
-                                                                                                   decoder_block_loss)
+    op = embed_rmsnorm_qkv_rope if which.startswith("embed") else \
+        decoder_block_loss if which.startswith("decoder_block_loss") else decoder_block
     # With stored logits the op's logits output is its backward's workspace: after an eager
     # backward it holds dlogits (test_the_stored_logits_become_dlogits), while a traced
     # backward writes them to a new tensor; test_aot_dispatch_dynamic compares the outputs
@@ -346,11 +354,12 @@ def test_the_stored_logits_become_dlogits():
     assert ((logits.double() - want).abs() <= 2.0 ** -8 * want.abs() + 1e-6).all()
 
 
-@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
-def test_the_model_traces_whole_under_torch_compile_and_gives_the_eager_numbers(store_logits):
+@pytest.mark.parametrize("store_logits, keep_act", [(False, False), (True, False), (True, True)],
+                         ids=["recomputed-logits", "stored-logits", "stored-logits-kept-act"])
+def test_the_model_traces_whole_under_torch_compile_and_gives_the_eager_numbers(store_logits, keep_act):
     """Stored logits: the traced backward writes dlogits to a new tensor, the eager one over
     the logits (model_ops.overwrite_logits_with_dlogits); the same numbers either way."""
-    fused = _models(CPU_CONFIG, "cpu", store_logits=store_logits)[0]
+    fused = _models(CPU_CONFIG, "cpu", store_logits=store_logits, keep_act=keep_act)[0]
     tokens, targets = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", seed=2)
     targets = _padded(targets)                         # the ignore_index mask and assert trace too
 
@@ -405,10 +414,11 @@ def test_inputs_of_the_wrong_shape_are_one_clear_error():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("store_logits, padded", [(False, False), (True, False), (True, True)],
-                         ids=["recomputed-logits", "stored-logits", "stored-logits-padded"])
-def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu(store_logits, padded):
-    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda", store_logits, padded)
+@pytest.mark.parametrize("store_logits, padded, keep_act", [(False, False, False), (True, False, False),
+                                                             (True, True, False), (True, False, True)],
+                         ids=["recomputed-logits", "stored-logits", "stored-logits-padded", "stored-logits-kept-act"])
+def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu(store_logits, padded, keep_act):
+    _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda", store_logits, padded, keep_act)
 
 
 def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):
@@ -419,6 +429,20 @@ def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_comp
                             "h, w, r = torch.randn(256, 64).bfloat16(), torch.randn(512, 64).bfloat16(), torch.rand(256)\n"
                             "epi(h, w, rstd=r, lse=r, dloss=r, targets=torch.zeros(256, dtype=torch.int64))\n")
     assert [(e["epilogue"], e["ok"]) for e in log] == [("lm_head_ce_backward", True)], log
+
+
+def test_the_kept_act_swiglu_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):
+    """keep_act's down-projection dgrad (k7's epilogue without its act output) at the tile
+    config k7's TUNED table picks at LLaMA-3.2-1B's MLP (16384 x 8192 x 2048), the shape the
+    training benchmarks run."""
+    log = sm90a_compile_log("from epiforge import primitives as P\n"
+                            "from epiforge.training.ops import K7, _kernel, swiglu_backward_kept_act_epilogue\n"
+                            "epi = swiglu_backward_kept_act_epilogue()\n"
+                            "config = P.config.GemmConfig.parse(_kernel(K7).TUNED['16384x8192x2048'])\n",
+                            "dy, w, z = torch.randn(256, 64).bfloat16(), torch.randn(128, 64).bfloat16(), "
+                            "torch.randn(256, 256).bfloat16()\n"
+                            "epi(dy, w, c=z, config=config)\n")
+    assert [(e["epilogue"], e["ok"]) for e in log] == [("swiglu_backward_kept_act", True)], log
 
 
 @pytest.mark.parametrize("stored", [False, True], ids=["recomputed-logits", "stored-logits"])

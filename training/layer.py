@@ -172,10 +172,15 @@ class FusedLlamaLayer(_LayerParams):
     expert kernels take). forward(x (B, S, d), positions (S,) or (B, S) | None) -> (B, S, d).
     A layer on its own: the input RMSNorm's h = x * w and rstd are torch (in FusedLlamaModel,
     training/model.py, the previous layer's down projection writes them, k0), and the down
-    projection + residual is an addmm."""
+    projection + residual is an addmm.
 
-    def __init__(self, cfg: LlamaLayerConfig, device=None):
+    keep_act (an attribute, settable between steps; off by default): keep SwiGLU's forward
+    output for the backward (M x F bf16 more memory until then), so the backward's
+    down-projection dgrad stores no second copy (training/ops.py kept_act)."""
+
+    def __init__(self, cfg: LlamaLayerConfig, device=None, keep_act: bool = False):
         super().__init__(cfg, torch.bfloat16, device)
+        self.keep_act = keep_act
 
     def qk_norms(self) -> tuple:
         """(q_norm, k_norm) of a Qwen3 layer, () of a LLaMA one (the block ops' optional arguments)."""
@@ -194,7 +199,8 @@ class FusedLlamaLayer(_LayerParams):
         rows = x.reshape(batch * seq, d)
         qkv = self.attention_input(rows, self._positions(batch, seq, positions, x.device))
         attn = self._attention(qkv, batch, seq)
-        y, _, _, _ = attention_out_mlp(attn, rows, self.w_o, self.post_norm, self.w_gu, self.w_down, self.cfg.eps)
+        y, *_ = attention_out_mlp(attn, rows, self.w_o, self.post_norm, self.w_gu, self.w_down, self.cfg.eps,
+                                  self.keep_act)
         return y.reshape(batch, seq, d)
 
 

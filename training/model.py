@@ -102,12 +102,19 @@ class FusedLlamaModel(_ModelParams):
     tokens) for the backward, which overwrites them with dlogits; off, it is k5, whose backward
     recomputes them with a second LM-head GEMM (less memory, one more GEMM). At the 1B step on
     an H100 the stored logits were faster and peaked below torch.compile's step
-    (bench/results/h100/training/step-5.json)."""
+    (bench/results/h100/training/step-5.json).
 
-    def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = True, ignore_index: int = -100):
+    keep_act (an attribute, settable between steps; off by default): every layer keeps
+    SwiGLU's forward output for the backward (M x F bf16 per layer: 4 GiB at the 1B step's 16
+    layers and 16384 tokens), so each backward's down-projection dgrad stores no second copy
+    (training/ops.py kept_act)."""
+
+    def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = True, ignore_index: int = -100,
+                 keep_act: bool = False):
         super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
         self.store_logits = store_logits
         self.ignore_index = ignore_index
+        self.keep_act = keep_act
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
         c = self.cfg.layer
@@ -119,8 +126,9 @@ class FusedLlamaModel(_ModelParams):
                                            *first.qk_norms())
         for layer, nxt in zip(self.layers[:-1], self.layers[1:]):
             attn = layer._attention(qkv, batch, seq)
+            qk_norms = nxt.qk_norms() or (None, None)
             qkv, x, *_ = decoder_block(attn, x, layer.w_o, layer.post_norm, layer.w_gu, layer.w_down,
-                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps, *nxt.qk_norms())
+                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps, *qk_norms, self.keep_act)
         attn = last._attention(qkv, batch, seq)
         flat = targets.reshape(-1)
         kept = flat != self.ignore_index
@@ -128,7 +136,8 @@ class FusedLlamaModel(_ModelParams):
                             f"targets must lie in [0, {self.cfg.vocab}) or be ignore_index ({self.ignore_index})")
         # an ignored row's loss is taken at target 0 and weighted 0: its dloss, so its dlogits, is 0
         loss = decoder_block_loss(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
-                                  self.lm_head, torch.where(kept, flat, 0), c.eps, self.store_logits)[0]
+                                  self.lm_head, torch.where(kept, flat, 0), c.eps, self.store_logits,
+                                  self.keep_act)[0]
         return (loss * kept).sum() / kept.sum()
 
 

@@ -50,6 +50,8 @@ from epiforge.training.ops import (
     _row_rstd,
     attention_out_mlp_grads,
     attention_out_swiglu_kernels,
+    kept_act,
+    kept_act_fake,
     no_zero_grads,
     normalised,
     qk_norm_rope_grads,
@@ -205,13 +207,16 @@ embed_rmsnorm_qkv_rope.register_autograd(_embed_backward, setup_context=_embed_s
 def decoder_block(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                   w_gu: torch.Tensor, w_down: torch.Tensor, next_norm: torch.Tensor, next_w_qkv: torch.Tensor,
                   positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int, eps: float,
-                  next_q_norm: Optional[torch.Tensor] = None, next_k_norm: Optional[torch.Tensor] = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  next_q_norm: Optional[torch.Tensor] = None, next_k_norm: Optional[torch.Tensor] = None,
+                  keep_act: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor]:
     """Layer i after its attention, then layer i+1 up to its attention -> (qkv, x, x_mid, z,
-    rstd_mid, rstd): x_mid = attn @ w_o^T + residual; x = x_mid + SwiGLU(RMSNorm(x_mid) @
+    rstd_mid, rstd, act): x_mid = attn @ w_o^T + residual; x = x_mid + SwiGLU(RMSNorm(x_mid) @
     w_gu^T) @ w_down^T, the residual stream entering layer i+1; qkv = layer i+1's
     RoPE(RMSNorm(x) @ next_w_qkv^T). qkv and x are differentiable; x_mid, z (interleaved
-    gate/up pre-activation), rstd_mid and rstd are saved for the backward.
+    gate/up pre-activation), rstd_mid and rstd are saved for the backward, and with keep_act
+    act, SwiGLU's output (training/ops.py kept_act; else empty).
       forward   k0 (O-proj + residual + post norm's h, rstd_mid), k2 (gate/up + row scale +
                 SwiGLU), k0 again (down-proj + residual + next_norm's h, rstd), k4hf (layer
                 i+1's QKV + row scale + RoPE).
@@ -229,38 +234,40 @@ def decoder_block(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor,
     h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, next_norm, eps)
     qkv = _attention_input(x, h, rstd, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, next_q_norm,
                            next_k_norm)
-    return qkv, x, x_mid, z, rstd_mid, rstd
+    return qkv, x, x_mid, z, rstd_mid, rstd, kept_act(act, keep_act)
 
 
 @decoder_block.register_fake
 def _(attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps,
-      next_q_norm=None, next_k_norm=None):
+      next_q_norm=None, next_k_norm=None, keep_act=False):
     m = residual.shape[0]
     return (residual.new_empty(m, next_w_qkv.shape[0]), torch.empty_like(residual), torch.empty_like(residual),
             residual.new_empty(m, w_gu.shape[0]), residual.new_empty(m, dtype=torch.float32),
-            residual.new_empty(m, dtype=torch.float32))
+            residual.new_empty(m, dtype=torch.float32), kept_act_fake(residual, w_down, keep_act))
 
 
 @torch.library.custom_op("epiforge::decoder_block_backward", mutates_args=())
 def decoder_block_backward(dqkv: torch.Tensor, dx: torch.Tensor, qkv: torch.Tensor, x: torch.Tensor,
                            rstd: torch.Tensor, attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor,
-                           rstd_mid: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor, w_gu: torch.Tensor,
+                           rstd_mid: torch.Tensor, act: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
+                           w_gu: torch.Tensor,
                            w_down: torch.Tensor, next_norm: torch.Tensor, next_w_qkv: torch.Tensor,
                            positions: torch.Tensor, inv_freq: torch.Tensor, rotary_cols: int,
                            next_q_norm: Optional[torch.Tensor], next_k_norm: Optional[torch.Tensor]
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                       torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dnext_norm, dnext_w_qkv,
-    dnext_q_norm, dnext_k_norm); the last two empty without QK-norm."""
+    dnext_q_norm, dnext_k_norm); the last two empty without QK-norm. act: the forward's
+    kept SwiGLU output, or empty."""
     dx, dnext_norm, dnext_w_qkv, dq_norm, dk_norm = _attention_input_grads(
         dqkv, qkv, x, rstd, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, dx, next_q_norm, next_k_norm)
     # x = x_mid + down(...): dx is the down projection's output gradient and x_mid's residual one
-    return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid),
+    return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid, act),
             dnext_norm, dnext_w_qkv, dq_norm, dk_norm)
 
 
 @decoder_block_backward.register_fake
-def _(dqkv, dx, qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
+def _(dqkv, dx, qkv, x, rstd, attn, x_mid, z, rstd_mid, act, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
       positions, inv_freq, rotary_cols, next_q_norm, next_k_norm):
     return (*(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv)),
             *_qk_norm_grads_fake(next_norm, next_q_norm, next_k_norm))
@@ -268,26 +275,26 @@ def _(dqkv, dx, qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_
 
 def _block_setup(ctx, inputs, output):
     (attn, residual, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv, positions, inv_freq, rotary_cols, eps,
-     next_q_norm, next_k_norm) = inputs
-    qkv, x, x_mid, z, rstd_mid, rstd = output
-    ctx.mark_non_differentiable(x_mid, z, rstd_mid, rstd)
+     next_q_norm, next_k_norm, keep_act) = inputs
+    qkv, x, x_mid, z, rstd_mid, rstd, act = output
+    ctx.mark_non_differentiable(x_mid, z, rstd_mid, rstd, act)
     no_zero_grads(ctx)
     ctx.rotary_cols = rotary_cols
-    ctx.save_for_backward(qkv, x, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, next_norm, next_w_qkv,
-                          positions, inv_freq, next_q_norm, next_k_norm)
+    ctx.save_for_backward(qkv, x, rstd, attn, x_mid, z, rstd_mid, act, w_o, post_norm, w_gu, w_down, next_norm,
+                          next_w_qkv, positions, inv_freq, next_q_norm, next_k_norm)
 
 
 def _block_backward(ctx, dqkv, dx, *unused):
     *saved, next_q_norm, next_k_norm = ctx.saved_tensors
     if dqkv is None and dx is None:
-        return (None,) * 14
+        return (None,) * 15
     qkv, x = saved[0], saved[1]
     dqkv = torch.zeros_like(qkv) if dqkv is None else dqkv
     dx = torch.zeros_like(x) if dx is None else dx.to(x.dtype).contiguous()
     *grads, dq_norm, dk_norm = decoder_block_backward(dqkv.to(x.dtype).contiguous(), dx, *saved, ctx.rotary_cols,
                                                       next_q_norm, next_k_norm)
     qk_grads = (None, None) if next_q_norm is None else (dq_norm, dk_norm)
-    return (*grads, None, None, None, None, *qk_grads)
+    return (*grads, None, None, None, None, *qk_grads, None)
 
 
 decoder_block.register_autograd(_block_backward, setup_context=_block_setup)
@@ -299,15 +306,16 @@ decoder_block.register_autograd(_block_backward, setup_context=_block_setup)
 @torch.library.custom_op("epiforge::decoder_block_loss", mutates_args=())
 def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                        w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor, w_lm: torch.Tensor,
-                       targets: torch.Tensor, eps: float, store_logits: bool = False
+                       targets: torch.Tensor, eps: float, store_logits: bool = False, keep_act: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                  torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                                  torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The last layer after its attention, the final RMSNorm, LM head and cross-entropy ->
-    (loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits): loss (M,) float32 per row, logits =
+    (loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits, act): loss (M,) float32 per row, logits =
     RMSNorm(x) @ w_lm^T with x the last layer's output; only loss is differentiable, the rest
     is saved for the backward (lse: logsumexp of each row's logits; h = x * final_norm;
     logits: (M, V) bf16 with store_logits, else an empty tensor; the backward's workspace:
-    an eager backward overwrites them with dlogits, see overwrite_logits_with_dlogits).
+    an eager backward overwrites them with dlogits, see overwrite_logits_with_dlogits); act:
+    SwiGLU's output with keep_act (training/ops.py kept_act), else empty.
       forward   k0, k2, k0 with the final norm's weight (as in decoder_block), then k5 (LM-head
                 GEMM + row scale + online log-sum-exp and target logit; the M x V logits never
                 reach memory) or, with store_logits, k5l (the same, the bf16 logits stored).
@@ -332,11 +340,12 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
     out = _kernel(K5L if store_logits else K5).run(
         {"h": h, "rstd": rstd, "w_lm": w_lm.contiguous(), "targets": targets.contiguous()}, {})
     logits = out["logits"] if store_logits else h.new_empty(0)
-    return out["loss"], out["lse"], x_mid, z, rstd_mid, x, h, rstd, logits
+    return out["loss"], out["lse"], x_mid, z, rstd_mid, x, h, rstd, logits, kept_act(act, keep_act)
 
 
 @decoder_block_loss.register_fake
-def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits=False):
+def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits=False,
+      keep_act=False):
     m = residual.shape[0]
 
     def rows():
@@ -344,7 +353,8 @@ def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, e
 
     logits = residual.new_empty(m, w_lm.shape[0]) if store_logits else residual.new_empty(0)
     return (rows(), rows(), torch.empty_like(residual), residual.new_empty(m, w_gu.shape[0]), rows(),
-            torch.empty_like(residual), torch.empty_like(residual), rows(), logits)
+            torch.empty_like(residual), torch.empty_like(residual), rows(), logits,
+            kept_act_fake(residual, w_down, keep_act))
 
 
 @lru_cache(maxsize=None)
@@ -431,43 +441,44 @@ def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, dlogit
 @torch.library.custom_op("epiforge::decoder_block_loss_backward", mutates_args=())
 def decoder_block_loss_backward(dloss: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, h: torch.Tensor,
                                 rstd: torch.Tensor, attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor,
-                                rstd_mid: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
+                                rstd_mid: torch.Tensor, act: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                                 w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor,
                                 w_lm: torch.Tensor, targets: torch.Tensor, dlogits: torch.Tensor, zdz: torch.Tensor
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                            torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dfinal_norm, dw_lm); dlogits
-    and zdz empty where the forward did not store the logits (then recomputed here)."""
+    and zdz empty where the forward did not store the logits (then recomputed here); act the
+    forward's kept SwiGLU output, or empty."""
     dx, dfinal_norm, dw_lm = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, dlogits, zdz)
-    return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid),
+    return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid, act),
             dfinal_norm, dw_lm)
 
 
 @decoder_block_loss_backward.register_fake
-def _(dloss, lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets,
-      dlogits, zdz):
+def _(dloss, lse, x, h, rstd, attn, x_mid, z, rstd_mid, act, w_o, post_norm, w_gu, w_down, final_norm, w_lm,
+      targets, dlogits, zdz):
     return tuple(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, final_norm, w_lm))
 
 
 def _loss_setup(ctx, inputs, output):
-    attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits = inputs
-    loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits = output
-    ctx.mark_non_differentiable(lse, x_mid, z, rstd_mid, x, h, rstd, logits)
+    attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, targets, eps, store_logits, keep_act = inputs
+    loss, lse, x_mid, z, rstd_mid, x, h, rstd, logits, act = output
+    ctx.mark_non_differentiable(lse, x_mid, z, rstd_mid, x, h, rstd, logits, act)
     no_zero_grads(ctx)
-    ctx.save_for_backward(lse, x, h, rstd, attn, x_mid, z, rstd_mid, w_o, post_norm, w_gu, w_down, final_norm, w_lm,
-                          targets, logits)
+    ctx.save_for_backward(lse, x, h, rstd, attn, x_mid, z, rstd_mid, act, w_o, post_norm, w_gu, w_down, final_norm,
+                          w_lm, targets, logits)
 
 
 def _loss_backward(ctx, dloss, *unused):
     if dloss is None:
-        return (None,) * 11
+        return (None,) * 12
     *saved, targets, logits = ctx.saved_tensors
     dloss = dloss.float().contiguous()
     dlogits, zdz = logits, dloss.new_empty(0)
     if logits.numel():
         dlogits, zdz = overwrite_logits_with_dlogits(logits, saved[0], dloss, targets)
     grads = decoder_block_loss_backward(dloss, *saved, targets, dlogits, zdz)
-    return (*grads, None, None, None)
+    return (*grads, None, None, None, None)
 
 
 decoder_block_loss.register_autograd(_loss_backward, setup_context=_loss_setup)

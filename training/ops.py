@@ -18,11 +18,14 @@ The decoder layer's two ops (training/layer.py), the block re-cut of
 rmsnorm_qkv_rope(x, norm_weight, w_qkv, positions, inv_freq, rotary_cols, eps) -> (qkv, rstd)
   forward   torch h = x * w and rstd, then k4hf (QKV GEMM + row scale + HF-direction RoPE).
   backward  torch RoPE backward and ZdZ, then k6 (QKV dgrad + RMSNorm backward).
-attention_out_mlp(attn, residual, w_o, norm_weight, w_gu, w_down, eps) -> (y, x, z, rstd)
+attention_out_mlp(attn, residual, w_o, norm_weight, w_gu, w_down, eps, keep_act) -> (y, x, z, rstd, act)
   forward   k0 (O-proj + residual + partial RMSNorm), k2 (gate/up + row scale + SwiGLU),
             the down projection + residual as a plain addmm.
   backward  k7 (down dgrad + SwiGLU backward + ZdZ), k6 fed k7's ZdZ (gate/up dgrad +
             RMSNorm backward + residual gradient), plain GEMMs for the rest.
+  keep_act  SwiGLU's forward output kept for the backward (M x F bf16 per layer), so the
+            backward's k7 is its epilogue without the postact store (one of its three
+            M x F stores); the model ops (training/model_ops.py) take it too.
 The expert kernels are trusted code (human_kernels/), imported once here; on CPU tensors
 they run through the emulator.
 """
@@ -273,14 +276,15 @@ rmsnorm_qkv_rope.register_autograd(_qkv_backward, setup_context=_qkv_setup)
 
 @torch.library.custom_op("epiforge::attention_out_mlp", mutates_args=())
 def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, norm_weight: torch.Tensor,
-                      w_gu: torch.Tensor, w_down: torch.Tensor, eps: float
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                      w_gu: torch.Tensor, w_down: torch.Tensor, eps: float, keep_act: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The block re-cut's [out-proj + residual + partial norm] -> rstd -> [gate/up + row scale
-    + SwiGLU] -> [down-proj + residual], -> (y, x, z, rstd):
+    + SwiGLU] -> [down-proj + residual], -> (y, x, z, rstd, act):
     x = attn @ w_o^T + residual (the residual stream after attention), y = x +
     (silu(gate) * up)(RMSNorm(x) @ w_gu^T) @ w_down^T; z (the interleaved gate/up
     pre-activation) and rstd (M,) float32 are saved for the backward and not differentiable.
-    w_gu (2F, d) has gate and up rows interleaved (row 2j gate j, 2j+1 up j).
+    act: with keep_act, SwiGLU's output (M, F) kept for the backward (see kept_act), else an
+    empty tensor. w_gu (2F, d) has gate and up rows interleaved (row 2j gate j, 2j+1 up j).
       forward   k0: the out-projection GEMM, the residual add, h = x * norm_weight and rstd
                 (its finishing step); k2: the gate/up GEMM with the row scale rstd and
                 SwiGLU in its epilogue; the down projection and its residual add are a plain
@@ -299,7 +303,48 @@ def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Ten
     if not all(t.dtype == torch.bfloat16 for t in (attn, residual, w_o, norm_weight, w_gu, w_down)):
         raise ValueError("attention_out_mlp: the expert kernels take bfloat16 operands")
     x, rstd, act, z = attention_out_swiglu_kernels(attn, residual, w_o, norm_weight, w_gu, eps)
-    return torch.addmm(x, act, w_down.T), x, z, rstd
+    return torch.addmm(x, act, w_down.T), x, z, rstd, kept_act(act, keep_act)
+
+
+def kept_act(act: torch.Tensor, keep_act: bool) -> torch.Tensor:
+    """The ops' keep_act: SwiGLU's forward output (M, F) kept for the backward, so the
+    backward's down-projection dgrad stores no second copy (swiglu_backward_kept_act instead
+    of k7) and the down projection's weight gradient reads this one. It costs M x F x 2 bytes
+    per layer, held from the forward to the backward (256 MiB at M = 16384, F = 8192); it
+    saves k7's postact store (one of its three M x F stores). Off: an empty tensor (a custom
+    op returns tensors, not None)."""
+    return act if keep_act else act.new_empty(0)
+
+
+@lru_cache(maxsize=None)
+def swiglu_backward_kept_act_epilogue():
+    """k7's epilogue less its postact output, for a backward that has the forward's SwiGLU
+    output (keep_act): the down projection's dgrad GEMM acc = dy @ w_down, C = z (the packed
+    (gate, up) pre-activation), D = dz packed like z, and the ZdZ row sums of z * dz."""
+    from epiforge import primitives as P
+
+    @P.epilogue(reductions={"zdz": P.RowReduce()}, mode="packed_pair")
+    def swiglu_backward_kept_act(acc, c):
+        gate, up = P.unpack(c)
+        d_gate, d_up, _ = P.dswiglu(gate, up, acc)
+        return {"D": P.pack(d_gate, d_up), "zdz": gate * d_gate + up * d_up}
+
+    return swiglu_backward_kept_act
+
+
+def swiglu_backward_kernels(dy: torch.Tensor, w_down: torch.Tensor, z: torch.Tensor, act: torch.Tensor):
+    """The down projection's dgrad with the SwiGLU backward in its epilogue -> (dz, zdz, act):
+    k7, whose act is recomputed and stored, or, with a kept act (non-empty), k7's epilogue
+    without that store at k7's tile config, passing the kept act on."""
+    from epiforge import primitives as P
+
+    if not act.numel():
+        k7 = _kernel(K7).run({"dout": dy.contiguous(), "w_down": w_down.contiguous(), "z": z.contiguous()}, {})
+        return k7["dz"], k7["zdz"], k7["out"]
+    w = w_down.contiguous().T  # acc = dy @ w_down: B = w_down^T, (N = F, K = d)
+    out = swiglu_backward_kept_act_epilogue()(dy.contiguous(), w, c=z.contiguous(),
+                                              config=P.pick_config(_kernel(K7).TUNED, dy, w))
+    return out["D"], P.finish.row_sum(out["zdz"]), act
 
 
 def attention_out_swiglu_kernels(attn, residual, w_o, norm_weight, w_gu, eps: float):
@@ -321,64 +366,71 @@ def residual_rmsnorm_kernel(a, w, residual, norm_weight, eps: float):
 
 
 @attention_out_mlp.register_fake
-def _(attn, residual, w_o, norm_weight, w_gu, w_down, eps):
+def _(attn, residual, w_o, norm_weight, w_gu, w_down, eps, keep_act=False):
     m = residual.shape[0]
     return (torch.empty_like(residual), torch.empty_like(residual), residual.new_empty(m, w_gu.shape[0]),
-            residual.new_empty(m, dtype=torch.float32))
+            residual.new_empty(m, dtype=torch.float32), kept_act_fake(residual, w_down, keep_act))
+
+
+def kept_act_fake(residual: torch.Tensor, w_down: torch.Tensor, keep_act: bool) -> torch.Tensor:
+    """kept_act's tensor in a fake implementation: (M, F), or empty."""
+    return residual.new_empty(residual.shape[0], w_down.shape[1]) if keep_act else residual.new_empty(0)
 
 
 @torch.library.custom_op("epiforge::attention_out_mlp_backward", mutates_args=())
 def attention_out_mlp_backward(dy: torch.Tensor, dx_extra: torch.Tensor, attn: torch.Tensor, w_o: torch.Tensor,
                                norm_weight: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor, x: torch.Tensor,
-                               z: torch.Tensor, rstd: torch.Tensor
+                               z: torch.Tensor, rstd: torch.Tensor, act: torch.Tensor
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dattn, dresidual, dw_o, dnorm_weight, dw_gu, dw_down). dx_extra is a gradient
-    arriving at the op's x output directly (zeros when x is not used outside).
+    arriving at the op's x output directly (zeros when x is not used outside); act the
+    forward's kept SwiGLU output, or empty.
       k7: the down projection's dgrad GEMM dy @ w_down, the SwiGLU backward in its epilogue:
-          dz, the activation recomputed (for dw_down = dy^T act) and the ZdZ row sums.
+          dz, the activation recomputed (for dw_down = dy^T act) and the ZdZ row sums; with
+          a kept act, the same epilogue without the activation (swiglu_backward_kernels).
       k6: the gate/up dgrad GEMM dz @ w_gu with the RMSNorm backward in its epilogue, fed
           k7's zdz, and the residual gradient dy + dx_extra as its accumulate input: dx (the
           gradient of the residual stream after attention), the normalised input recomputed
           (for dw_gu = dz^T (xhat * w)) and the norm weight's gradient.
       torch: the out-projection's dgrad and wgrad GEMMs; the residual's gradient is dx."""
-    return attention_out_mlp_grads(dy, dy + dx_extra, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd)
+    return attention_out_mlp_grads(dy, dy + dx_extra, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd, act)
 
 
-def attention_out_mlp_grads(dy, dx_in, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd):
-    """k7 (down dgrad + SwiGLU backward + ZdZ) -> k6 (gate/up dgrad + RMSNorm backward, dx_in
-    as its accumulate input: the residual stream x's gradient from everything but its norm)
-    -> (dattn, dresidual, dw_o, dnorm_weight, dw_gu, dw_down), out-projection GEMMs plain."""
-    k7 = _kernel(K7).run({"dout": dy.contiguous(), "w_down": w_down.contiguous(), "z": z.contiguous()}, {})
-    dz = k7["dz"]
+def attention_out_mlp_grads(dy, dx_in, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd, act):
+    """k7 (down dgrad + SwiGLU backward + ZdZ; without its act store where act, the forward's,
+    is kept) -> k6 (gate/up dgrad + RMSNorm backward, dx_in as its accumulate input: the
+    residual stream x's gradient from everything but its norm) -> (dattn, dresidual, dw_o,
+    dnorm_weight, dw_gu, dw_down), out-projection GEMMs plain."""
+    dz, zdz, act = swiglu_backward_kernels(dy, w_down, z, act)
     k6 = _kernel(K6).run({"dz": dz, "w_gu": w_gu.contiguous(), "x": x.contiguous(), "rstd": rstd.contiguous(),
-                          "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": k7["zdz"]}, {})
+                          "norm_weight": norm_weight.contiguous(), "dx_in": dx_in.contiguous(), "zdz": zdz}, {})
     dx = k6["dx"]
-    return dx @ w_o, dx, dx.T @ attn, k6["dw"].to(norm_weight.dtype), dz.T @ k6["h"], dy.T @ k7["out"]
+    return dx @ w_o, dx, dx.T @ attn, k6["dw"].to(norm_weight.dtype), dz.T @ k6["h"], dy.T @ act
 
 
 @attention_out_mlp_backward.register_fake
-def _(dy, dx_extra, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd):
+def _(dy, dx_extra, attn, w_o, norm_weight, w_gu, w_down, x, z, rstd, act):
     return (torch.empty_like(attn), torch.empty_like(x), torch.empty_like(w_o), torch.empty_like(norm_weight),
             torch.empty_like(w_gu), torch.empty_like(w_down))
 
 
 def _mlp_block_setup(ctx, inputs, output):
-    attn, residual, w_o, norm_weight, w_gu, w_down, eps = inputs
-    y, x, z, rstd = output
+    attn, residual, w_o, norm_weight, w_gu, w_down, eps, keep_act = inputs
+    y, x, z, rstd, act = output
     no_zero_grads(ctx)
-    ctx.mark_non_differentiable(z, rstd)
-    ctx.save_for_backward(attn, w_o, norm_weight, w_gu, w_down, x, z, rstd)
+    ctx.mark_non_differentiable(z, rstd, act)
+    ctx.save_for_backward(attn, w_o, norm_weight, w_gu, w_down, x, z, rstd, act)
 
 
-def _mlp_block_backward(ctx, dy, dx_extra, dz_unused, drstd_unused):
-    attn, w_o, norm_weight, w_gu, w_down, x, z, rstd = ctx.saved_tensors
+def _mlp_block_backward(ctx, dy, dx_extra, *unused):
+    attn, w_o, norm_weight, w_gu, w_down, x, z, rstd, act = ctx.saved_tensors
     if dy is None and dx_extra is None:
-        return (None,) * 7
+        return (None,) * 8
     dy = torch.zeros_like(x) if dy is None else dy
     dx_extra = torch.zeros_like(x) if dx_extra is None else dx_extra.to(x.dtype).contiguous()
     grads = attention_out_mlp_backward(dy.to(x.dtype).contiguous(), dx_extra, attn, w_o, norm_weight, w_gu, w_down,
-                                       x, z, rstd)
-    return (*grads, None)
+                                       x, z, rstd, act)
+    return (*grads, None, None)
 
 
 attention_out_mlp.register_autograd(_mlp_block_backward, setup_context=_mlp_block_setup)
