@@ -10,6 +10,12 @@ M = 16384 tokens), three ways to the same n x k weight gradient:
 - `gt_x`: G.T @ X (the fused model's way, training/ops.py);
 - `xt_g_t`: (X.T @ G).T, a transposed view of the k x n product (no copy);
 - `xt_g_t_copy`: the same made contiguous (one more pass over the weight).
+With --quack CONFIG [...] (indexes into bench.configs.CANDIDATES or config keys), quack's
+plain GEMM (an identity epilogue) of the same G^T X joins them at each of those tiles
+(`quack@<key>`), reading the same transposed views: whether the fixed mainloop runs these
+weight gradients faster than cuBLAS. Build its objects here first: `python -m
+epiforge.bench.precompile --parts gemm --configs <the same>` (the GEMM-only part compiles
+every operand layout, the weight gradients' transposed A included).
 Each repetition runs every variant once in a fresh random order (eval/timing.py); the
 ratios are per repetition against gt_x, with bootstrap intervals.
 """
@@ -29,8 +35,15 @@ SHAPES = [("gate_up", 16384, 2048), ("down", 2048, 8192), ("qkv", 3072, 2048), (
 TOKENS = 16384
 
 
-def variants(g: torch.Tensor, x: torch.Tensor) -> dict:
-    return {"gt_x": lambda: g.T @ x, "xt_g_t": lambda: (x.T @ g).T, "xt_g_t_copy": lambda: (x.T @ g).T.contiguous()}
+def variants(g: torch.Tensor, x: torch.Tensor, quack_configs=()) -> dict:
+    """{name: fn() -> G^T X}: cuBLAS in three operand orders, and quack's plain GEMM at each
+    of quack_configs (GemmConfig), A = G^T and B = X^T as views (no copy)."""
+    from epiforge.eval.baselines import identity_gemm
+
+    ways = {"gt_x": lambda: g.T @ x, "xt_g_t": lambda: (x.T @ g).T, "xt_g_t_copy": lambda: (x.T @ g).T.contiguous()}
+    for cfg in quack_configs:
+        ways[f"quack@{cfg.key()}"] = lambda cfg=cfg: identity_gemm(g.T, x.T, config=cfg)["D"]
+    return ways
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,8 +53,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m epiforge.bench.weight_grad_layouts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--quack", nargs="*", default=[], metavar="CONFIG",
+                        help="time quack's plain GEMM too, at these configs (bench.configs.CANDIDATES indexes or keys)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    from epiforge.bench.configs import config_args
+
+    try:
+        quack_configs = [c.for_plain_gemm() for c in config_args(args.quack)]
+    except (ValueError, IndexError) as e:
+        parser.error(f"--quack: {e}")
     if not torch.cuda.is_available():
         print("weight_grad_layouts: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -50,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, n, k in SHAPES:
         g = torch.randn(TOKENS, n, device="cuda", generator=gen).bfloat16()
         x = torch.randn(TOKENS, k, device="cuda", generator=gen).bfloat16()
-        ways = variants(g, x)
+        ways = variants(g, x, quack_configs)
         want = ways["gt_x"]().float()
         agree = {w: float((f().float() - want).abs().max()) for w, f in ways.items()}
         timings = time_cuda_interleaved({w: (lambda _i, f=f: f(), [(i,) for i in range(2)]) for w, f in ways.items()},

@@ -210,14 +210,18 @@ def test_a_failed_profile_costs_its_breakdown_not_the_row():
 
 
 def test_the_weight_gradient_layouts_are_one_product():
-    """bench.weight_grad_layouts times three operand orders of dW = G^T X: on a CPU they
-    give the same values (the transposed view without a copy, the others contiguous), and
-    the script refuses to run without a GPU in one line."""
+    """bench.weight_grad_layouts times three operand orders of dW = G^T X, and quack's plain
+    GEMM of the same transposed views at the tiles asked for: on a CPU (the emulator for
+    quack's) they give the same values (the transposed view without a copy, the others
+    contiguous), and the script refuses to run without a GPU in one line."""
     from epiforge.bench import weight_grad_layouts as wgl
+    from epiforge.bench.configs import CANDIDATES
 
     g = torch.Generator().manual_seed(0)
     grad, x = torch.randn(96, 40, generator=g).bfloat16(), torch.randn(96, 24, generator=g).bfloat16()
-    ways = {k: f() for k, f in wgl.variants(grad, x).items()}
+    ways = {k: f() for k, f in wgl.variants(grad, x, [CANDIDATES[0], CANDIDATES[3]]).items()}
+    assert sorted(k for k in ways if k.startswith("quack@")) == sorted(
+        f"quack@{c.key()}" for c in (CANDIDATES[0], CANDIDATES[3]))
     want = grad.float().T @ x.float()
     for name, got in ways.items():
         assert got.shape == (40, 24) and torch.allclose(got.float(), want, rtol=2e-2, atol=2e-1), name
