@@ -29,6 +29,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from epiforge.text import counted
+
 #: session settings when neither a flag nor (on --resume) the log gives one
 DEFAULTS = {"max_turns": 30, "compile": True, "device": "auto", "speed_target": 1.05, "max_output_tokens": 8192}
 #: where each live backend reads its base URL from the environment
@@ -567,12 +569,12 @@ def print_replay(report, say=print) -> None:
         say(f"fork of {report.session} at step {report.fork_at}: {report.outcome}; new log {report.new_log}")
     elif report.recorded_outcome is None:  # a log cut off before its session ended
         say(f"replay of {report.session}: the recording has no end (its log stops before the session ended); "
-            f"replayed {report.outcome} in {report.steps} steps: NOT REPRODUCED ("
+            f"replayed {report.outcome} in {counted(report.steps, 'step')}: NOT REPRODUCED ("
             f"{'its recorded verdicts agree' if not report.divergences else 'and its verdicts diverge'})")
     else:
         verdict = "reproduced" if report.reproduced else "DIVERGED"
         say(f"replay of {report.session}: recorded {report.recorded_outcome}, replayed {report.outcome} "
-            f"in {report.steps} steps: {verdict}")
+            f"in {counted(report.steps, 'step')}: {verdict}")
     for d in report.divergences:
         say("  diverges: " + d.line())
     if report.differences:

@@ -32,6 +32,7 @@ from epiforge.agent.session import (
 from epiforge.agent.tools import TOOLS, Heartbeat, ToolBox
 from epiforge.eval.kernel import REPO
 from epiforge.eval.machine import data_dir
+from epiforge.text import counted
 
 _NUDGE = ("No tool call received. Work through the tools: write_kernel, run_check, then submit "
           "when the check passes.")
@@ -515,7 +516,7 @@ class _Driver:
             live = self.totals.cost_usd - self.replayed_usd
             cost = (f"${live:.4f} spent now" if self.totals.turns > self.replayed_turns else "nothing spent now") + (
                 f" (the recording's ${self.replayed_usd:.4f} for {self.replayed_turns} replayed turns is not spent again)")
-        self.say(f"session {self.session}: {outcome} ({reason}); {self.totals.turns} turns, "
+        self.say(f"session {self.session}: {outcome} ({reason}); {counted(self.totals.turns, 'turn')}, "
                  f"{self.totals.usage.total} tokens, {cost}, {self.totals.wall_s:.0f} s"
                  + (f"; kernel {generated}" if generated else ""))
         if unsaved:

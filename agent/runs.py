@@ -29,6 +29,8 @@ from typing import Callable
 
 from epiforge.agent.session import SessionConfig, new_session_id
 from epiforge.agent.sessions import PASSED  # noqa: F401 (re-exported: what counts as a pass)
+from epiforge.text import counted
+
 #: outcomes whose log `generate --resume` continues
 RESUMABLE = ("backend_error", "unfinished")
 
@@ -212,7 +214,7 @@ def render(rep: dict) -> str:
     else:
         lines.append(f"pass@k: no run finished{left}")
     cost = "unpriced" if rep["cost_usd"] is None else f"${rep['cost_usd']:.4f}"
-    lines.append(f"total: {rep['turns']} turns, {rep['tokens']:,} tokens, {cost}")
+    lines.append(f"total: {counted(rep['turns'], 'turn')}, {rep['tokens']:,} tokens, {cost}")
     if rep["to_resume"]:
         lines.append(f"{len(rep['to_resume'])} run(s) did not finish (a backend error, an error or Ctrl-C); "
                      "each continues with:")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from epiforge.agent.session import Evaluation, LogError, ModelResponse, SessionEnded, SessionResumed, ToolResult, read_events
 from epiforge.agent.transcript import rebuild
+from epiforge.text import counted
 
 PASSED = ("passed", "passed_slow")  # the outcomes that are a pass
 
@@ -102,8 +103,8 @@ def describe_session(path: Path) -> tuple[str, dict]:
     b = state.config.budget
     lines = [f"session {row['session']}: {row['task']} with {row['backend']} / {row['model']}",
              f"  outcome: {row['outcome']} ({row['reason']})",
-             f"  {row['turns']} turns, {row['tokens']:,} tokens, {cost}",
-             f"  budget: {b.max_turns} turns" + (f", {b.max_tokens:,} tokens" if b.max_tokens else "")
+             f"  {counted(row['turns'], 'turn')}, {row['tokens']:,} tokens, {cost}",
+             f"  budget: {counted(b.max_turns, 'turn')}" + (f", {b.max_tokens:,} tokens" if b.max_tokens else "")
              + (f", ${b.max_usd:g}" if b.max_usd else "") + (f", {b.max_wall_s:g} s" if b.max_wall_s else ""),
              f"  kernel: {row['kernel'] or '-'}", f"  log: {path}"]
     for s in data["steps"]:

@@ -2,6 +2,7 @@
 evaluator proves them right and fast. Everything lives under this one name:
 
     epiforge.cli            the command line (`epiforge ...`, `python -m epiforge ...`)
+    epiforge.text           wording shared by the commands' output (counted: '1 turn', '2 turns')
     epiforge.primitives     the epilogue contract: CPU emulator and lowering onto quack
     epiforge.tasks          the task specs, references and tolerance rule
     epiforge.eval           the judge: static checks, isolation, numerics, timing, the store

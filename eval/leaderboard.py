@@ -32,6 +32,7 @@ from epiforge.eval.result import NOT_THE_KERNELS_FAULT, Result
 from epiforge.tasks import id_of, task_order
 from epiforge.tasks.spec import PRECISIONS
 from epiforge.eval.machine import DATA_DIR, REPO, expert_kernel  # noqa: F401 (REPO: for callers naming files relative to it)
+from epiforge.text import counted
 
 #: the H200 Results shipped with the repo, one file per run of the judge (each at one commit):
 #: `epiforge compare --all --shapes paper` (bench/results/h200/compare-paper.md says how it was
@@ -384,7 +385,7 @@ def describe_source(results: list[Result], where: str) -> str:
             f"quack {env['quack-kernels']}" if env.get("quack-kernels") else None,
             (env.get("date") or results[0].started_at or "")[:10] or None,
             f"commit {str(env['commit'])[:12]}" if env.get("commit") else None]
-    return f"{where}: {len(results)} results ({', '.join(b for b in bits if b)})"
+    return f"{where}: {counted(len(results), 'result')} ({', '.join(b for b in bits if b)})"
 
 
 def expert_is_current(r: Result) -> bool:
