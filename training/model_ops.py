@@ -322,9 +322,9 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
       backward  dlogits = dloss * (exp(logits - lse) - onehot(target)) in bf16 and ZdZ = sum
                 logits * dlogits per row (lm_head_loss_grads): without stored logits one GEMM
                 recomputes them with the softmax gradient in its epilogue; with them (the bf16
-                logits, as torch.compile's own model keeps them) a compiled row reduction and
-                one compiled elementwise pass that writes dlogits over them
-                (overwrite_logits_with_dlogits). Then k6 with the LM-head weight in the gate/up weight's place
+                logits, as torch.compile's own model keeps them) a compiled row reduction (their
+                own lse, and ZdZ) and one compiled elementwise pass that writes dlogits over
+                them (overwrite_logits_with_dlogits). Then k6 with the LM-head weight in the gate/up weight's place
                 (LM-head dgrad + final-norm backward; its accumulate input is zero, the final
                 residual stream has no other reader), dw_lm = dlogits^T (xhat * w) from k6's
                 recomputed h; then k7 -> k6 as in decoder_block."""
@@ -390,33 +390,40 @@ def _cross_entropy_grads_recomputed(dloss, h, rstd, lse, w_lm, targets):
     return dlogits, P.finish.row_sum(out["zd"]) - dloss * target_logit
 
 
-def _cross_entropy_zdz_from_logits(logits, lse, dloss, targets):
-    """ZdZ = sum_v z_v dlogits_v = dloss * (sum_v z_v softmax(z)_v - z_target) per row, in
-    float32 from the stored bf16 logits: one row reduction (a glue function)."""
+def _cross_entropy_stats_of_stored(logits, dloss, targets):
+    """(lse, ZdZ) of the stored bf16 logits, in float32, one row reduction (a glue function):
+    their own log-sum-exp, and ZdZ = sum_v z_v dlogits_v = dloss * (sum_v z_v softmax(z)_v -
+    z_target). Their own, not the forward's (k5l's, of the logits before rounding): against
+    that one the rounded logits' softmax does not sum to 1, and a confident row's target
+    gradient, p_t - 1 near 0, came out as large as z_t's rounding (up to 2^-9 |z_t|: 0.06 at
+    |z| = 32); so did the whole gradient of a batch predicted perfectly. From their own it is
+    the cross-entropy gradient of the logits as stored, as the plain bf16 pipeline takes it."""
     z = logits.float()
-    return dloss * ((z * torch.exp(z - lse[:, None])).sum(-1) - z.gather(1, targets[:, None])[:, 0])
+    lse = torch.logsumexp(z, -1)
+    return lse, dloss * ((z * torch.exp(z - lse[:, None])).sum(-1) - z.gather(1, targets[:, None])[:, 0])
 
 
 def _cross_entropy_grads_into_logits(logits, lse, dloss, targets) -> None:
-    """dlogits = dloss * (softmax(z) - onehot(target)), in float32, rounded once, written
-    over the stored logits (this is their last use): one elementwise pass with no M x V
-    tensor made (a glue function), so the backward's peak holds one M x V tensor, as the
-    recomputing backward does (whose dlogits come from the GEMM)."""
+    """dlogits = dloss * (softmax(z) - onehot(target)) with lse the stored logits' own, in
+    float32, rounded once, written over the stored logits (this is their last use): one
+    elementwise pass with no M x V tensor made (a glue function), so the backward's peak holds
+    one M x V tensor, as the recomputing backward does (whose dlogits come from the GEMM)."""
     z = logits.float()
     hit = torch.arange(z.shape[1], device=z.device)[None, :] == targets[:, None]
     logits.copy_((dloss[:, None] * (torch.exp(z - lse[:, None]) - hit.to(z.dtype))).to(logits.dtype))
 
 
-def overwrite_logits_with_dlogits(logits, lse, dloss, targets) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dlogits, ZdZ) from the bf16 logits k5l stored: ZdZ by one row reduction, then dlogits
-    by one elementwise pass written over the logits, their last use (so the backward's peak
-    holds one M x V tensor, not two), and returned as that same tensor. So after an eager
-    backward the op's logits output holds dlogits, and a second backward through the same
-    graph (retain_graph) fails on the in-place change. While the backward is traced
-    (torch.compile, AOTAutograd: the logits are then no plain tensor), the same values go to
-    a new tensor instead: a traced graph may not mutate a saved activation."""
-    lse, targets = lse.contiguous(), targets.contiguous()
-    zdz = _glue(_cross_entropy_zdz_from_logits, logits, lse, dloss, targets)
+def overwrite_logits_with_dlogits(logits, dloss, targets) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dlogits, ZdZ) from the bf16 logits k5l stored: their log-sum-exp and ZdZ by one row
+    reduction (_cross_entropy_stats_of_stored), then dlogits by one elementwise pass written
+    over the logits, their last use (so the backward's peak holds one M x V tensor, not two),
+    and returned as that same tensor. So after an eager backward the op's logits output holds
+    dlogits, and a second backward through the same graph (retain_graph) fails on the
+    in-place change. While the backward is traced (torch.compile, AOTAutograd: the logits are
+    then no plain tensor), the same values go to a new tensor instead: a traced graph may not
+    mutate a saved activation."""
+    targets = targets.contiguous()
+    lse, zdz = _glue(_cross_entropy_stats_of_stored, logits, dloss, targets)
     if torch.compiler.is_compiling() or type(logits) is not torch.Tensor:
         dlogits = logits.clone()
         _cross_entropy_grads_into_logits(dlogits, lse, dloss, targets)
@@ -476,7 +483,7 @@ def _loss_backward(ctx, dloss, *unused):
     dloss = dloss.float().contiguous()
     dlogits, zdz = logits, dloss.new_empty(0)
     if logits.numel():
-        dlogits, zdz = overwrite_logits_with_dlogits(logits, saved[0], dloss, targets)
+        dlogits, zdz = overwrite_logits_with_dlogits(logits, dloss, targets)
     grads = decoder_block_loss_backward(dloss, *saved, targets, dlogits, zdz)
     return (*grads, None, None, None, None)
 
