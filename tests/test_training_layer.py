@@ -245,3 +245,18 @@ def test_the_kept_act_backward_gives_the_swiglu_gradient_and_passes_the_kept_act
             assert out is kept
         else:
             assert ((out.double() - gate * s * up).abs() <= 2.0 ** -8 * (gate * s * up).abs() + 1e-6).all()
+
+
+def test_a_dtype_cast_leaves_the_rope_frequencies_float32():
+    """.to(torch.bfloat16) (a habit: the layer is bf16 already) casts floating buffers too;
+    RoPE's inv_freq must not be rounded by it, or positions far along rotate by wrong angles.
+    The layer after the cast gives the same output, bit for bit, at positions up to 4095."""
+    fused = _layers(CPU_CONFIG, "cpu")[0]
+    x = torch.randn(1, CPU_SEQ, CPU_CONFIG.d, generator=torch.Generator().manual_seed(6)).bfloat16()
+    positions = torch.arange(CPU_SEQ) * 87  # up to 4089
+    with torch.no_grad():
+        before = fused(x, positions)
+        for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.float().bfloat16(), lambda m: m.half().bfloat16()):
+            cast(fused)
+            assert fused.inv_freq.dtype == torch.float32
+            assert torch.equal(fused(x, positions), before)

@@ -181,9 +181,30 @@ def test_ignored_targets_change_the_loss_and_a_target_out_of_range_is_an_error()
             wrong[0, 3] = bad
             with pytest.raises(RuntimeError, match=rf"targets must lie in \[0, {CPU_CONFIG.vocab}\) or be ignore_index"):
                 fused(tokens, wrong)
+        for model in (fused, ref):  # a negative token id would index the embedding from its end
+            for bad in (CPU_CONFIG.vocab, -1):
+                wrong = tokens.clone()
+                wrong[1, 0] = bad
+                with pytest.raises(RuntimeError, match=rf"tokens must lie in \[0, {CPU_CONFIG.vocab}\)"):
+                    model(wrong, targets)
         fused.ignore_index = 0                         # another ignore_index is honoured, and -100 is then out of range
         with pytest.raises(RuntimeError, match=r"ignore_index \(0\)"):
             fused(tokens, padded)
+
+
+@pytest.mark.parametrize("store_logits", [False, True], ids=["recomputed-logits", "stored-logits"])
+def test_a_batch_of_ignored_rows_only_has_zero_gradients(store_logits):
+    """Every target ignore_index (an empty micro-batch of padding): the loss is NaN, as
+    F.cross_entropy's, and every gradient zero, as F.cross_entropy's backward gives, so that
+    accumulating it adds nothing (0 / 0 in the mean's backward put NaN into every parameter)."""
+    fused, ref, _ = _models(CPU_CONFIG, "cpu", store_logits=store_logits)
+    tokens, targets = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu")
+    for model in (fused, ref):
+        loss = model(tokens, torch.full_like(targets, -100))
+        loss.backward()
+        assert torch.isnan(loss)
+        for name, p in model.named_parameters():
+            assert p.grad is not None and not p.grad.any(), name
 
 
 #: the fused GEMMs' epilogue names (primitives' trace) -> the expert kernel they belong to
@@ -441,6 +462,19 @@ def test_inputs_of_the_wrong_shape_are_one_clear_error():
         for x in (torch.randn(16, d, dtype=torch.bfloat16), torch.randn(2, 8, d + 1, dtype=torch.bfloat16)):
             with pytest.raises(ValueError, match=rf"^{type(layer).__name__}: x must be \(batch, seq, {d}\), got"):
                 layer(x)
+        x = torch.randn(2, 8, d, dtype=torch.bfloat16)
+        for positions in (torch.arange(7), torch.arange(16).reshape(2, 8)[:, :4], torch.arange(24).reshape(3, 8)):
+            with pytest.raises(ValueError, match=rf"^{type(layer).__name__}: positions must be \(8,\) or \(2, 8\), got"):
+                layer(x, positions)
+    for model in (FusedLlamaModel(CPU_CONFIG), ReferenceLlamaModel(CPU_CONFIG)):
+        with pytest.raises(ValueError, match=r"positions must be \(8,\) or \(2, 8\), got \(9,\)"):
+            model(tokens, tokens, torch.arange(9))
+    # the fused modules run bfloat16 parameters only: one line naming the module and the fix
+    for module, args in ((FusedLlamaModel(CPU_CONFIG).float(), (tokens, tokens)),
+                         (FusedLlamaLayer(CPU_CONFIG.layer).half(), (torch.randn(2, 8, d).half(),))):
+        with pytest.raises(ValueError, match=rf"^{type(module).__name__}: its parameters are torch\.(float32|float16); "
+                                             r"the fused kernels take bfloat16 parameters \(module\.to\(torch\.bfloat16\)\)"):
+            module(*args)
 
 
 @pytest.mark.gpu

@@ -123,6 +123,15 @@ def _permute_heads(w: torch.Tensor, order: torch.Tensor, head_dim: int) -> torch
     return rows[:, order.to(w.device)].reshape(w.shape)
 
 
+def require_bfloat16(module: torch.nn.Module) -> None:
+    """A fused module's parameters must be bfloat16 (the expert kernels' operands; there is no
+    autocast path): one clear error naming the module, not the first kernel's."""
+    dtypes = {p.dtype for p in module.parameters()} - {torch.bfloat16}
+    if dtypes:
+        raise ValueError(f"{type(module).__name__}: its parameters are {', '.join(sorted(map(str, dtypes)))}; the fused "
+                         "kernels take bfloat16 parameters (module.to(torch.bfloat16)); autocast does not change them")
+
+
 class _LayerParams(torch.nn.Module):
     """The parameters both layers hold, in the kernels' layout."""
 
@@ -137,6 +146,14 @@ class _LayerParams(torch.nn.Module):
             init = torch.ones(shape) if name.endswith("norm") else torch.randn(shape) / shape[-1] ** 0.5
             setattr(self, name, torch.nn.Parameter(init.to(device=device, dtype=dtype)))
         self.register_buffer("inv_freq", cfg.inv_freq(device), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """.to(), .bfloat16(), .half(), .cuda() ...: RoPE's frequencies stay float32 (a cast
+        would round them: bf16's inv_freq turned the angles at position 256 wrong by tenths of
+        a radian), remade from the config on the device the move chose."""
+        super()._apply(fn, recurse)
+        self.inv_freq = self.cfg.inv_freq(self.inv_freq.device)
+        return self
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Copy an HF-named, HF-layout layer state dict in, converted once (module docstring)."""
@@ -154,8 +171,14 @@ class _LayerParams(torch.nn.Module):
         return x.shape[0], x.shape[1]
 
     def _positions(self, batch: int, seq: int, positions: torch.Tensor | None, device) -> torch.Tensor:
+        """(batch * seq,) float32 positions from None (0 .. seq-1 in every sequence), (seq,) or
+        (batch, seq), or one clear error. A position only turns RoPE's angle: sequences packed
+        into one row still attend to each other (causal over the whole row, no document mask)."""
         if positions is None:
             positions = torch.arange(seq, device=device)
+        if tuple(positions.shape) not in ((seq,), (1, seq), (batch, seq)):
+            raise ValueError(f"{type(self).__name__}: positions must be ({seq},) or ({batch}, {seq}), "
+                             f"got {tuple(positions.shape)}")
         return positions.expand(batch, seq).reshape(-1).float()
 
     def _attention(self, qkv: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
@@ -195,6 +218,7 @@ class FusedLlamaLayer(_LayerParams):
         return rmsnorm_qkv_rope(rows, self.input_norm, self.w_qkv, *rope)[0]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        require_bfloat16(self)
         (batch, seq), d = self._batch_seq(x), self.cfg.d
         rows = x.reshape(batch * seq, d)
         qkv = self.attention_input(rows, self._positions(batch, seq, positions, x.device))

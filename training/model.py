@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer, require_bfloat16
 from epiforge.training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
 
 
@@ -61,6 +61,10 @@ class _ModelParams(torch.nn.Module):
                 raise ValueError(f"{name}: {what} must be integer (batch, seq), got {t.dtype} {tuple(t.shape)}")
         if targets.shape != tokens.shape:
             raise ValueError(f"{name}: targets {tuple(targets.shape)} must have the tokens' shape {tuple(tokens.shape)}")
+        # a negative id would index the embedding from its end (nn.Embedding refuses it too);
+        # asynchronous, as the targets' check: no host sync
+        torch._assert_async(((tokens >= 0) & (tokens < self.cfg.vocab)).all(),
+                            f"tokens must lie in [0, {self.cfg.vocab})")
         return tokens.shape[0], tokens.shape[1]
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
@@ -118,6 +122,7 @@ class FusedLlamaModel(_ModelParams):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
         c = self.cfg.layer
+        require_bfloat16(self)
         batch, seq = self._batch_seq(tokens, targets)
         first, last = self.layers[0], self.layers[-1]
         pos = first._positions(batch, seq, positions, tokens.device)
@@ -138,7 +143,11 @@ class FusedLlamaModel(_ModelParams):
         loss = decoder_block_loss(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
                                   self.lm_head, torch.where(kept, flat, 0), c.eps, self.store_logits,
                                   self.keep_act)[0]
-        return (loss * kept).sum() / kept.sum()
+        # the mean over the kept rows; none kept: NaN as F.cross_entropy gives, with zero
+        # gradients as its backward gives (0 / 0 would send NaN into every parameter)
+        n = kept.sum()
+        mean = (loss * kept).sum() / n.clamp(min=1)
+        return torch.where(n > 0, mean, torch.full_like(mean, float("nan")))
 
 
 class ReferenceLlamaModel(_ModelParams):
