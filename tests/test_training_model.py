@@ -257,6 +257,38 @@ def _hf_style_model(sd, cfg, tokens, targets, positions):
     return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1))
 
 
+def test_a_state_dict_that_does_not_fit_is_refused_whole_and_changes_nothing():
+    """Every entry of an HF state dict must be there, at its exact shape, and no other: a
+    missing weight in the last layer, a bias (a Qwen2-style checkpoint), Qwen3's q_norm into a
+    LLaMA model, a (1, d) LM head or a (1,) norm that would broadcast, are each one ValueError
+    naming the entry, raised before anything is copied (the embedding and layer 0 were
+    overwritten before a later layer failed). Older checkpoints' rotary_emb.inv_freq entries
+    are no weights and are left out."""
+    from epiforge.training.layer import LlamaLayerConfig
+
+    model = FusedLlamaModel(CPU_CONFIG)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    good = hf_model_state_dict(CPU_CONFIG, seed=4)
+    d, last = CPU_CONFIG.layer.d, f"model.layers.{CPU_CONFIG.n_layers - 1}."
+    qwen3 = hf_model_state_dict(LlamaModelConfig(CPU_CONFIG.vocab, CPU_CONFIG.n_layers,
+                                                 LlamaLayerConfig(**{**CPU_CONFIG.layer.__dict__, "qk_norm": True})))
+    cases = [({k: v for k, v in good.items() if k != last + "mlp.down_proj.weight"},
+              rf"missing {last}mlp\.down_proj\.weight \({d}, {CPU_CONFIG.layer.ffn}\)"),
+             (good | {"model.layers.0.self_attn.q_proj.bias": torch.zeros(CPU_CONFIG.layer.q_cols)},
+              r"unexpected model\.layers\.0\.self_attn\.q_proj\.bias"),
+             (qwen3, r"unexpected model\.layers\.0\.self_attn\.k_norm\.weight; unexpected model\.layers\.0\.self_attn\.q_norm"),
+             (good | {"lm_head.weight": torch.ones(1, d)}, rf"lm_head\.weight is \(1, {d}\), want \({CPU_CONFIG.vocab}, {d}\)"),
+             (good | {last + "input_layernorm.weight": torch.ones(1)}, rf"{last}input_layernorm\.weight is \(1,\), want \({d},\)"),
+             (good | {"model.extra.weight": torch.ones(1)}, r"unexpected model\.extra\.weight")]
+    for sd, says in cases:
+        with pytest.raises(ValueError, match=f"^the state dict does not fit: .*{says}"):
+            model.load_hf_state_dict(sd)
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    model.load_hf_state_dict(good | {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(32)
+                                     for i in range(CPU_CONFIG.n_layers)})
+    assert torch.equal(model.embed.float(), good["model.embed_tokens.weight"])
+
+
 @pytest.mark.parametrize("n_layers, tied", [(2, False), (1, True)], ids=["2-layers", "1-layer-tied-embeddings"])
 def test_hf_weights_load_into_both_models_and_match_a_plain_hf_style_model(n_layers, tied):
     """model.embed_tokens, model.layers.N.*, model.norm and lm_head load with the layers'
@@ -441,6 +473,32 @@ def test_operands_that_do_not_fit_are_one_line():
         embed_rmsnorm_qkv_rope(args[0], args[1].float(), *args[2:])
     with pytest.raises(ValueError, match="at least one layer"):
         LlamaModelConfig(vocab=520, n_layers=0, layer=CPU_CONFIG.layer)
+
+
+def test_sizes_the_fused_kernels_cannot_run_are_refused_when_the_model_is_built():
+    """A layer config the fused GEMMs cannot run (a K or N not a multiple of 8: d, ffn, the
+    attention widths; QK-norm at a head width qkn was not built for) is one ValueError when
+    the fused layer or model is made, naming every size at fault, not a kernel's error at the
+    first forward; the unfused reference takes it. Sizes below 1 are refused by the config."""
+    from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer
+    from epiforge.training.ops import QK_NORM_HEAD_DIMS, QKN, _kernel
+
+    base = dict(d=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=768)
+    cases = [(dict(d=100), r"d = 100 is not a multiple of 8"), (dict(ffn=100), r"ffn = 100 is not a multiple of 8"),
+             (dict(n_heads=3, n_kv_heads=1, head_dim=6),
+              r"n_heads \* head_dim = 18 is not a multiple of 8; \(n_heads \+ 2 n_kv_heads\) \* head_dim = 30"),
+             (dict(head_dim=32, qk_norm=True), r"qk_norm needs head_dim in \(64, 128, 256\), not 32")]
+    for change, says in cases:
+        cfg = LlamaLayerConfig(**{**base, **change})
+        ReferenceLlamaLayer(cfg)
+        with pytest.raises(ValueError, match=f"^FusedLlamaLayer: {says}"):
+            FusedLlamaLayer(cfg)
+        with pytest.raises(ValueError, match=f"^FusedLlamaModel: {says}"):
+            FusedLlamaModel(LlamaModelConfig(vocab=520, n_layers=1, layer=cfg))
+    for change in (dict(n_kv_heads=0), dict(d=-1), dict(ffn=0)):
+        with pytest.raises(ValueError, match="every size must be at least 1"):
+            LlamaLayerConfig(**{**base, **change})
+    assert list(QK_NORM_HEAD_DIMS) == sorted(_kernel(QKN).EPILOGUES)  # the kernel's head widths, in one place
 
 
 def test_inputs_of_the_wrong_shape_are_one_clear_error():

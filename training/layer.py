@@ -30,7 +30,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from epiforge.training.ops import QK_NORM_EPS, attention_out_mlp, rmsnorm_qk_norm_rope, rmsnorm_qkv_rope, rotate_adjacent_pairs
+from epiforge.training.ops import (
+    QK_NORM_EPS,
+    QK_NORM_HEAD_DIMS,
+    attention_out_mlp,
+    rmsnorm_qk_norm_rope,
+    rmsnorm_qkv_rope,
+    rotate_adjacent_pairs,
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,22 @@ class LlamaLayerConfig:
     qk_norm: bool = False
 
     def __post_init__(self):
+        if min(self.d, self.n_heads, self.n_kv_heads, self.head_dim, self.ffn) < 1:
+            raise ValueError(f"{self}: every size must be at least 1")
         if self.n_heads % self.n_kv_heads or self.head_dim % 2:
             raise ValueError(f"{self}: n_heads must be a multiple of n_kv_heads and head_dim even")
+
+    def fused_kernel_problems(self) -> list[str]:
+        """What these sizes break in the fused kernels (none: an empty list), checked when a
+        fused layer or model is built rather than at its first forward, deep in a kernel: each
+        GEMM's K and N must be multiples of 8 (its TMA moves 16-byte rows of bf16), and
+        QK-norm needs a head width the qkn kernel was built for."""
+        widths = {"d": self.d, "ffn": self.ffn, "n_heads * head_dim": self.q_cols,
+                  "(n_heads + 2 n_kv_heads) * head_dim": self.q_cols + 2 * self.kv_cols}
+        problems = [f"{name} = {n} is not a multiple of 8" for name, n in widths.items() if n % 8]
+        if self.qk_norm and self.head_dim not in QK_NORM_HEAD_DIMS:
+            problems.append(f"qk_norm needs head_dim in {QK_NORM_HEAD_DIMS}, not {self.head_dim}")
+        return problems
 
     @property
     def q_cols(self) -> int:
@@ -69,18 +90,49 @@ class LlamaLayerConfig:
         return (1.0 / self.rope_theta ** (j / self.head_dim)).float()
 
 
-def hf_to_kernel_layout(sd: dict[str, torch.Tensor], cfg: LlamaLayerConfig) -> dict[str, torch.Tensor]:
+def hf_layer_shapes(cfg: LlamaLayerConfig) -> dict[str, tuple[int, ...]]:
+    """The HF LlamaDecoderLayer (Qwen3DecoderLayer with qk_norm) weight names this layer
+    reads, and their shapes."""
+    shapes = {"input_layernorm.weight": (cfg.d,), "post_attention_layernorm.weight": (cfg.d,),
+              "self_attn.q_proj.weight": (cfg.q_cols, cfg.d), "self_attn.k_proj.weight": (cfg.kv_cols, cfg.d),
+              "self_attn.v_proj.weight": (cfg.kv_cols, cfg.d), "self_attn.o_proj.weight": (cfg.d, cfg.q_cols),
+              "mlp.gate_proj.weight": (cfg.ffn, cfg.d), "mlp.up_proj.weight": (cfg.ffn, cfg.d),
+              "mlp.down_proj.weight": (cfg.d, cfg.ffn)}
+    if cfg.qk_norm:
+        shapes |= {"self_attn.q_norm.weight": (cfg.head_dim,), "self_attn.k_norm.weight": (cfg.head_dim,)}
+    return shapes
+
+
+#: checkpoint entries that are no weights and are left out: older HF LLaMA checkpoints saved
+#: each layer's RoPE frequencies (the layers here make theirs from the config)
+IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def check_hf_entries(sd: dict, shapes: dict[str, tuple[int, ...]], prefix: str = "") -> None:
+    """One ValueError naming every missing, unexpected or wrongly shaped entry of sd (its keys
+    shown with `prefix`) against {key: shape}; an entry is never broadcast into a weight."""
+    problems = [f"missing {prefix}{k} {shape}" for k, shape in shapes.items() if k not in sd]
+    problems += [f"{prefix}{k} is {tuple(sd[k].shape)}, want {shape}" for k, shape in shapes.items()
+                 if k in sd and tuple(sd[k].shape) != shape]
+    extra = sorted(k for k in sd if k not in shapes and not k.endswith(IGNORED_HF_SUFFIXES))
+    problems += [f"unexpected {prefix}{k}" for k in extra]
+    if problems:
+        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+        raise ValueError(f"the state dict does not fit: {shown}")
+
+
+def hf_to_kernel_layout(sd: dict[str, torch.Tensor], cfg: LlamaLayerConfig, prefix: str = "") -> dict[str, torch.Tensor]:
     """One HF LlamaDecoderLayer state dict (self_attn.q_proj.weight, ..., mlp.gate_proj.weight,
     input_layernorm.weight, post_attention_layernorm.weight; a prefix such as
-    "model.layers.0." stripped) -> this module's parameters (see the module docstring)."""
+    "model.layers.0." stripped, and named by `prefix` in errors) -> this module's parameters
+    (see the module docstring). Every entry must be there at its exact shape and no other
+    (a Qwen3 checkpoint's q_norm into a layer without qk_norm, or a bias, is an error, not
+    dropped); RoPE frequencies saved by older checkpoints are left out."""
+    check_hf_entries(sd, hf_layer_shapes(cfg), prefix)
     pair = _rope_pairing(cfg.head_dim)
     q = _permute_heads(sd["self_attn.q_proj.weight"], pair, cfg.head_dim)
     k = _permute_heads(sd["self_attn.k_proj.weight"], pair, cfg.head_dim)
     gate, up = sd["mlp.gate_proj.weight"], sd["mlp.up_proj.weight"]
-    want = {"q": (cfg.q_cols, cfg.d), "k": (cfg.kv_cols, cfg.d), "gate": (cfg.ffn, cfg.d)}
-    for name, t in (("q", q), ("k", k), ("gate", gate)):
-        if tuple(t.shape) != want[name]:
-            raise ValueError(f"{name} weight {tuple(t.shape)} does not fit {cfg} (want {want[name]})")
     params = {} if not cfg.qk_norm else {"q_norm": sd["self_attn.q_norm.weight"][pair.to(q.device)],
                                          "k_norm": sd["self_attn.k_norm.weight"][pair.to(q.device)]}
     return params | {
@@ -156,9 +208,14 @@ class _LayerParams(torch.nn.Module):
         return self
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy an HF-named, HF-layout layer state dict in, converted once (module docstring)."""
+        """Copy an HF-named, HF-layout layer state dict in, converted once (module docstring);
+        one that does not fit (hf_to_kernel_layout) changes nothing."""
+        self.copy_params(hf_to_kernel_layout(sd, self.cfg))
+
+    def copy_params(self, params: dict[str, torch.Tensor]) -> None:
+        """Copy kernel-layout parameters in (hf_to_kernel_layout's, checked)."""
         with torch.no_grad():
-            for name, t in hf_to_kernel_layout(sd, self.cfg).items():
+            for name, t in params.items():
                 getattr(self, name).copy_(t)
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -202,6 +259,8 @@ class FusedLlamaLayer(_LayerParams):
     down-projection dgrad stores no second copy (training/ops.py kept_act)."""
 
     def __init__(self, cfg: LlamaLayerConfig, device=None, keep_act: bool = False):
+        if cfg.fused_kernel_problems():
+            raise ValueError(f"FusedLlamaLayer: {'; '.join(cfg.fused_kernel_problems())} ({cfg})")
         super().__init__(cfg, torch.bfloat16, device)
         self.keep_act = keep_act
 

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from epiforge.training.layer import FusedLlamaLayer, LlamaLayerConfig, ReferenceLlamaLayer, require_bfloat16
+from epiforge.training.layer import (
+    FusedLlamaLayer,
+    LlamaLayerConfig,
+    ReferenceLlamaLayer,
+    check_hf_entries,
+    hf_to_kernel_layout,
+    require_bfloat16,
+)
 from epiforge.training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
 
 
@@ -68,19 +75,26 @@ class _ModelParams(torch.nn.Module):
         return tokens.shape[0], tokens.shape[1]
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy a LlamaForCausalLM state dict in (HF names and layout; converted once)."""
-        n = self.cfg.n_layers
+        """Copy a LlamaForCausalLM state dict in (HF names and layout; converted once). All of
+        it is checked first, every layer included: a missing, unexpected or wrongly shaped
+        entry is one ValueError naming it, and the model is left as it was."""
+        n, c = self.cfg.n_layers, self.cfg.layer
         layer_keys = {k for k in sd if k.startswith("model.layers.")}
         extra = {k.split(".")[2] for k in layer_keys} - {str(i) for i in range(n)}
         if extra:
             raise ValueError(f"the state dict has layers {sorted(extra)} beyond this model's {n}")
+        top = {"model.embed_tokens.weight": (self.cfg.vocab, c.d), "model.norm.weight": (c.d,)}
+        if "lm_head.weight" in sd:  # absent: tied to the embedding
+            top["lm_head.weight"] = (self.cfg.vocab, c.d)
+        check_hf_entries({k: v for k, v in sd.items() if k not in layer_keys}, top)
+        layers = [hf_to_kernel_layout({k[len(p):]: v for k, v in sd.items() if k.startswith(p)}, c, p)
+                  for p in (f"model.layers.{i}." for i in range(n))]
         with torch.no_grad():
             self.embed.copy_(sd["model.embed_tokens.weight"])
             self.final_norm.copy_(sd["model.norm.weight"])
             self.lm_head.copy_(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
-        for i, layer in enumerate(self.layers):
-            prefix = f"model.layers.{i}."
-            layer.load_hf_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})
+        for layer, params in zip(self.layers, layers):
+            layer.copy_params(params)
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
         sd = {"model.embed_tokens.weight": self.embed.detach(), "model.norm.weight": self.final_norm.detach(),
@@ -115,6 +129,8 @@ class FusedLlamaModel(_ModelParams):
 
     def __init__(self, cfg: LlamaModelConfig, device=None, store_logits: bool = True, ignore_index: int = -100,
                  keep_act: bool = False):
+        if cfg.layer.fused_kernel_problems():
+            raise ValueError(f"FusedLlamaModel: {'; '.join(cfg.layer.fused_kernel_problems())} ({cfg.layer})")
         super().__init__(cfg, FusedLlamaLayer, torch.bfloat16, device)
         self.store_logits = store_logits
         self.ignore_index = ignore_index

@@ -441,6 +441,8 @@ attention_out_mlp.register_autograd(_mlp_block_backward, setup_context=_mlp_bloc
 QKN = "qkn_gemm_qknorm_rope"
 #: the QK-norm's epsilon: the qkn kernel's HeadRMS compiles it in (Qwen3's rms_norm_eps)
 QK_NORM_EPS = 1e-6
+#: the head widths the qkn kernel has an epilogue for (its EPILOGUES)
+QK_NORM_HEAD_DIMS = (64, 128, 256)
 
 
 def _qk_split(w_qkv: torch.Tensor, rotary_cols: int, head_dim: int) -> tuple[int, int]:
