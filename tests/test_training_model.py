@@ -26,7 +26,7 @@ from training_checks import U, assert_near_float32, hf_model_state_dict, hf_styl
 
 from epiforge.training.layer import LlamaLayerConfig
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
-from epiforge.training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
+from epiforge.training.model_ops import decoder_block, decoder_block_logits, decoder_block_loss, embed_rmsnorm_qkv_rope
 from epiforge.training.ops import rotate_adjacent_pairs
 
 #: ||got - ref|| / ||ref|| for the loss and every gradient: 6 bf16 unit roundoffs (and at
@@ -124,6 +124,52 @@ def test_a_confident_model_gets_its_gradient_as_closely_as_the_plain_bf16_pipeli
     assert_near_float32(got, want, plain, rel_tol=0.1)
 
 
+def _logits_against_float32_reference(cfg, batch, seq, device, keep_act=False):
+    """forward without targets: the logits (B, S, V) in bf16, and under a loss of one's own
+    (each logit weighted at random) every parameter's gradient through them, within the same
+    bounds as the cross-entropy's; under no_grad the same logits."""
+    fused, ref, plain_bf16 = _models(cfg, device, keep_act=keep_act)
+    tokens, _ = _tokens(cfg, batch, seq, device)
+    weights = 1e-2 * torch.randn(batch, seq, cfg.vocab, generator=torch.Generator().manual_seed(8)).to(device)
+
+    def logits_and_gradients(model):
+        model.zero_grad(set_to_none=True)
+        logits = model(tokens)
+        (logits.float() * weights).sum().backward()
+        return {"logits": logits.detach(), **{f"d{n}": p.grad for n, p in model.named_parameters()}}
+
+    got, want, plain = (logits_and_gradients(m) for m in (fused, ref, plain_bf16))
+    assert got["logits"].shape == (batch, seq, cfg.vocab) and got["logits"].dtype == torch.bfloat16
+    assert_near_float32(got, want, plain, REL_TOL)
+    with torch.no_grad():
+        assert torch.equal(fused(tokens), got["logits"])
+
+
+@pytest.mark.parametrize("keep_act", [False, True], ids=["act-recomputed", "act-kept"])
+def test_the_logits_and_their_gradients_match_the_float32_reference_on_the_cpu(keep_act):
+    _logits_against_float32_reference(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", keep_act)
+
+
+@pytest.mark.gpu
+def test_the_logits_and_their_gradients_match_the_float32_reference_on_the_gpu():
+    _logits_against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda")
+
+
+def test_the_logits_trace_whole_under_torch_compile_and_give_the_eager_numbers():
+    fused = _models(CPU_CONFIG, "cpu")[0]
+    tokens, _ = _tokens(CPU_CONFIG, CPU_BATCH, CPU_SEQ, "cpu", seed=2)
+
+    def run(fn):
+        fused.zero_grad(set_to_none=True)
+        logits = fn(tokens)
+        logits.float().pow(2).mean().backward()
+        return {"logits": logits.detach(), **{f"d{n}": p.grad for n, p in fused.named_parameters()}}
+
+    compiled, eager = run(torch.compile(fused, fullgraph=True, backend="aot_eager")), run(fused)
+    for name in eager:
+        assert torch.equal(compiled[name], eager[name]), name
+
+
 def test_the_backward_fills_no_zeros_for_the_saved_activations():
     """The fused ops return saved activations (x_mid, z, h, rstd, ...) that nothing uses:
     autograd must not make zero gradients for them before each backward (with
@@ -211,7 +257,7 @@ def test_a_batch_of_ignored_rows_only_has_zero_gradients(store_logits):
 KERNEL_OF_EPILOGUE = {"rstd_rope_posfreq_epi": "k4hf", "rms_partial_epi": "k0", "rmsnorm_swiglu": "k2",
                       "rmsnorm_cross_entropy": "k5", "rmsnorm_cross_entropy_logits": "k5l",
                       "lm_head_ce_backward": "ce-bwd", "rmsnorm_bwd": "k6",
-                      "dswiglu_dpreact_mod": "k7", "swiglu_backward_kept_act": "k7-kept-act"}
+                      "dswiglu_dpreact_mod": "k7", "swiglu_backward_kept_act": "k7-kept-act", "row_scale": "k1"}
 
 
 @pytest.mark.parametrize("store_logits, keep_act", [(False, False), (True, False), (True, True)],
@@ -242,6 +288,13 @@ def test_the_model_runs_the_block_re_cut_across_layers_forward_and_backward(stor
                                                                            "k5l" if store_logits else "k5"]
     k7 = "k7-kept-act" if keep_act else "k7"
     assert kernels(backward) == ([] if store_logits else ["ce-bwd"]) + ["k6"] + [k7, "k6", "k6"] * 3
+    # without targets: the logits by k1 (LM head + row scale), their backward from k6 on
+    with trace.recording() as forward:
+        logits = model(tokens)
+    with trace.recording() as backward:
+        logits.float().sum().backward()
+    assert kernels(forward) == ["k4hf"] + ["k0", "k2", "k0", "k4hf"] * 2 + ["k0", "k2", "k0", "k1"]
+    assert kernels(backward) == ["k6"] + [k7, "k6", "k6"] * 3
 
 
 def _hf_style_model(sd, cfg, tokens, targets, positions):
@@ -346,6 +399,11 @@ def _unfused_block_loss(attn, residual, w_o, post_norm, w_gu, w_down, final_norm
     return (F.cross_entropy(_rms(x, final_norm, eps) @ w_lm.T, targets, reduction="none"),)
 
 
+def _unfused_block_logits(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, eps):
+    x = _unfused_after_attention(attn, residual, w_o, post_norm, w_gu, w_down, eps)
+    return (_rms(x, final_norm, eps) @ w_lm.T,)
+
+
 def _op_inputs(which, cfg=CPU_CONFIG, m=96, seed=0):
     """(args, fused outputs with a loss on them, unfused function): bf16 leaves that need grad."""
     c = cfg.layer
@@ -371,13 +429,16 @@ def _op_inputs(which, cfg=CPU_CONFIG, m=96, seed=0):
                 lambda *a: decoder_block(*a)[:2], lambda *a: _unfused_block(*a[:12]))
     # logits ~ 3 standard deviations, as a trained LM head gives (the k5 task's inputs)
     w_lm = bf16(cfg.vocab, c.d, scale=3 * c.d**-0.5)
+    if which.startswith("decoder_block_logits"):
+        return ((*block, norm(), w_lm, c.eps, keep_act), lambda *a: decoder_block_logits(*a)[:1],
+                lambda *a: _unfused_block_logits(*a[:9]))
     store_logits = which == "decoder_block_loss-stored-logits"
     return ((*block, norm(), w_lm, torch.randint(0, cfg.vocab, (m,), generator=g), c.eps, store_logits, keep_act),
             lambda *a: decoder_block_loss(*a)[:1], lambda *a: _unfused_block_loss(*a[:11]))
 
 
 OPS = ["embed_rmsnorm_qkv_rope", "decoder_block", "decoder_block_loss", "decoder_block_loss-stored-logits",
-       "decoder_block-kept-act", "decoder_block_loss-kept-act"]
+       "decoder_block-kept-act", "decoder_block_loss-kept-act", "decoder_block_logits", "decoder_block_logits-kept-act"]
 
 
 @pytest.mark.parametrize("which", OPS)
@@ -405,8 +466,9 @@ def test_each_op_and_its_gradients_match_unfused_float64_math(which):
 def test_each_op_passes_torch_library_opcheck(which):
     """Schema, autograd registration and the fake (meta) implementation, as torch checks them."""
     args, _, _ = _op_inputs(which, m=32)
-    op = embed_rmsnorm_qkv_rope if which.startswith("embed") else \
-        decoder_block_loss if which.startswith("decoder_block_loss") else decoder_block
+    op = embed_rmsnorm_qkv_rope if which.startswith("embed") else decoder_block_loss \
+        if which.startswith("decoder_block_loss") else decoder_block_logits \
+        if which.startswith("decoder_block_logits") else decoder_block
     # With stored logits the op's logits output is its backward's workspace: after an eager
     # backward it holds dlogits (test_the_stored_logits_become_dlogits), while a traced
     # backward writes them to a new tensor; test_aot_dispatch_dynamic compares the outputs

@@ -16,7 +16,9 @@
               Qwen3's QK-norm qkn instead of k4hf, its backward in torch),
               decoder_block_loss (k0, k2, k0 with the final norm, k5 / the logits again with
               the CE backward in their epilogue, k6, k7, k6; with store_logits k5l / one
-              compiled pass over the stored logits instead of that GEMM).
+              compiled pass over the stored logits instead of that GEMM),
+              decoder_block_logits (k0, k2, k0 with the final norm, k1: the logits, no loss /
+              k6, k7, k6).
     model.py  LlamaModelConfig; FusedLlamaModel (embedding, N layers, final norm, LM head and
               mean cross-entropy from those ops); ReferenceLlamaModel (unfused, float32);
               HF LlamaForCausalLM state dicts (model.embed_tokens, model.layers.N.*,

@@ -29,7 +29,7 @@ from epiforge.training.layer import (
     hf_to_kernel_layout,
     require_bfloat16,
 )
-from epiforge.training.model_ops import decoder_block, decoder_block_loss, embed_rmsnorm_qkv_rope
+from epiforge.training.model_ops import decoder_block, decoder_block_logits, decoder_block_loss, embed_rmsnorm_qkv_rope
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,16 @@ class _ModelParams(torch.nn.Module):
         self.final_norm = torch.nn.Parameter(torch.ones(d, device=device, dtype=dtype))
         self.lm_head = torch.nn.Parameter((torch.randn(cfg.vocab, d) / d**0.5).to(device=device, dtype=dtype))
 
-    def _batch_seq(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
-        """tokens' (batch, seq), or one clear error where tokens and targets are not integer
-        (batch, seq) tensors of one shape."""
+    def _batch_seq(self, tokens: torch.Tensor, targets: torch.Tensor | None) -> tuple[int, int]:
+        """tokens' (batch, seq), or one clear error where tokens and targets (if given) are not
+        integer (batch, seq) tensors of one shape."""
         name = type(self).__name__
         for what, t in (("tokens", tokens), ("targets", targets)):
-            if t.dim() != 2 or t.is_floating_point() or t.is_complex():
-                raise ValueError(f"{name}: {what} must be integer (batch, seq), got {t.dtype} {tuple(t.shape)}")
-        if targets.shape != tokens.shape:
+            if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point()
+                                  or t.is_complex()):
+                got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name}: {what} must be integer (batch, seq), got {got}")
+        if targets is not None and targets.shape != tokens.shape:
             raise ValueError(f"{name}: targets {tuple(targets.shape)} must have the tokens' shape {tuple(tokens.shape)}")
         # a negative id would index the embedding from its end (nn.Embedding refuses it too);
         # asynchronous, as the targets' check: no host sync
@@ -105,13 +107,19 @@ class _ModelParams(torch.nn.Module):
 
 
 class FusedLlamaModel(_ModelParams):
-    """The model through the fused ops; bfloat16 parameters and activations.
+    """The model through the fused ops; bfloat16 parameters and activations (no autocast: the
+    parameters themselves are bf16, and so is an optimizer's state kept beside them).
     forward(tokens (B, S) int64, targets (B, S) int64, positions (S,) or (B, S) | None) ->
     the mean cross-entropy over the rows whose target is not ignore_index (float32; NaN when
-    every row is ignored, as F.cross_entropy gives). ignore_index (an attribute, -100 as in
-    torch and Hugging Face) marks padding: such a row's loss and gradient are zero. Any other
-    target outside [0, vocab) is an error, raised by an asynchronous assert (no host sync; on a
-    GPU a device-side assert, as F.cross_entropy's). With qk_norm (Qwen3) every layer's
+    every row is ignored, as F.cross_entropy gives, with zero gradients). ignore_index (an
+    attribute, -100 as in torch and Hugging Face) marks padding: such a row's loss and
+    gradient are zero. Any other target, or a token, outside [0, vocab) is an error, raised by
+    an asynchronous assert (no host sync; on a GPU a device-side assert, as F.cross_entropy's).
+    forward(tokens) without targets -> the logits (B, S, V) bf16, differentiable (k1 for the
+    LM head: evaluation, generation, a loss of one's own). Positions only turn RoPE's angles:
+    sequences packed into one row still attend to each other (no document mask). The model
+    runs its layers' parameters through its own block ops, not the layers' forward, so hooks
+    on layers[i] do not fire. With qk_norm (Qwen3) every layer's
     QKV GEMM is qkn on the normalised input (made in torch from k0's x and rstd) instead of
     k4hf, its QK-norm backward in torch; the rest is the same.
 
@@ -120,7 +128,9 @@ class FusedLlamaModel(_ModelParams):
     tokens) for the backward, which overwrites them with dlogits; off, it is k5, whose backward
     recomputes them with a second LM-head GEMM (less memory, one more GEMM). At the 1B step on
     an H100 the stored logits were faster and peaked below torch.compile's step
-    (bench/results/h100/training/step-5.json).
+    (bench/results/h100/training/step-5.json). Since the backward writes dlogits over them, a
+    second backward through the same graph (retain_graph=True) fails with an in-place error;
+    with store_logits off it works.
 
     keep_act (an attribute, settable between steps; off by default): every layer keeps
     SwiGLU's forward output for the backward (M x F bf16 per layer: 4 GiB at the 1B step's 16
@@ -136,7 +146,8 @@ class FusedLlamaModel(_ModelParams):
         self.ignore_index = ignore_index
         self.keep_act = keep_act
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         c = self.cfg.layer
         require_bfloat16(self)
         batch, seq = self._batch_seq(tokens, targets)
@@ -151,6 +162,9 @@ class FusedLlamaModel(_ModelParams):
             qkv, x, *_ = decoder_block(attn, x, layer.w_o, layer.post_norm, layer.w_gu, layer.w_down,
                                        nxt.input_norm, nxt.w_qkv, *rope, c.eps, *qk_norms, self.keep_act)
         attn = last._attention(qkv, batch, seq)
+        if targets is None:
+            return decoder_block_logits(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,
+                                        self.lm_head, c.eps, self.keep_act)[0].reshape(batch, seq, -1)
         flat = targets.reshape(-1)
         kept = flat != self.ignore_index
         torch._assert_async(((flat >= 0) & (flat < self.cfg.vocab) | ~kept).all(),
@@ -175,12 +189,16 @@ class ReferenceLlamaModel(_ModelParams):
         super().__init__(cfg, ReferenceLlamaLayer, dtype, device, layer_args=(dtype,))
         self.ignore_index = ignore_index
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None):
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean cross-entropy, or without targets the logits (B, S, V) in the model's dtype."""
         self._batch_seq(tokens, targets)
         x = self.embed[tokens]
         for layer in self.layers:
             x = layer(x, positions)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.layer.eps) * self.final_norm
         logits = x @ self.lm_head.T
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.float().reshape(-1, self.cfg.vocab), targets.reshape(-1),
                                ignore_index=self.ignore_index)

@@ -16,6 +16,9 @@ attention, a model of N layers is
                              store_logits k5l (the bf16 logits stored, M x V x 2 bytes kept
                              until the backward; backward: one compiled elementwise pass over
                              them instead of the GEMM)
+    attention ... decoder_block_logits: the same up to the final norm, then the LM head as k1
+                             (GEMM + row scale): the logits themselves, for a model called
+                             without targets (backward: their ZdZ, k6, then k7 -> k6)
 
 Why these boundaries (autograd correctness): every RMSNorm backward is k6, which needs the
 ZdZ row sums of the GEMM after the norm (k7's for the post-attention norm, the RoPE
@@ -440,7 +443,15 @@ def lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, dlogit
     dloss = dloss.float().contiguous()
     if dlogits is None or not dlogits.numel():
         dlogits, zdz = _cross_entropy_grads_recomputed(dloss, h, rstd, lse, w_lm, targets)
-    out = _kernel(K6).run({"dz": dlogits, "w_gu": w_lm.contiguous(), "x": x, "rstd": rstd,
+    return lm_head_grads(dlogits, zdz, x, rstd, final_norm, w_lm)
+
+
+def lm_head_grads(dlogits, zdz, x, rstd, final_norm, w_lm):
+    """The LM head's and the final norm's backward from the logits' gradient and its ZdZ row
+    sums -> (dx, dfinal_norm, dw_lm): k6 with the LM-head weight in the gate/up weight's place
+    (LM-head dgrad + final-norm backward; its accumulate input is zero, the final residual
+    stream has no other reader), dw_lm = dlogits^T (xhat * w) from k6's recomputed h."""
+    out = _kernel(K6).run({"dz": dlogits.contiguous(), "w_gu": w_lm.contiguous(), "x": x, "rstd": rstd,
                            "norm_weight": final_norm.contiguous(), "dx_in": torch.zeros_like(x), "zdz": zdz}, {})
     return out["dx"], out["dw"].to(final_norm.dtype), dlogits.T @ out["h"]
 
@@ -489,3 +500,91 @@ def _loss_backward(ctx, dloss, *unused):
 
 
 decoder_block_loss.register_autograd(_loss_backward, setup_context=_loss_setup)
+
+
+# ---- the last layer after its attention, the final norm and the LM head's logits ----------
+
+K1 = "k1_gemm_rmsnorm"
+
+
+@torch.library.custom_op("epiforge::decoder_block_logits", mutates_args=())
+def decoder_block_logits(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
+                         w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor, w_lm: torch.Tensor,
+                         eps: float, keep_act: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                    torch.Tensor, torch.Tensor]:
+    """The last layer after its attention, the final RMSNorm and the LM head, without a loss ->
+    (logits, x_mid, z, rstd_mid, x, rstd, act): logits = RMSNorm(x) @ w_lm^T (M, V) bf16, x the
+    last layer's output; only logits is differentiable, the rest is saved for the backward
+    (act: SwiGLU's output with keep_act, else empty). For evaluation, generation and losses
+    of one's own (FusedLlamaModel.forward without targets).
+      forward   k0, k2, k0 with the final norm's weight (as in decoder_block_loss), then k1
+                (LM-head GEMM + the row scale rstd).
+      backward  ZdZ = sum logits * dlogits per row (a compiled row reduction), k6 with the
+                LM-head weight (LM-head dgrad + final-norm backward), dw_lm = dlogits^T
+                (xhat * w); then k7 -> k6 as in decoder_block."""
+    _check_block("decoder_block_logits", attn, residual, w_o, post_norm, w_gu, w_down)
+    d = residual.shape[1]
+    if tuple(final_norm.shape) != (d,) or w_lm.ndim != 2 or w_lm.shape[1] != d:
+        raise ValueError(f"decoder_block_logits: final_norm {tuple(final_norm.shape)}, w_lm {tuple(w_lm.shape)} do not "
+                         f"fit (want ({d},), (V, {d}))")
+    _bf16("decoder_block_logits", final_norm, w_lm)
+    x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
+    h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, final_norm, eps)
+    logits = _kernel(K1).run({"h": h, "rstd": rstd, "w": w_lm.contiguous()}, {})["out"]
+    return logits, x_mid, z, rstd_mid, x, rstd, kept_act(act, keep_act)
+
+
+@decoder_block_logits.register_fake
+def _(attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, eps, keep_act=False):
+    m = residual.shape[0]
+
+    def rows():
+        return residual.new_empty(m, dtype=torch.float32)
+
+    return (residual.new_empty(m, w_lm.shape[0]), torch.empty_like(residual), residual.new_empty(m, w_gu.shape[0]),
+            rows(), torch.empty_like(residual), rows(), kept_act_fake(residual, w_down, keep_act))
+
+
+def _logits_zdz(logits, dlogits):
+    """ZdZ of the final norm's backward: sum_v z_v dz_v per row, float32 (a glue function)."""
+    return (logits.float() * dlogits.float()).sum(-1)
+
+
+@torch.library.custom_op("epiforge::decoder_block_logits_backward", mutates_args=())
+def decoder_block_logits_backward(dlogits: torch.Tensor, logits: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
+                                  attn: torch.Tensor, x_mid: torch.Tensor, z: torch.Tensor, rstd_mid: torch.Tensor,
+                                  act: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor, w_gu: torch.Tensor,
+                                  w_down: torch.Tensor, final_norm: torch.Tensor, w_lm: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                             torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dattn, dresidual, dw_o, dpost_norm, dw_gu, dw_down, dfinal_norm, dw_lm)."""
+    zdz = _glue(_logits_zdz, logits, dlogits)
+    dx, dfinal_norm, dw_lm = lm_head_grads(dlogits, zdz, x, rstd, final_norm, w_lm)
+    return (*attention_out_mlp_grads(dx, dx, attn, w_o, post_norm, w_gu, w_down, x_mid, z, rstd_mid, act),
+            dfinal_norm, dw_lm)
+
+
+@decoder_block_logits_backward.register_fake
+def _(dlogits, logits, x, rstd, attn, x_mid, z, rstd_mid, act, w_o, post_norm, w_gu, w_down, final_norm, w_lm):
+    return tuple(torch.empty_like(t) for t in (attn, x, w_o, post_norm, w_gu, w_down, final_norm, w_lm))
+
+
+def _logits_setup(ctx, inputs, output):
+    attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, eps, keep_act = inputs
+    logits, x_mid, z, rstd_mid, x, rstd, act = output
+    ctx.mark_non_differentiable(x_mid, z, rstd_mid, x, rstd, act)
+    no_zero_grads(ctx)
+    ctx.save_for_backward(logits, x, rstd, attn, x_mid, z, rstd_mid, act, w_o, post_norm, w_gu, w_down, final_norm,
+                          w_lm)
+
+
+def _logits_backward(ctx, dlogits, *unused):
+    if dlogits is None:
+        return (None,) * 10
+    logits = ctx.saved_tensors[0]
+    grads = decoder_block_logits_backward(dlogits.to(logits.dtype).contiguous(), *ctx.saved_tensors)
+    return (*grads, None, None)
+
+
+decoder_block_logits.register_autograd(_logits_backward, setup_context=_logits_setup)
