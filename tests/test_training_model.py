@@ -648,7 +648,7 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
     logits = (h.float() @ w_lm.float().T) * rstd[:, None]
     lse = torch.logsumexp(logits, -1)
     kept = logits.bfloat16()
-    given = overwrite_logits_with_dlogits(kept, dloss, targets) if stored else (None, None)
+    given = overwrite_logits_with_dlogits(kept, lse, dloss, targets) if stored else (None, None)
     dx, dnorm, dw = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets, *given)
 
     x64, n64, w64 = (t.double().requires_grad_() for t in (x, final_norm, w_lm))
@@ -668,5 +668,5 @@ def test_the_cross_entropy_backward_matches_autograd_of_the_loss(stored):
         assert torch.allclose(given[1].double(), zdz, rtol=1e-4, atol=1e-7)
         # the stored logits are what the gradient is taken from: others give another one
         other = lm_head_loss_grads(dloss, h, x, rstd, lse, final_norm, w_lm, targets,
-                                   *overwrite_logits_with_dlogits((1.5 * logits).bfloat16(), dloss, targets))[2]
+                                   *overwrite_logits_with_dlogits((1.5 * logits).bfloat16(), lse, dloss, targets))[2]
         assert (other.double() - w64.grad).norm() / w64.grad.norm() > 0.1

@@ -393,17 +393,22 @@ def _cross_entropy_grads_recomputed(dloss, h, rstd, lse, w_lm, targets):
     return dlogits, P.finish.row_sum(out["zd"]) - dloss * target_logit
 
 
-def _cross_entropy_stats_of_stored(logits, dloss, targets):
-    """(lse, ZdZ) of the stored bf16 logits, in float32, one row reduction (a glue function):
-    their own log-sum-exp, and ZdZ = sum_v z_v dlogits_v = dloss * (sum_v z_v softmax(z)_v -
-    z_target). Their own, not the forward's (k5l's, of the logits before rounding): against
-    that one the rounded logits' softmax does not sum to 1, and a confident row's target
-    gradient, p_t - 1 near 0, came out as large as z_t's rounding (up to 2^-9 |z_t|: 0.06 at
-    |z| = 32); so did the whole gradient of a batch predicted perfectly. From their own it is
-    the cross-entropy gradient of the logits as stored, as the plain bf16 pipeline takes it."""
+def _cross_entropy_stats_of_stored(logits, lse, dloss, targets):
+    """(lse, ZdZ) of the stored bf16 logits, in float32, in one pass over them (a glue
+    function): their own log-sum-exp, and ZdZ = sum_v z_v dlogits_v = dloss * (sum_v z_v
+    softmax(z)_v - z_target). Their own, not the forward's (k5l's `lse`, of the logits before
+    rounding): against that one the rounded logits' softmax does not sum to 1, and a
+    confident row's target gradient, p_t - 1 near 0, came out as large as z_t's rounding (up
+    to 2^-9 |z_t|: 0.06 at |z| = 32); so did the whole gradient of a batch predicted
+    perfectly. From their own it is the cross-entropy gradient of the logits as stored, as the
+    plain bf16 pipeline takes it. The forward's lse serves as the shift of the exponentials
+    (no row maximum needed: it is within the rounding of every stored logit's maximum), so
+    both sums read the row once: s = sum exp(z - lse) gives their own lse + log s, and
+    sum z exp(z - lse) / s the softmax-weighted sum."""
     z = logits.float()
-    lse = torch.logsumexp(z, -1)
-    return lse, dloss * ((z * torch.exp(z - lse[:, None])).sum(-1) - z.gather(1, targets[:, None])[:, 0])
+    e = torch.exp(z - lse[:, None])
+    s = e.sum(-1)
+    return lse + torch.log(s), dloss * ((z * e).sum(-1) / s - z.gather(1, targets[:, None])[:, 0])
 
 
 def _cross_entropy_grads_into_logits(logits, lse, dloss, targets) -> None:
@@ -416,9 +421,10 @@ def _cross_entropy_grads_into_logits(logits, lse, dloss, targets) -> None:
     logits.copy_((dloss[:, None] * (torch.exp(z - lse[:, None]) - hit.to(z.dtype))).to(logits.dtype))
 
 
-def overwrite_logits_with_dlogits(logits, dloss, targets) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dlogits, ZdZ) from the bf16 logits k5l stored: their log-sum-exp and ZdZ by one row
-    reduction (_cross_entropy_stats_of_stored), then dlogits by one elementwise pass written
+def overwrite_logits_with_dlogits(logits, lse, dloss, targets) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dlogits, ZdZ) from the bf16 logits k5l stored (lse: k5l's, of the logits before
+    rounding): their own log-sum-exp and ZdZ by one row reduction
+    (_cross_entropy_stats_of_stored), then dlogits by one elementwise pass written
     over the logits, their last use (so the backward's peak holds one M x V tensor, not two),
     and returned as that same tensor. So after an eager backward the op's logits output holds
     dlogits, and a second backward through the same graph (retain_graph) fails on the
@@ -426,7 +432,7 @@ def overwrite_logits_with_dlogits(logits, dloss, targets) -> tuple[torch.Tensor,
     then no plain tensor), the same values go to a new tensor instead: a traced graph may not
     mutate a saved activation."""
     targets = targets.contiguous()
-    lse, zdz = _glue(_cross_entropy_stats_of_stored, logits, dloss, targets)
+    lse, zdz = _glue(_cross_entropy_stats_of_stored, logits, lse.contiguous(), dloss, targets)
     if torch.compiler.is_compiling() or type(logits) is not torch.Tensor:
         dlogits = logits.clone()
         _cross_entropy_grads_into_logits(dlogits, lse, dloss, targets)
@@ -494,7 +500,7 @@ def _loss_backward(ctx, dloss, *unused):
     dloss = dloss.float().contiguous()
     dlogits, zdz = logits, dloss.new_empty(0)
     if logits.numel():
-        dlogits, zdz = overwrite_logits_with_dlogits(logits, dloss, targets)
+        dlogits, zdz = overwrite_logits_with_dlogits(logits, saved[0], dloss, targets)
     grads = decoder_block_loss_backward(dloss, *saved, targets, dlogits, zdz)
     return (*grads, None, None, None, None)
 
