@@ -602,9 +602,12 @@ def test_a_workspace_of_the_users_files_is_refused_and_left_as_it_was(tmp_path, 
     empty.mkdir()
     for _ in range(2):  # the second time the folder is a session's workspace
         with Loopback("anthropic", [Reply("hi")], model=PRICED) as server:
+            # one turn: the scripted reply is the only one (a second request would meet the
+            # retries of an exhausted script, minutes of backoff)
             rc, out, err = _generate(capsys, "--task", "k1", "--backend", "anthropic", "--model", PRICED, "--base-url",
-                                     server.url, "--workspace", str(empty), "--log-dir", str(tmp_path / "logs"), *FAST)
-            assert server.requests, err
+                                     server.url, "--workspace", str(empty), "--log-dir", str(tmp_path / "logs"),
+                                     "--max-turns", "1", *FAST)
+            assert len(server.requests) == 1, err
         assert "holds files" not in err and (empty / ".epiforge-workspace").is_file()
 
 
