@@ -260,3 +260,10 @@ def test_a_dtype_cast_leaves_the_rope_frequencies_float32():
             cast(fused)
             assert fused.inv_freq.dtype == torch.float32
             assert torch.equal(fused(x, positions), before)
+    # frequencies of one's own (a scaled RoPE) survive a move; a model made on the meta device
+    # gets the config's when it is given memory
+    scaled = fused.inv_freq / 8
+    fused.inv_freq = scaled
+    assert torch.equal(fused.to("cpu", torch.bfloat16).inv_freq, scaled)
+    meta = FusedLlamaLayer(CPU_CONFIG, device="meta").to_empty(device="cpu")
+    assert torch.equal(meta.inv_freq, CPU_CONFIG.inv_freq())

@@ -333,10 +333,22 @@ def test_a_state_dict_that_does_not_fit_is_refused_whole_and_changes_nothing():
              (good | {"lm_head.weight": torch.ones(1, d)}, rf"lm_head\.weight is \(1, {d}\), want \({CPU_CONFIG.vocab}, {d}\)"),
              (good | {last + "input_layernorm.weight": torch.ones(1)}, rf"{last}input_layernorm\.weight is \(1,\), want \({d},\)"),
              (good | {"model.extra.weight": torch.ones(1)}, r"unexpected model\.extra\.weight")]
+    tied = {k: v for k, v in good.items() if k != "lm_head.weight"}
+    cases += [(good | {f"model.layers.{CPU_CONFIG.n_layers}.mlp.up_proj.weight": torch.ones(1)},
+               rf"layers \['{CPU_CONFIG.n_layers}'\] beyond this model's {CPU_CONFIG.n_layers}")]
     for sd, says in cases:
         with pytest.raises(ValueError, match=f"^the state dict does not fit: .*{says}"):
             model.load_hf_state_dict(sd)
         assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # tied word embeddings: said so (HF config's tie_word_embeddings), or read off the state dict
+    for sd, tie, says in ((tied, False, r"missing lm_head\.weight"),
+                          (good, True, r"lm_head\.weight differs from model\.embed_tokens\.weight")):
+        with pytest.raises(ValueError, match=f"^the state dict does not fit: .*{says}"):
+            model.load_hf_state_dict(sd, tie_word_embeddings=tie)
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    for sd, tie in ((tied, None), (tied, True), (tied | {"lm_head.weight": tied["model.embed_tokens.weight"]}, True)):
+        model.load_hf_state_dict(sd, tie_word_embeddings=tie)
+        assert torch.equal(model.lm_head, model.embed)
     model.load_hf_state_dict(good | {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(32)
                                      for i in range(CPU_CONFIG.n_layers)})
     assert torch.equal(model.embed.float(), good["model.embed_tokens.weight"])

@@ -200,11 +200,15 @@ class _LayerParams(torch.nn.Module):
         self.register_buffer("inv_freq", cfg.inv_freq(device), persistent=False)
 
     def _apply(self, fn, recurse=True):
-        """.to(), .bfloat16(), .half(), .cuda() ...: RoPE's frequencies stay float32 (a cast
-        would round them: bf16's inv_freq turned the angles at position 256 wrong by tenths of
-        a radian), remade from the config on the device the move chose."""
+        """.to(), .bfloat16(), .half(), .cuda() ...: RoPE's frequencies keep their float32
+        values (a cast would round them: bf16's inv_freq turned the angles at position 256
+        wrong by tenths of a radian), moved to the device the move chose; frequencies of one's
+        own (a scaled RoPE set as inv_freq) stay. From the meta device (to_empty) they are made
+        from the config."""
+        before = self.inv_freq
         super()._apply(fn, recurse)
-        self.inv_freq = self.cfg.inv_freq(self.inv_freq.device)
+        device = self.inv_freq.device
+        self.inv_freq = self.cfg.inv_freq(device) if before.is_meta else before.to(device)
         return self
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:

@@ -26,6 +26,7 @@ from epiforge.training.layer import (
     LlamaLayerConfig,
     ReferenceLlamaLayer,
     check_hf_entries,
+    hf_layer_shapes,
     hf_to_kernel_layout,
     require_bfloat16,
 )
@@ -76,27 +77,38 @@ class _ModelParams(torch.nn.Module):
                             f"tokens must lie in [0, {self.cfg.vocab})")
         return tokens.shape[0], tokens.shape[1]
 
-    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor], tie_word_embeddings: bool | None = None) -> None:
         """Copy a LlamaForCausalLM state dict in (HF names and layout; converted once). All of
-        it is checked first, every layer included: a missing, unexpected or wrongly shaped
-        entry is one ValueError naming it, and the model is left as it was."""
+        it is checked first, every layer's names and shapes included: a missing, unexpected or
+        wrongly shaped entry is one ValueError naming it, and the model is left as it was; then
+        the layers are converted and copied one at a time (no second converted copy of the
+        whole model). tie_word_embeddings (HF config's name): True, the LM head is the
+        embedding (a lm_head.weight in the state dict must equal it); False, the state dict
+        must hold its own lm_head.weight; None, as the state dict says (tied where it has none)."""
         n, c = self.cfg.n_layers, self.cfg.layer
         layer_keys = {k for k in sd if k.startswith("model.layers.")}
         extra = {k.split(".")[2] for k in layer_keys} - {str(i) for i in range(n)}
         if extra:
-            raise ValueError(f"the state dict has layers {sorted(extra)} beyond this model's {n}")
+            raise ValueError(f"the state dict does not fit: layers {sorted(extra)} beyond this model's {n}")
+        tied = "lm_head.weight" not in sd if tie_word_embeddings is None else tie_word_embeddings
         top = {"model.embed_tokens.weight": (self.cfg.vocab, c.d), "model.norm.weight": (c.d,)}
-        if "lm_head.weight" in sd:  # absent: tied to the embedding
+        if not tied:
             top["lm_head.weight"] = (self.cfg.vocab, c.d)
-        check_hf_entries({k: v for k, v in sd.items() if k not in layer_keys}, top)
-        layers = [hf_to_kernel_layout({k[len(p):]: v for k, v in sd.items() if k.startswith(p)}, c, p)
-                  for p in (f"model.layers.{i}." for i in range(n))]
+        if tied and "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"]):
+            raise ValueError("the state dict does not fit: lm_head.weight differs from model.embed_tokens.weight, "
+                             "which tie_word_embeddings=True makes the LM head")
+        check_hf_entries({k: v for k, v in sd.items() if k not in layer_keys and not (tied and k == "lm_head.weight")},
+                         top)
+        prefixes = [f"model.layers.{i}." for i in range(n)]
+        per_layer = [{k[len(p):]: v for k, v in sd.items() if k.startswith(p)} for p in prefixes]
+        for p, layer_sd in zip(prefixes, per_layer):
+            check_hf_entries(layer_sd, hf_layer_shapes(c), p)
         with torch.no_grad():
             self.embed.copy_(sd["model.embed_tokens.weight"])
             self.final_norm.copy_(sd["model.norm.weight"])
-            self.lm_head.copy_(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
-        for layer, params in zip(self.layers, layers):
-            layer.copy_params(params)
+            self.lm_head.copy_(sd["model.embed_tokens.weight"] if tied else sd["lm_head.weight"])
+        for layer, p, layer_sd in zip(self.layers, prefixes, per_layer):
+            layer.copy_params(hf_to_kernel_layout(layer_sd, c, p))
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
         sd = {"model.embed_tokens.weight": self.embed.detach(), "model.norm.weight": self.final_norm.detach(),

@@ -401,10 +401,12 @@ def _cross_entropy_stats_of_stored(logits, lse, dloss, targets):
     confident row's target gradient, p_t - 1 near 0, came out as large as z_t's rounding (up
     to 2^-9 |z_t|: 0.06 at |z| = 32); so did the whole gradient of a batch predicted
     perfectly. From their own it is the cross-entropy gradient of the logits as stored, as the
-    plain bf16 pipeline takes it. The forward's lse serves as the shift of the exponentials
-    (no row maximum needed: it is within the rounding of every stored logit's maximum), so
-    both sums read the row once: s = sum exp(z - lse) gives their own lse + log s, and
-    sum z exp(z - lse) / s the softmax-weighted sum."""
+    plain bf16 pipeline takes it. The forward's lse serves as the shift of the exponentials,
+    so both sums read the row once (no row maximum first): s = sum exp(z - lse) gives their
+    own lse + log s, and sum z exp(z - lse) / s the softmax-weighted sum. The forward's lse
+    lies between the row's largest logit and log V above it, so every term lies between
+    exp(-log V - r) and exp(r), r the stored logit's rounding (half a bf16 ulp): safe while
+    |z| < 2^15, where r is at most 64 (at 2^15 it is 128, past float32's exp limit of 88)."""
     z = logits.float()
     e = torch.exp(z - lse[:, None])
     s = e.sum(-1)
