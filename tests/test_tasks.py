@@ -505,7 +505,9 @@ def test_a_kernel_that_stores_the_added_output_wrong_fails_on_that_output_alone(
     r = evaluate(tid, str(path), seed=3)
     assert r.outcome.value == "INCORRECT_NUMERICS", r.message
     bad = {c.name for s in r.per_shape for c in s.outputs if not c.ok}
-    assert bad == {output}, bad
+    # the whole verdict on failure: once in a full suite (2026-12-06) k5l's loss and lse failed
+    # beside its logits, and 50 reruns did not bring it back
+    assert bad == {output}, (bad, r.message, [c.detail for s in r.per_shape for c in s.outputs])
 
 
 @pytest.mark.parametrize("args", [("tasks", "list", "--json"), ("tasks", "show", "k0")])
