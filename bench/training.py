@@ -736,7 +736,7 @@ def _block_call(fused: FusedLlamaLayer, inputs: list[tuple[torch.Tensor, torch.T
         attn = fused._attention(leaves[i], batch, seq)
         qkv_next, out, *_ = decoder_block(attn, x.reshape(batch * seq, c.d), fused.w_o, fused.post_norm, fused.w_gu,
                                           fused.w_down, fused.input_norm, fused.w_qkv, *rope, c.eps,
-                                          *(fused.qk_norms() or (None, None)), keep_act)
+                                          *fused.qk_norms(), keep_act)
         torch.autograd.backward([out, qkv_next], [dy.reshape(batch * seq, c.d), dqkv[i]])
         return out
     return call

@@ -269,8 +269,9 @@ class FusedLlamaLayer(_LayerParams):
         self.keep_act = keep_act
 
     def qk_norms(self) -> tuple:
-        """(q_norm, k_norm) of a Qwen3 layer, () of a LLaMA one (the block ops' optional arguments)."""
-        return (self.q_norm, self.k_norm) if self.cfg.qk_norm else ()
+        """(q_norm, k_norm) of a Qwen3 layer, (None, None) of a LLaMA one: the block ops'
+        optional arguments, passed in their places either way."""
+        return (self.q_norm, self.k_norm) if self.cfg.qk_norm else (None, None)
 
     def attention_input(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """rows (M, d) -> qkv (M, q + 2 kv columns): the input norm, QKV and RoPE (Qwen3: and the

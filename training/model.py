@@ -170,9 +170,8 @@ class FusedLlamaModel(_ModelParams):
                                            *first.qk_norms())
         for layer, nxt in zip(self.layers[:-1], self.layers[1:]):
             attn = layer._attention(qkv, batch, seq)
-            qk_norms = nxt.qk_norms() or (None, None)
             qkv, x, *_ = decoder_block(attn, x, layer.w_o, layer.post_norm, layer.w_gu, layer.w_down,
-                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps, *qk_norms, self.keep_act)
+                                       nxt.input_norm, nxt.w_qkv, *rope, c.eps, *nxt.qk_norms(), self.keep_act)
         attn = last._attention(qkv, batch, seq)
         if targets is None:
             return decoder_block_logits(attn, x, last.w_o, last.post_norm, last.w_gu, last.w_down, self.final_norm,

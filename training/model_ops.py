@@ -306,6 +306,22 @@ decoder_block.register_autograd(_block_backward, setup_context=_block_setup)
 # ---- the last layer after its attention, the final norm, LM head and loss ------------------
 
 
+def _last_block_kernels(name, attn, residual, w_o, post_norm, w_gu, w_down, final_norm, w_lm, eps):
+    """The last layer after its attention up to the final norm, its operands and the LM head's
+    checked (one line naming the op): k0, k2, k0 with the final norm's weight -> (x_mid,
+    rstd_mid, act, z, h, x, rstd), h and rstd the LM head's input (decoder_block_loss and
+    decoder_block_logits)."""
+    _check_block(name, attn, residual, w_o, post_norm, w_gu, w_down)
+    d = residual.shape[1]
+    if tuple(final_norm.shape) != (d,) or w_lm.ndim != 2 or w_lm.shape[1] != d:
+        raise ValueError(f"{name}: final_norm {tuple(final_norm.shape)}, w_lm {tuple(w_lm.shape)} do not fit (want "
+                         f"({d},), (V, {d}))")
+    _bf16(name, final_norm, w_lm)
+    x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
+    h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, final_norm, eps)
+    return x_mid, rstd_mid, act, z, h, x, rstd
+
+
 @torch.library.custom_op("epiforge::decoder_block_loss", mutates_args=())
 def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Tensor, post_norm: torch.Tensor,
                        w_gu: torch.Tensor, w_down: torch.Tensor, final_norm: torch.Tensor, w_lm: torch.Tensor,
@@ -331,15 +347,12 @@ def decoder_block_loss(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.Te
                 (LM-head dgrad + final-norm backward; its accumulate input is zero, the final
                 residual stream has no other reader), dw_lm = dlogits^T (xhat * w) from k6's
                 recomputed h; then k7 -> k6 as in decoder_block."""
-    _check_block("decoder_block_loss", attn, residual, w_o, post_norm, w_gu, w_down)
-    m, d = residual.shape
-    if tuple(final_norm.shape) != (d,) or w_lm.ndim != 2 or w_lm.shape[1] != d or tuple(targets.shape) != (m,) \
-            or targets.dtype != torch.int64:
-        raise ValueError(f"decoder_block_loss: final_norm {tuple(final_norm.shape)}, w_lm {tuple(w_lm.shape)}, "
-                         f"targets {tuple(targets.shape)} {targets.dtype} do not fit (want ({d},), (V, {d}), ({m},) int64)")
-    _bf16("decoder_block_loss", final_norm, w_lm)
-    x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
-    h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, final_norm, eps)
+    m = residual.shape[0]
+    if tuple(targets.shape) != (m,) or targets.dtype != torch.int64:
+        raise ValueError(f"decoder_block_loss: targets {tuple(targets.shape)} {targets.dtype} do not fit (want ({m},) "
+                         "int64)")
+    x_mid, rstd_mid, act, z, h, x, rstd = _last_block_kernels("decoder_block_loss", attn, residual, w_o, post_norm,
+                                                               w_gu, w_down, final_norm, w_lm, eps)
     out = _kernel(K5L if store_logits else K5).run(
         {"h": h, "rstd": rstd, "w_lm": w_lm.contiguous(), "targets": targets.contiguous()}, {})
     logits = out["logits"] if store_logits else h.new_empty(0)
@@ -531,14 +544,8 @@ def decoder_block_logits(attn: torch.Tensor, residual: torch.Tensor, w_o: torch.
       backward  ZdZ = sum logits * dlogits per row (a compiled row reduction), k6 with the
                 LM-head weight (LM-head dgrad + final-norm backward), dw_lm = dlogits^T
                 (xhat * w); then k7 -> k6 as in decoder_block."""
-    _check_block("decoder_block_logits", attn, residual, w_o, post_norm, w_gu, w_down)
-    d = residual.shape[1]
-    if tuple(final_norm.shape) != (d,) or w_lm.ndim != 2 or w_lm.shape[1] != d:
-        raise ValueError(f"decoder_block_logits: final_norm {tuple(final_norm.shape)}, w_lm {tuple(w_lm.shape)} do not "
-                         f"fit (want ({d},), (V, {d}))")
-    _bf16("decoder_block_logits", final_norm, w_lm)
-    x_mid, rstd_mid, act, z = attention_out_swiglu_kernels(attn, residual, w_o, post_norm, w_gu, eps)
-    h, x, rstd = residual_rmsnorm_kernel(act, w_down, x_mid, final_norm, eps)
+    x_mid, rstd_mid, act, z, h, x, rstd = _last_block_kernels("decoder_block_logits", attn, residual, w_o, post_norm,
+                                                               w_gu, w_down, final_norm, w_lm, eps)
     logits = _kernel(K1).run({"h": h, "rstd": rstd, "w": w_lm.contiguous()}, {})["out"]
     return logits, x_mid, z, rstd_mid, x, rstd, kept_act(act, keep_act)
 
