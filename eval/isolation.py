@@ -73,7 +73,8 @@ def clean_env(extra: dict | None = None, base: dict | None = None) -> dict:
     env = {k: v for k, v in base.items()
            if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not any(m in k.upper() for m in SECRET_MARKERS)}
     # where epiforge imports from first; keep the rest (on the GPU machine quack and pydantic live there)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(IMPORT_ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join([str(IMPORT_ROOT), *rest])
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONHASHSEED"] = RUNNER_HASH_SEED
@@ -99,6 +100,12 @@ def _prctl(option: int, value: int) -> bool:
 def make_undumpable() -> bool:
     """This process's memory becomes unreadable to other processes of its user (Linux)."""
     return _prctl(_PR_SET_DUMPABLE, 0)
+
+
+def make_dumpable() -> bool:
+    """Undo make_undumpable in a child forked from the judge (a spare runner): a process
+    starts dumpable, and its user namespace's id maps are written through /proc/self."""
+    return _prctl(_PR_SET_DUMPABLE, 1)
 
 
 def setup_child(parent: int, *, death_signal: int, cpu_bytes: int | None = None) -> None:

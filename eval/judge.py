@@ -36,9 +36,18 @@ import time
 import traceback
 from pathlib import Path
 
-from epiforge.eval.isolation import make_undumpable, setup_child
-from epiforge.eval.machine import fingerprint
-from epiforge.eval.result import Outcome, Result, ShapeResult, worst_element
+#: spare runners forked first thing (eval/runner.py fork_spares), before the judge imports its
+#: own modules or reads the request: a candidate judged in the launcher mode takes two (the
+#: describer and the launcher). EPIFORGE_RUNNER_SPARES=0: none, each runner a new process.
+SPARES = 2
+if __name__ == "__main__" and os.environ.get("EPIFORGE_RUNNER_SPARES") != "0":
+    from epiforge.eval.runner import fork_spares
+
+    fork_spares(SPARES)
+
+from epiforge.eval.isolation import make_undumpable, setup_child  # noqa: E402
+from epiforge.eval.machine import fingerprint  # noqa: E402
+from epiforge.eval.result import Outcome, Result, ShapeResult, worst_element  # noqa: E402
 
 _STARTED = time.monotonic()  # this module's import: the judge's own startup counts in its first stage
 

@@ -86,8 +86,51 @@ class Timed(_Reply):
     us: float = Field(ge=0)
 
 
+#: what a runner's environment may set apart from the judge's and still be served by a spare
+#: (eval/runner.py become_runner): names read after the spare's fork (the caches, the compile
+#: target, HOME and TMPDIR), never at start-up or by torch's import
+LATE_ENV = frozenset({"HOME", "TMPDIR", "QUACK_CACHE_DIR", "TRITON_CACHE_DIR", "CUTE_DSL_CACHE_DIR",
+                      "EPIFORGE_SHARED_CACHES", "EPIFORGE_CROSS_COMPILE", "CUTE_DSL_ARCH", "QUACK_ARCH"})
+def _take_spare(env: dict) -> tuple[int, socket.socket] | None:
+    """A spare runner this judge forked (eval/runner.py fork_spares) that can serve `env`, or None."""
+    runner = sys.modules.get("epiforge.eval.runner")
+    spares = getattr(runner, "SPARES", None)
+    names = (set(env) | set(os.environ)) - LATE_ENV
+    if not spares or any(env.get(k) != os.environ.get(k) for k in names):
+        return None
+    return spares.pop(0)
+
+
+class ForkedChild:
+    """A spare runner as `subprocess.Popen` shows a child: pid, wait(timeout), returncode
+    (negative: the signal that ended it)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 255
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(f"runner {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+
 class KernelProcess:
-    """One runner for one candidate, started in `workdir` (its private cwd and HOME)."""
+    """One runner for one candidate, started in `workdir` (its private cwd and HOME): a
+    spare the judge forked where one fits (`fork_spares`), else a new process."""
 
     def __init__(self, workdir: Path, *, deadline: float, cpu_bytes: int | None = None,
                  extra_env: dict | None = None, on_progress=None, cuda: str | None = None):
@@ -97,8 +140,17 @@ class KernelProcess:
         self.building = False
         workdir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = workdir.parent / f"{workdir.name}.stderr"  # beside its dir: not the kernel's to write
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = clean_env({"HOME": str(workdir), **private_caches(workdir), **(extra_env or {})})
+        spare = None if cuda else _take_spare(env)
+        if spare is not None:
+            self.stderr_path.write_bytes(b"")
+            pid, self.sock = spare
+            self.proc = ForkedChild(pid)
+            channel.send(self.sock, {"op": "become", "cwd": str(workdir), "env": env, "stderr": str(self.stderr_path),
+                                     "cpu_bytes": int(cpu_bytes) if cpu_bytes else None})
+            self.sandbox = str(self.ask({"op": "ping"}, stage="load").get("sandbox", "unknown"))[:200]
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = [sys.executable, "-m", "epiforge.eval.runner", "--sock", str(theirs.fileno()), "--parent", str(os.getpid())]
         if cpu_bytes:
             args += ["--cpu-bytes", str(int(cpu_bytes))]

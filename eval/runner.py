@@ -40,32 +40,36 @@ from pathlib import Path
 from types import MappingProxyType
 
 
-def _shut_in() -> str:
-    """Before torch (threads) or any kernel exists: limits, the parent-death signal, the
-    sandbox (eval/isolation.py). Only when this module is the runner's entry point."""
+def _shut_in(parent: int, cpu_bytes: int | None, cuda: str | None, sock: int) -> str:
+    """Before any kernel exists (and, started as a program, before torch's threads): limits,
+    the parent-death signal, the sandbox (eval/isolation.py). Only in a runner process: this
+    module as the entry point, or a spare the judge forked (`become_runner`)."""
     from epiforge.eval.isolation import own_pid_namespace, sandbox, setup_child
 
-    args = sys.argv[1:]
-    parent = int(args[args.index("--parent") + 1])
-    cpu = args[args.index("--cpu-bytes") + 1] if "--cpu-bytes" in args else None
-    setup_child(parent, death_signal=signal.SIGKILL, cpu_bytes=int(cpu) if cpu else None)
+    setup_child(parent, death_signal=signal.SIGKILL, cpu_bytes=cpu_bytes)
     if os.environ.get("EPIFORGE_RUNNER_SANDBOX") == "0":
         return "off (EPIFORGE_RUNNER_SANDBOX=0)"
-    if "--cuda" not in args:
+    if cuda is None:
         got = sandbox(Path.cwd())
     else:
         from epiforge import ROOT as repo
 
         trees = [str(repo), str(Path.cwd().parent), *sys.path,
                  *os.environ.get("EPIFORGE_SHARED_CACHES", "").split(os.pathsep)]
-        if args[args.index("--cuda") + 1] == "system":  # also the system's own trees (not yet seen on a GPU)
+        if cuda == "system":  # also the system's own trees (not yet seen on a GPU)
             trees += list(SYSTEM_TREES)
         got = sandbox(Path.cwd(), whole_fs=False, readonly=trees)
-    # before torch (and CUDA) exist in this process: the fork leaves no driver state behind
-    sock = int(args[args.index("--sock") + 1])
+    # before CUDA exists in this process: the fork leaves no driver state behind
     if got.startswith("user and mount") and own_pid_namespace(signal.SIGKILL, close_in_parent=sock):
         got += ", its own PID namespace"
     return got
+
+
+def _settings_from_argv() -> tuple[int, int | None, str | None, int]:
+    args = sys.argv[1:]
+    cpu = args[args.index("--cpu-bytes") + 1] if "--cpu-bytes" in args else None
+    cuda = args[args.index("--cuda") + 1] if "--cuda" in args else None
+    return int(args[args.index("--parent") + 1]), int(cpu) if cpu else None, cuda, int(args[args.index("--sock") + 1])
 
 
 #: trees a root runner must not write (e.g. /etc/ld.so.preload reaches every later process,
@@ -75,7 +79,7 @@ SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
                 "/var", "/boot", "/srv", "/mnt", "/media", "/tmp")
 
 
-SANDBOX = _shut_in() if __name__ == "__main__" else "not a runner process"
+SANDBOX = _shut_in(*_settings_from_argv()) if __name__ == "__main__" else "not a runner process"
 
 import torch  # noqa: E402  (after the sandbox, on purpose)
 
@@ -510,6 +514,80 @@ def main(argv=None) -> int:
     sys.stderr.flush()
     os._exit(0)  # nothing of the kernel's (atexit, threads, CUDA teardown) runs after the last reply
 
+
+
+def become_runner(sock: socket.socket, parent: int) -> None:
+    """A spare runner's life (eval/remote.py `fork_spares`): forked by the judge after its
+    imports (torch's included) and before it read anything of an evaluation, it waits for
+    the judge to name its dir, environment, stderr file and memory limit, then goes on as
+    `python -m epiforge.eval.runner` would, without paying for the imports again. It never
+    returns; a judge that closes the socket instead ends it."""
+    try:
+        order, fds = channel.receive(sock)
+    except (channel.ChannelClosed, channel.ChannelError, OSError):
+        os._exit(0)
+    for fd in fds:
+        os.close(fd)
+    if order.get("op") != "become":
+        os._exit(0)
+    err = os.open(order["stderr"], os.O_WRONLY | os.O_APPEND)
+    os.dup2(err, 1)
+    os.dup2(err, 2)
+    os.close(err)
+    os.chdir(order["cwd"])
+    os.environ.clear()
+    os.environ.update(order["env"])
+    sys.path[0] = os.getcwd()  # as `python -m` puts its cwd first
+    sys.argv = [__file__, "--sock", str(sock.fileno()), "--parent", str(parent)]
+    global SANDBOX
+    SANDBOX = _shut_in(parent, order.get("cpu_bytes"), None, sock.fileno())
+    runner = Runner(sock)
+    runner.sandbox = SANDBOX
+    runner.serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+#: the spare runners this process (a judge) forked: (pid, its end of the channel), not yet
+#: handed a candidate (eval/remote.py KernelProcess takes them)
+SPARES: list[tuple[int, socket.socket]] = []
+
+
+def fork_spares(n: int) -> None:
+    """Fork `n` spare CPU runners (`become_runner`) from the judge at its very start, with
+    this module's imports (torch's included) and nothing of the judge's own: no task, no
+    reference, no request (it has not been read). A spare saves a runner's start-up
+    (Python and torch's import: ~1.1 s of CPU on an idle core, two or three times that on
+    CI's two busy ones). In it the judge's pipes are closed, stdin is /dev/null; it is a
+    session of its own, dumpable as a new process is, and dies with the judge."""
+    from epiforge.eval.isolation import make_dumpable, setup_child
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for _ in range(n):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                parent = os.getppid()
+                os.setsid()
+                make_dumpable()
+                for sock in [ours, *(s for _, s in SPARES)]:  # the judge's ends: closed below, never twice
+                    sock.detach()
+                SPARES.clear()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                keep = theirs.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, 1 << 16)
+                setup_child(parent, death_signal=signal.SIGKILL)
+                become_runner(theirs, parent)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(1)
+        theirs.close()
+        SPARES.append((pid, ours))
 
 if __name__ == "__main__":
     sys.exit(main())

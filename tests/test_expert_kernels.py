@@ -58,6 +58,8 @@ def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
     excuse_the_known_ce_flake(task, result)
     assert result["outcome"] == "PASSED", f"seed {seed}: " + result["message"] + result["stderr_tail"]
     assert result["track"] == "expert" and result["author"]
+    assert result["environment"]["judge_mode"].startswith("launcher")  # described, then launched without its code
+    assert any(s["hidden"] for s in result["per_shape"])
     assert {s["dtype"] for s in result["per_shape"]} == {"bfloat16"}  # by default the task's first precision only
     checks = [c for s in result["per_shape"] for c in s["outputs"]]
     assert checks and all(c["max_error"] <= c["allowed"] for c in checks)

@@ -235,14 +235,14 @@ def test_the_rule_by_blocks_of_rows_is_the_rule():
 
 def test_margins_by_blocks_of_rows_match_the_whole(tmp_path):
     out = tmp_path / "m.json"
-    args = ["--shapes", "smoke", "--device", "cpu", "--tasks", "k7", "k6", "layer", "--seeds", "0"]
+    args = ["--shapes", "smoke", "--device", "cpu", "--tasks", "k7", "k6", "--seeds", "0"]
     assert tolerance_margins.main([*args, "--out", str(out)]) == 0
     blocks = tmp_path / "b.json"
     assert tolerance_margins.main([*args, "--row-blocks", "3", "--out", str(blocks)]) == 0
     whole, by_rows = (json.loads(p.read_text())["cases"] for p in (out, blocks))
     for a, b in zip(whole, by_rows):
         assert (a["task"], a["shape"]) == (b["task"], b["shape"])
-        assert b["row_blocks"] == 3  # k6's dw and the layer's weight gradients, sums over the rows: by blocks too
+        assert b["row_blocks"] == 3  # k6's dw, a sum over the rows (as the layer's weight gradients): by blocks too
         sums = {o.name for o in tasks.get_task(a["task"]).outputs if o.sum_over_rows}
         assert sums or a["task"] == "k7"
         for name, r in a["outputs"].items():

@@ -21,12 +21,7 @@ HONEST = sorted((REPO / "tests" / "eval" / "honest_kernels").glob("*.py")) + sor
     (REPO / "generated_kernels").glob("*/*.py"))
 
 
-@pytest.mark.parametrize("task", ["k1", "k5", "k7", "layer"])
-def test_expert_kernels_pass_when_launched_from_their_description(task):
-    r = evaluate(task, "human", device="cpu", shapes="smoke", seed=5, launcher=True)
-    assert r.outcome.value == "PASSED", r.message + r.stderr_tail[-1500:]
-    assert r.environment["judge_mode"].startswith("launcher")
-    assert len([s for s in r.per_shape if s.hidden]) >= 1
+# every expert kernel passes in the launcher mode, the judge's default: tests/test_expert_kernels.py
 
 
 @pytest.mark.parametrize("path", HONEST, ids=lambda p: p.stem)
