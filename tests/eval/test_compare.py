@@ -140,7 +140,7 @@ def test_the_cli_compares_and_stores(tmp_path):
     lines = lines[:lines.index("## k9_gemm_partial_cross_entropy on the CPU (smoke shapes)")]
     assert any(line.startswith("| expert | expert | PASSED (provisional) | ok | smoke-a |") for line in lines)
     (judged,) = [line for line in lines if line.startswith("Judged in ")]
-    assert "load " in judged and "numerics " in judged
+    assert "numerics " in judged  # stages under half a second are left out (load, with a spare runner)
     assert [line for line in lines if line][-1].startswith("Timing: absent.") and "Traceback" not in out.stderr
     bad = subprocess.run([sys.executable, "-m", "epiforge", "compare", "--task", "k8", "--kernels",
                           "generated:model=nobody"], capture_output=True, text=True, cwd=REPO, timeout=120)
