@@ -83,12 +83,16 @@ KERNEL_MODULE_NAME = "candidate_kernel"
 
 def load_kernel_module(path: Path):
     """Import a kernel file as a fresh module (NOT for the harness process: only inside
-    an evaluation worker, or for trusted expert kernels in bench/)."""
+    an evaluation worker, or for trusted expert kernels in bench/). Its bytes are read as
+    UTF-8 text, as the harness read them for the static checks, and that text is what
+    runs: compiled as a str, whose PEP 263 declaration Python ignores, never re-decoded
+    by one (eval/static_checks.py coding_declaration)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(KERNEL_MODULE_NAME, str(path))
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    text = Path(path).read_bytes().decode(errors="replace")
+    exec(compile(text, str(path), "exec", dont_inherit=True), module.__dict__)
     return module
 
 

@@ -14,6 +14,8 @@ size         a source over 256 KiB, a syntax tree nested deeper than 100 levels 
              is one violation with one line. A plain syntax error is raised as SyntaxError
              (the caller reports a COMPILE_ERROR). `parse_bounded()` is that parser for
              other readers of kernel sources; it raises `SourceTooComplex` (a ValueError).
+encoding     a PEP 263 declaration of an encoding other than UTF-8 (`coding_declaration`):
+             the rules and the runner read the file as UTF-8, an import would not.
 
 Where code runs
 ---------------
@@ -187,6 +189,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -396,6 +399,30 @@ def _node_deeper_than(tree: ast.AST, limit: int) -> ast.AST | None:
     return None
 
 
+#: PEP 263's encoding declaration, on either of a file's first two lines
+_CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+def coding_declaration(source: str) -> Violation | None:
+    """A PEP 263 encoding declaration other than UTF-8's. The checks read a kernel as UTF-8
+    text, and so does the runner, which compiles that very text (eval/kernel.py
+    load_kernel_module; a declaration in a str is ignored). An import of the file would
+    decode it by the declaration instead: in UTF-7 `#+AAo-` is a newline, so what the
+    rules took for one comment would be statements. Refused, so that a kernel means the
+    same to every reader."""
+    for number, line in enumerate(source.splitlines()[:2], start=1):
+        found = _CODING.match(line)
+        if found:
+            name = found.group(1).lower().replace("_", "-")
+            if name not in ("utf-8", "utf8") and not name.startswith("utf-8-"):
+                return Violation("encoding", number, f"the file declares the encoding {found.group(1)!r}: a kernel is "
+                                                     "UTF-8 and read as such; remove the declaration")
+            return None
+        if line.strip() and not line.lstrip().startswith("#"):
+            return None
+    return None
+
+
 def check_source(source: str, filename: str = "<kernel>") -> list[Violation]:
     """Every rule violation in a kernel's source (empty: it may run). A syntax error is
     raised as SyntaxError (the caller reports it as a compile error); nothing else is."""
@@ -403,8 +430,9 @@ def check_source(source: str, filename: str = "<kernel>") -> list[Violation]:
         tree = parse_bounded(source, filename)
     except SourceTooComplex as e:
         return [Violation("size", e.line, str(e))]
+    coding = coding_declaration(source)
     try:
-        return _Checker(tree).run()
+        return ([coding] if coding else []) + _Checker(tree).run()
     except RecursionError:  # only reachable when the caller's own stack is nearly full
         return [Violation("size", 1, "the source is too complex to check")]
 

@@ -568,3 +568,24 @@ def test_torch_inside_an_epilogue_is_a_compile_error(tmp_path):
                    .replace('{"D": acc * rstd}', '{"D": torch.sigmoid(acc) * rstd}')
                    .replace('out = row_scale(', 'x = torch.matmul\n    out = row_scale('))
     assert evaluate("k1", str(bad)).outcome.value == "STATIC_REJECTED"  # mixed with a real breach
+
+
+@pytest.mark.parametrize("head,rejected", [
+    ("# -*- coding: utf-7 -*-\n", True),
+    ("#!/usr/bin/env python\n# vim: set fileencoding=latin-1 :\n", True),
+    ("# coding=utf-8\n", False),
+    ("# -*- coding: UTF_8 -*-\n", False),
+    ('"""A docstring first."""\n# coding: utf-7\n', False),  # line 2 declares only under a comment line
+    ("\n\n# coding: utf-7\n", False),  # the third line is no declaration
+])
+def test_an_encoding_other_than_utf8_is_refused(head, rejected):
+    """The rules read a kernel as UTF-8 and the runner compiles that text; an import would
+    decode the file by its PEP 263 declaration (tests/exploits/coding_declaration.py)."""
+    import tokenize
+
+    source = head + HEAD + 'X = 1\n'
+    found = [v for v in check_source(source) if v.rule == "encoding"]
+    assert bool(found) == rejected, found
+    # the rule agrees with what Python's own reader would take the encoding to be
+    encoding, _ = tokenize.detect_encoding(iter(source.encode().splitlines(keepends=True)).__next__)
+    assert (encoding not in ("utf-8", "utf-8-sig")) == rejected, encoding
