@@ -237,7 +237,8 @@ def _start(c: Candidate, workdir: Path, request: dict, deadline: float, on_progr
     describer = None
     if c.launcher:  # the kernel only describes itself, on a CPU runner; a launcher runs it
         describer = KernelProcess(workdir / "describer", deadline=deadline, cpu_bytes=cpu_bytes,
-                                  extra_env=request.get("runner_env") or {}, on_progress=on_progress)
+                                  extra_env=request.get("runner_env") or {}, on_progress=on_progress,
+                                  believe_progress=False)
         _RUNNERS.append(describer)
         describer_load = {**load, "device": "cpu", "gpu_memory_gib": None}
         load = {**load, "path": None, "launcher": True}
