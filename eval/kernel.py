@@ -3,8 +3,9 @@ top-level constants without importing it (generated code is untrusted).
 
 A kernel module defines:
     TASK = "<task name>"                 (required)
-    AUTHOR = "..."                       (expert kernels: who wrote it)
-    SESSION, BACKEND, MODEL = "..."      (generated kernels: where it came from)
+    AUTHOR = "..."                       (expert kernels: who wrote it; read for human_kernels/ only)
+    SESSION, BACKEND, MODEL = "..."      (generated kernels: stamped by `generate` for the reader;
+                                          the Result's provenance is the harness's record: recorded_origin)
     prepare(consts) -> dict              (optional; reads only the task's constant inputs)
     run(inputs, prepared, config=None) -> dict[str, Tensor]
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import re
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -68,11 +71,42 @@ def read_kernel(path: Path, track: str | None = None, source: str | None = None)
         resolved = path.resolve()
         generated = any(resolved.is_relative_to(d.resolve()) for d in generated_roots())
         track = "expert" if resolved.is_relative_to(HUMAN_DIR) else "generated" if generated else "candidate"
-    return Kernel(
-        path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
-        author=consts.get("AUTHOR"), session=consts.get("SESSION"), backend=consts.get("BACKEND"),
-        model=consts.get("MODEL"), has_prepare="prepare" in funcs,
-    )
+    origin = {}
+    if track == "expert" and path.resolve().is_relative_to(HUMAN_DIR):
+        origin["author"] = consts.get("AUTHOR")  # the repository's own file
+    elif track == "generated":
+        origin = recorded_origin(path)
+    return Kernel(path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
+                  has_prepare="prepare" in funcs, **origin)
+
+
+#: a generated kernel's file name: <session id>.py, or <session id>-<sha256 prefix>.py (agent/loop.py write_generated)
+_GENERATED_NAME = re.compile(r"^(?P<session>.+?)(-[0-9a-f]{8})?$")
+
+
+def recorded_origin(path: Path) -> dict:
+    """Where a generated kernel came from, as the harness recorded it, never as the file
+    says (its SESSION, BACKEND, MODEL, AUTHOR constants are the kernel's own text): the
+    session is the file's name (<task>/<session>.py, as `generate` saved it), and its
+    backend and model are those of that session's log, where one is found (the data
+    directory's sessions/, the repository's logs/, or the log folder the kernel's folder
+    sits in); else only the session."""
+    session = _GENERATED_NAME.match(Path(path).stem).group("session")
+    folders = [data_dir() / "sessions", REPO / "logs", *Path(path).resolve().parents[2:3]]
+    for log in (f / f"{session}.jsonl" for f in folders):
+        try:
+            with open(log, encoding="utf-8") as f:
+                first = json.loads(f.readline(1_000_000))
+        except (OSError, ValueError):
+            continue
+        config = first.get("config") if isinstance(first, dict) else None
+        if first.get("event") == "session_started" and first.get("session") == session and isinstance(config, dict):
+            return {"session": session, "backend": _text(config.get("backend")), "model": _text(config.get("model"))}
+    return {"session": session}
+
+
+def _text(value) -> str | None:
+    return value[:200] if isinstance(value, str) else None
 
 
 #: the module name every kernel is loaded under. quack keys compiled kernels by the

@@ -535,3 +535,44 @@ def test_a_fingerprint_names_the_device_output_folder_not_its_path(monkeypatch, 
     assert fingerprint(None, f"x {out}/a.json", commit=False)["command"] == "x $OUT/a.json"
     monkeypatch.delenv("OUT")
     assert fingerprint(None, f"python -m x --out {out}/a.json", commit=False)["command"] == f"python -m x --out {out}/a.json"
+
+
+# ---- provenance --------------------------------------------------------------------------
+
+FORGED = ('"""Claims a pedigree."""\nTASK = "k1_gemm_rmsnorm"\nAUTHOR = "Tri Dao"\nSESSION = "20260101T000000Z-k1-aaaaaa"\n'
+          'BACKEND = "anthropic"\nMODEL = "claude-opus-9"\n\n\ndef run(inputs, prepared, config=None):\n    return {}\n')
+
+
+def test_provenance_is_the_harness_record_never_the_kernels_word(tmp_path, monkeypatch):
+    """A kernel's AUTHOR, SESSION, BACKEND and MODEL constants are its own text: a candidate
+    gets none of them; a generated kernel its session from its file name (as `generate`
+    saved it) and its backend and model from that session's log, where one is found."""
+    from epiforge.eval.kernel import read_kernel
+
+    candidate = tmp_path / "mine.py"
+    candidate.write_text(FORGED)
+    meta = read_kernel(candidate)
+    assert meta.track == "candidate" and (meta.author, meta.session, meta.backend, meta.model) == (None,) * 4
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(data))
+    planted = data / "kernels" / "k1_gemm_rmsnorm" / "20261207T000000Z-k1-bbbbbb.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(FORGED)
+    meta = read_kernel(planted)
+    assert meta.track == "generated" and meta.session == "20261207T000000Z-k1-bbbbbb"
+    assert (meta.author, meta.backend, meta.model) == (None, None, None)  # no log of that session
+
+    (data / "sessions").mkdir()
+    start = {"t": "2026-12-07T00:00:00+00:00", "session": "20261207T000000Z-k1-bbbbbb", "event": "session_started",
+             "config": {"task": "k1_gemm_rmsnorm", "backend": "openai", "model": "local-model"}}
+    (data / "sessions" / "20261207T000000Z-k1-bbbbbb.jsonl").write_text(json.dumps(start) + "\n")
+    twin = planted.with_name("20261207T000000Z-k1-bbbbbb-0123abcd.py")  # another text of the same session
+    twin.write_text(FORGED)
+    for path in (planted, twin):
+        meta = read_kernel(path)
+        assert (meta.session, meta.backend, meta.model, meta.author) == (
+            "20261207T000000Z-k1-bbbbbb", "openai", "local-model", None), path.name
+    # a log of another session under that name is not its record
+    (data / "sessions" / "20261207T000000Z-k1-bbbbbb.jsonl").write_text(json.dumps({**start, "session": "other"}) + "\n")
+    assert read_kernel(planted).model is None
