@@ -349,8 +349,9 @@ def withhold(res: ShapeResult) -> ShapeResult:
     elif res.outcome in (Outcome.INCORRECT_NUMERICS, Outcome.INCORRECT_SHAPE, Outcome.INCORRECT_DTYPE):
         failed = [c.detail for c in checks if not c.ok]
         message = "a hidden shape failed (its dims are withheld): " + ("; ".join(failed) or res.outcome.value)
-    else:  # an error's own text may quote sizes: numbers that could be dims are masked
-        message = f"a hidden shape failed (its dims are withheld): {mask_numbers(res.message)}"
+    else:  # the judge's own words: an error's text is the kernel's, and may spell the dims in any form
+        message = (f"a hidden shape failed (its dims are withheld, and so is what the kernel's process said there): "
+                   f"{res.outcome.value} in trial {res.trials}")
     return res.model_copy(update={"shape": "hidden", "dims": {}, "hidden": True, "outputs": checks, "message": message})
 
 
