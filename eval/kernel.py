@@ -71,11 +71,10 @@ def read_kernel(path: Path, track: str | None = None, source: str | None = None)
         resolved = path.resolve()
         generated = any(resolved.is_relative_to(d.resolve()) for d in generated_roots())
         track = "expert" if resolved.is_relative_to(HUMAN_DIR) else "generated" if generated else "candidate"
-    origin = {}
     if track == "expert" and path.resolve().is_relative_to(HUMAN_DIR):
-        origin["author"] = consts.get("AUTHOR")  # the repository's own file
-    elif track == "generated":
-        origin = recorded_origin(path)
+        origin = {"author": consts.get("AUTHOR")}  # the repository's own file
+    else:
+        origin = recorded_origin(path, consts["TASK"], generated=track == "generated")
     return Kernel(path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
                   has_prepare="prepare" in funcs, **origin)
 
@@ -84,13 +83,14 @@ def read_kernel(path: Path, track: str | None = None, source: str | None = None)
 _GENERATED_NAME = re.compile(r"^(?P<session>.+?)(-[0-9a-f]{8})?$")
 
 
-def recorded_origin(path: Path) -> dict:
-    """Where a generated kernel came from, as the harness recorded it, never as the file
-    says (its SESSION, BACKEND, MODEL, AUTHOR constants are the kernel's own text): the
-    session is the file's name (<task>/<session>.py, as `generate` saved it), and its
-    backend and model are those of that session's log, where one is found (the data
-    directory's sessions/, the repository's logs/, or the log folder the kernel's folder
-    sits in); else only the session."""
+def recorded_origin(path: Path, task: str, *, generated: bool) -> dict:
+    """Where a kernel came from, as the harness recorded it, never as the file says (its
+    SESSION, BACKEND, MODEL, AUTHOR constants are the kernel's own text). A kernel saved by
+    `generate` is <task>/<session>.py; its session, backend and model are those of that
+    session's log, where one of that task is found: the data directory's sessions/, the
+    repository's logs/, or the log folder the kernel's folder sits in (--log-dir keeps its
+    kernels in LOG_DIR/generated_kernels). A kernel of the generated track (by its path)
+    without one keeps its session, its file name; any other has no provenance."""
     session = _GENERATED_NAME.match(Path(path).stem).group("session")
     folders = [data_dir() / "sessions", REPO / "logs", *Path(path).resolve().parents[2:3]]
     for log in (f / f"{session}.jsonl" for f in folders):
@@ -100,9 +100,20 @@ def recorded_origin(path: Path) -> dict:
         except (OSError, ValueError):
             continue
         config = first.get("config") if isinstance(first, dict) else None
-        if first.get("event") == "session_started" and first.get("session") == session and isinstance(config, dict):
+        if (first.get("event") == "session_started" and first.get("session") == session and isinstance(config, dict)
+                and _same_task(config.get("task"), task)):
             return {"session": session, "backend": _text(config.get("backend")), "model": _text(config.get("model"))}
-    return {"session": session}
+    return {"session": session} if generated else {}
+
+
+def _same_task(logged, task: str) -> bool:
+    """A log's task (as given to generate: an id or a name) is the kernel's TASK."""
+    from epiforge.tasks import TaskError, get_task
+
+    try:
+        return isinstance(logged, str) and get_task(logged).name == get_task(task).name
+    except TaskError:
+        return False
 
 
 def _text(value) -> str | None:

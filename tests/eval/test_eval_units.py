@@ -565,7 +565,7 @@ def test_provenance_is_the_harness_record_never_the_kernels_word(tmp_path, monke
 
     (data / "sessions").mkdir()
     start = {"t": "2026-12-07T00:00:00+00:00", "session": "20261207T000000Z-k1-bbbbbb", "event": "session_started",
-             "config": {"task": "k1_gemm_rmsnorm", "backend": "openai", "model": "local-model"}}
+             "config": {"task": "k1", "backend": "openai", "model": "local-model"}}
     (data / "sessions" / "20261207T000000Z-k1-bbbbbb.jsonl").write_text(json.dumps(start) + "\n")
     twin = planted.with_name("20261207T000000Z-k1-bbbbbb-0123abcd.py")  # another text of the same session
     twin.write_text(FORGED)
@@ -573,6 +573,18 @@ def test_provenance_is_the_harness_record_never_the_kernels_word(tmp_path, monke
         meta = read_kernel(path)
         assert (meta.session, meta.backend, meta.model, meta.author) == (
             "20261207T000000Z-k1-bbbbbb", "openai", "local-model", None), path.name
-    # a log of another session under that name is not its record
-    (data / "sessions" / "20261207T000000Z-k1-bbbbbb.jsonl").write_text(json.dumps({**start, "session": "other"}) + "\n")
+    # a log of another session, or of another task, under that name is not its record
+    log = data / "sessions" / "20261207T000000Z-k1-bbbbbb.jsonl"
+    log.write_text(json.dumps({**start, "session": "other"}) + "\n")
     assert read_kernel(planted).model is None
+    log.write_text(json.dumps({**start, "config": {**start["config"], "task": "k8"}}) + "\n")
+    assert read_kernel(planted).model is None
+    # a kernel kept beside a log folder of its own (generate --log-dir D: D/generated_kernels/<task>/<id>.py)
+    beside = tmp_path / "runs" / "generated_kernels" / "k1_gemm_rmsnorm" / "20261207T000000Z-k1-cccccc.py"
+    beside.parent.mkdir(parents=True)
+    beside.write_text(FORGED)
+    assert read_kernel(beside).session is None  # no log there: a candidate, with no provenance
+    (tmp_path / "runs" / "20261207T000000Z-k1-cccccc.jsonl").write_text(
+        json.dumps({**start, "session": "20261207T000000Z-k1-cccccc"}) + "\n")
+    meta = read_kernel(beside)
+    assert (meta.track, meta.session, meta.model) == ("candidate", "20261207T000000Z-k1-cccccc", "local-model")
