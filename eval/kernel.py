@@ -3,9 +3,8 @@ top-level constants without importing it (generated code is untrusted).
 
 A kernel module defines:
     TASK = "<task name>"                 (required)
-    AUTHOR = "..."                       (expert kernels: who wrote it; read for human_kernels/ only)
-    SESSION, BACKEND, MODEL = "..."      (generated kernels: stamped by `generate` for the reader;
-                                          the Result's provenance is the harness's record: recorded_origin)
+    AUTHOR = "..."                       (expert kernels: who wrote it)
+    SESSION, BACKEND, MODEL = "..."      (generated kernels: where it came from)
     prepare(consts) -> dict              (optional; reads only the task's constant inputs)
     run(inputs, prepared, config=None) -> dict[str, Tensor]
 """
@@ -14,8 +13,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
-import re
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -71,53 +68,11 @@ def read_kernel(path: Path, track: str | None = None, source: str | None = None)
         resolved = path.resolve()
         generated = any(resolved.is_relative_to(d.resolve()) for d in generated_roots())
         track = "expert" if resolved.is_relative_to(HUMAN_DIR) else "generated" if generated else "candidate"
-    if track == "expert" and path.resolve().is_relative_to(HUMAN_DIR):
-        origin = {"author": consts.get("AUTHOR")}  # the repository's own file
-    else:
-        origin = recorded_origin(path, consts["TASK"], generated=track == "generated")
-    return Kernel(path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
-                  has_prepare="prepare" in funcs, **origin)
-
-
-#: a generated kernel's file name: <session id>.py, or <session id>-<sha256 prefix>.py (agent/loop.py write_generated)
-_GENERATED_NAME = re.compile(r"^(?P<session>.+?)(-[0-9a-f]{8})?$")
-
-
-def recorded_origin(path: Path, task: str, *, generated: bool) -> dict:
-    """Where a kernel came from, as the harness recorded it, never as the file says (its
-    SESSION, BACKEND, MODEL, AUTHOR constants are the kernel's own text). A kernel saved by
-    `generate` is <task>/<session>.py; its session, backend and model are those of that
-    session's log, where one of that task is found: the data directory's sessions/, the
-    repository's logs/, or the log folder the kernel's folder sits in (--log-dir keeps its
-    kernels in LOG_DIR/generated_kernels). A kernel of the generated track (by its path)
-    without one keeps its session, its file name; any other has no provenance."""
-    session = _GENERATED_NAME.match(Path(path).stem).group("session")
-    folders = [data_dir() / "sessions", REPO / "logs", *Path(path).resolve().parents[2:3]]
-    for log in (f / f"{session}.jsonl" for f in folders):
-        try:
-            with open(log, encoding="utf-8") as f:
-                first = json.loads(f.readline(1_000_000))
-        except (OSError, ValueError):
-            continue
-        config = first.get("config") if isinstance(first, dict) else None
-        if (first.get("event") == "session_started" and first.get("session") == session and isinstance(config, dict)
-                and _same_task(config.get("task"), task)):
-            return {"session": session, "backend": _text(config.get("backend")), "model": _text(config.get("model"))}
-    return {"session": session} if generated else {}
-
-
-def _same_task(logged, task: str) -> bool:
-    """A log's task (as given to generate: an id or a name) is the kernel's TASK."""
-    from epiforge.tasks import TaskError, get_task
-
-    try:
-        return isinstance(logged, str) and get_task(logged).name == get_task(task).name
-    except TaskError:
-        return False
-
-
-def _text(value) -> str | None:
-    return value[:200] if isinstance(value, str) else None
+    return Kernel(
+        path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
+        author=consts.get("AUTHOR"), session=consts.get("SESSION"), backend=consts.get("BACKEND"),
+        model=consts.get("MODEL"), has_prepare="prepare" in funcs,
+    )
 
 
 #: the module name every kernel is loaded under. quack keys compiled kernels by the
