@@ -558,8 +558,7 @@ def fork_spares(n: int) -> None:
     """Fork `n` spare CPU runners (`become_runner`) from the judge at its very start, with
     this module's imports (torch's included) and nothing of the judge's own: no task, no
     reference, no request (it has not been read). A spare saves a runner's start-up
-    (Python and torch's import: ~1.1 s of CPU on an idle core, two or three times that on
-    CI's two busy ones). In it the judge's pipes are closed, stdin is /dev/null; it is a
+    (Python's and torch's import; bench/results/cpu/runner-spares.json). In it the judge's pipes are closed, stdin is /dev/null; it is a
     session of its own, dumpable as a new process is, and dies with the judge."""
     from epiforge.eval.isolation import make_dumpable, setup_child
 
