@@ -91,6 +91,8 @@ class Timed(_Reply):
 #: target, HOME and TMPDIR), never at start-up or by torch's import
 LATE_ENV = frozenset({"HOME", "TMPDIR", "QUACK_CACHE_DIR", "TRITON_CACHE_DIR", "CUTE_DSL_CACHE_DIR",
                       "EPIFORGE_SHARED_CACHES", "EPIFORGE_CROSS_COMPILE", "CUTE_DSL_ARCH", "QUACK_ARCH"})
+
+
 def _take_spare(env: dict) -> tuple[int, socket.socket] | None:
     """A spare runner this judge forked (eval/runner.py fork_spares) that can serve `env`, or None."""
     runner = sys.modules.get("epiforge.eval.runner")
@@ -130,7 +132,7 @@ class ForkedChild:
 
 class KernelProcess:
     """One runner for one candidate, started in `workdir` (its private cwd and HOME): a
-    spare the judge forked where one fits (`fork_spares`), else a new process."""
+    spare the judge forked where one fits (eval/runner.py fork_spares), else a new process."""
 
     def __init__(self, workdir: Path, *, deadline: float, cpu_bytes: int | None = None,
                  extra_env: dict | None = None, on_progress=None, cuda: str | None = None,
@@ -152,10 +154,16 @@ class KernelProcess:
             self.stderr_path.write_bytes(b"")
             pid, self.sock = spare
             self.proc = ForkedChild(pid)
-            channel.send(self.sock, {"op": "become", "cwd": str(workdir), "env": env, "stderr": str(self.stderr_path),
-                                     "cpu_bytes": int(cpu_bytes) if cpu_bytes else None})
-            self.sandbox = str(self.ask({"op": "ping"}, stage="load").get("sandbox", "unknown"))[:200]
-            return
+            try:
+                channel.send(self.sock, {"op": "become", "cwd": str(workdir), "env": env,
+                                         "stderr": str(self.stderr_path), "cpu_bytes": int(cpu_bytes) if cpu_bytes else None})
+            except OSError:  # the spare is gone (killed from outside): a new process instead
+                self.kill()
+                self.proc.wait()
+                self.sock.close()
+            else:
+                self.sandbox = str(self.ask({"op": "ping"}, stage="load").get("sandbox", "unknown"))[:200]
+                return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = [sys.executable, "-m", "epiforge.eval.runner", "--sock", str(theirs.fileno()), "--parent", str(os.getpid())]
         if cpu_bytes:
