@@ -40,7 +40,7 @@ def one_run(args: list[str], spares: bool) -> dict:
 
 
 def summary(runs: list[dict]) -> dict:
-    pairs = [(a, b) for a, b in zip(runs[0::2], runs[1::2])]
+    pairs = list(zip(runs[0::2], runs[1::2]))
     out = {}
     for key in ("wall_s", "cpu_s"):
         ratios = [a[key] / b[key] for a, b in pairs]

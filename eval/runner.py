@@ -515,10 +515,9 @@ def main(argv=None) -> int:
     os._exit(0)  # nothing of the kernel's (atexit, threads, CUDA teardown) runs after the last reply
 
 
-
 def become_runner(sock: socket.socket, parent: int) -> None:
-    """A spare runner's life (eval/remote.py `fork_spares`): forked by the judge after its
-    imports (torch's included) and before it read anything of an evaluation, it waits for
+    """A spare runner's life (`fork_spares`): forked by the judge with this module's imports
+    (torch's included) and before the judge read anything of an evaluation, it waits for
     the judge to name its dir, environment, stderr file and memory limit, then goes on as
     `python -m epiforge.eval.runner` would, without paying for the imports again. It never
     returns; a judge that closes the socket instead ends it."""
@@ -558,8 +557,9 @@ def fork_spares(n: int) -> None:
     """Fork `n` spare CPU runners (`become_runner`) from the judge at its very start, with
     this module's imports (torch's included) and nothing of the judge's own: no task, no
     reference, no request (it has not been read). A spare saves a runner's start-up
-    (Python's and torch's import; bench/results/cpu/runner-spares.json). In it the judge's pipes are closed, stdin is /dev/null; it is a
-    session of its own, dumpable as a new process is, and dies with the judge."""
+    (Python's and torch's import; bench/results/cpu/runner-spares.json). In it the judge's
+    pipes are closed and stdin is /dev/null; it is a session of its own, dumpable as a new
+    process is, and dies with the judge."""
     from epiforge.eval.isolation import make_dumpable, setup_child
 
     sys.stdout.flush()
@@ -587,6 +587,7 @@ def fork_spares(n: int) -> None:
                 os._exit(1)
         theirs.close()
         SPARES.append((pid, ours))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -189,8 +189,9 @@ from __future__ import annotations
 
 import ast
 import builtins
-import re
+import io
 import sys
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -399,28 +400,22 @@ def _node_deeper_than(tree: ast.AST, limit: int) -> ast.AST | None:
     return None
 
 
-#: PEP 263's encoding declaration, on either of a file's first two lines
-_CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
-
-
 def coding_declaration(source: str) -> Violation | None:
-    """A PEP 263 encoding declaration other than UTF-8's. The checks read a kernel as UTF-8
-    text, and so does the runner, which compiles that very text (eval/kernel.py
-    load_kernel_module; a declaration in a str is ignored). An import of the file would
-    decode it by the declaration instead: in UTF-7 `#+AAo-` is a newline, so what the
-    rules took for one comment would be statements. Refused, so that a kernel means the
-    same to every reader."""
-    for number, line in enumerate(source.splitlines()[:2], start=1):
-        found = _CODING.match(line)
-        if found:
-            name = found.group(1).lower().replace("_", "-")
-            if name not in ("utf-8", "utf8") and not name.startswith("utf-8-"):
-                return Violation("encoding", number, f"the file declares the encoding {found.group(1)!r}: a kernel is "
+    """A PEP 263 encoding declaration other than UTF-8's, as Python's own reader finds it
+    (tokenize.detect_encoding). The checks read a kernel as UTF-8 text, and so does the
+    runner, which compiles that very text (eval/kernel.py load_kernel_module; a declaration
+    in a str is ignored). An import of the file would decode it by the declaration instead:
+    in UTF-7 `#+AAo-` is a newline, so what the rules took for one comment would be
+    statements. Refused, so that a kernel means the same to every reader."""
+    read = io.BytesIO(source.encode("utf-8", "surrogatepass")).readline
+    try:
+        encoding, lines = tokenize.detect_encoding(read)
+    except SyntaxError as e:  # an unknown encoding, or one at odds with a BOM
+        return Violation("encoding", e.lineno or 1, f"{e.msg}: a kernel is UTF-8 and read as such; remove the declaration")
+    if encoding in ("utf-8", "utf-8-sig"):
+        return None
+    return Violation("encoding", max(len(lines), 1), f"the file declares the encoding {encoding!r}: a kernel is "
                                                      "UTF-8 and read as such; remove the declaration")
-            return None
-        if line.strip() and not line.lstrip().startswith("#"):
-            return None
-    return None
 
 
 def check_source(source: str, filename: str = "<kernel>") -> list[Violation]:
