@@ -30,7 +30,7 @@ from epiforge.agent.session import (
     read_events, truncated_last_line,
 )
 from epiforge.agent.tools import TOOLS, Heartbeat, ToolBox
-from epiforge.eval.kernel import REPO
+from epiforge.eval.kernel import REPO, Origin, write_origin
 from epiforge.eval.machine import data_dir
 from epiforge.text import counted
 
@@ -525,10 +525,12 @@ class _Driver:
 
 
 def write_generated(source: str, task_name: str, session: str, backend: str, model: str, out_dir: Path) -> Path:
-    """Save a passing kernel as OUT_DIR/<task>/<session>.py, stamped with where it came
-    from (SESSION, BACKEND, MODEL right after TASK; any the model wrote are replaced). Never
-    overwrites: the same text already there (a resumed session passing again) is kept; another
-    text goes to <session>-<sha256 prefix>.py."""
+    """Save a passing kernel as OUT_DIR/<task>/<session>.py with the harness's record of where
+    it came from beside it (<session>.origin.json, eval/kernel.py Origin: what the Result's
+    provenance is read from), and stamped for a reader (SESSION, BACKEND, MODEL right after
+    TASK; any the model wrote are replaced). Never overwrites a kernel: the same text already
+    there (a resumed session passing again) is kept; another text goes to
+    <session>-<sha256 prefix>.py."""
     lines = source.splitlines()
     tree = ast.parse(source)
     drop, after = set(), 0
@@ -545,14 +547,12 @@ def write_generated(source: str, task_name: str, session: str, backend: str, mod
     text = "\n".join(out) + "\n"
     path = Path(out_dir) / task_name / f"{session}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        if path.read_text(encoding="utf-8") == text:
-            return path
-        path = path.with_name(f"{session}-{_sha(text)[:8]}.py")
-        if path.exists():
-            return path  # the same text, by its hash
-    with open(path, "x", encoding="utf-8") as f:
-        f.write(text)
+    if path.exists() and path.read_text(encoding="utf-8") != text:
+        path = path.with_name(f"{session}-{_sha(text)[:8]}.py")  # an existing one is the same text, by its hash
+    if not path.exists():
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(text)
+    write_origin(path, Origin(session=session, backend=backend, model=model, kernel_sha256=_sha(text)))
     return path
 
 

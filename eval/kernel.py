@@ -3,19 +3,25 @@ top-level constants without importing it (generated code is untrusted).
 
 A kernel module defines:
     TASK = "<task name>"                 (required)
-    AUTHOR = "..."                       (expert kernels: who wrote it)
-    SESSION, BACKEND, MODEL = "..."      (generated kernels: where it came from)
+    AUTHOR = "..."                       (expert kernels: who wrote it; read under human_kernels/ only)
     prepare(consts) -> dict              (optional; reads only the task's constant inputs)
     run(inputs, prepared, config=None) -> dict[str, Tensor]
+
+Provenance is the harness's record, never the kernel's word: a generated kernel's session,
+backend and model come from the Origin record that `generate` writes beside it
+(<session>.origin.json), and only while that record's hash is the file's. The SESSION,
+BACKEND and MODEL lines `generate` stamps into the file are for a reader; constants a kernel
+writes itself are its own text and reach no Result.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
 from epiforge.eval.static_checks import SourceTooComplex, parse_bounded
 
@@ -68,11 +74,49 @@ def read_kernel(path: Path, track: str | None = None, source: str | None = None)
         resolved = path.resolve()
         generated = any(resolved.is_relative_to(d.resolve()) for d in generated_roots())
         track = "expert" if resolved.is_relative_to(HUMAN_DIR) else "generated" if generated else "candidate"
-    return Kernel(
-        path=path, task=consts["TASK"], track=track, sha256=hashlib.sha256(source.encode()).hexdigest(),
-        author=consts.get("AUTHOR"), session=consts.get("SESSION"), backend=consts.get("BACKEND"),
-        model=consts.get("MODEL"), has_prepare="prepare" in funcs,
-    )
+    sha256 = hashlib.sha256(source.encode()).hexdigest()
+    author = consts.get("AUTHOR") if path.resolve().is_relative_to(HUMAN_DIR) else None  # the repository's own file
+    origin = read_origin(path, sha256)
+    return Kernel(path=path, task=consts["TASK"], track=track, sha256=sha256, author=author,
+                  session=origin and origin.session, backend=origin and origin.backend, model=origin and origin.model,
+                  has_prepare="prepare" in funcs)
+
+
+class Origin(BaseModel):
+    """Where a saved kernel came from, as the harness that saved it recorded it."""
+
+    session: str
+    """The session's ID (its log is <session>.jsonl)."""
+    backend: str
+    """The model backend the session drove (anthropic, openai, command, replay, ...)."""
+    model: str
+    """The model's name as the session was configured with it."""
+    kernel_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """The SHA-256 of the kernel file's text: the record holds for that text only."""
+
+
+def origin_path(kernel: Path) -> Path:
+    """The record beside a saved kernel: <task>/<name>.py -> <task>/<name>.origin.json."""
+    return Path(kernel).with_suffix(".origin.json")
+
+
+def write_origin(kernel: Path, origin: Origin) -> Path:
+    """Record where the kernel at `kernel` came from (the harness only: `generate`, when it
+    saves a passing kernel)."""
+    path = origin_path(kernel)
+    path.write_text(origin.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def read_origin(kernel: Path, sha256: str) -> Origin | None:
+    """The record beside `kernel` if there is one and it is for this text (sha256), else None:
+    an edited kernel, or one dropped beside another's record, has no provenance."""
+    try:
+        raw = origin_path(kernel).read_text(encoding="utf-8")[:10_000]
+        origin = Origin.model_validate(json.loads(raw))
+    except (OSError, ValueError, ValidationError):
+        return None
+    return origin if origin.kernel_sha256 == sha256 else None
 
 
 #: the module name every kernel is loaded under. quack keys compiled kernels by the

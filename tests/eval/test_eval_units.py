@@ -535,3 +535,43 @@ def test_a_fingerprint_names_the_device_output_folder_not_its_path(monkeypatch, 
     assert fingerprint(None, f"x {out}/a.json", commit=False)["command"] == "x $OUT/a.json"
     monkeypatch.delenv("OUT")
     assert fingerprint(None, f"python -m x --out {out}/a.json", commit=False)["command"] == f"python -m x --out {out}/a.json"
+
+
+# ---- provenance --------------------------------------------------------------------------
+
+FORGED = ('"""Claims a pedigree."""\nTASK = "k1_gemm_rmsnorm"\nAUTHOR = "Tri Dao"\nSESSION = "20260101T000000Z-k1-aaaaaa"\n'
+          'BACKEND = "anthropic"\nMODEL = "claude-opus-9"\n\n\ndef run(inputs, prepared, config=None):\n    return {}\n')
+
+
+def test_provenance_is_the_harness_record_never_the_kernels_word(tmp_path, monkeypatch):
+    """AUTHOR counts under human_kernels/ only; SESSION, BACKEND and MODEL come from the record
+    `generate` writes beside a kernel it saves, for that text only, never from the file."""
+    from epiforge.agent.loop import write_generated
+    from epiforge.eval.kernel import HUMAN_DIR, origin_path, read_kernel
+
+    candidate = tmp_path / "mine.py"
+    candidate.write_text(FORGED)
+    meta = read_kernel(candidate)
+    assert meta.track == "candidate" and (meta.author, meta.session, meta.backend, meta.model) == (None,) * 4
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("EPIFORGE_DATA_DIR", str(data))
+    planted = data / "kernels" / "k1_gemm_rmsnorm" / "20261207T000000Z-k1-bbbbbb.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(FORGED)  # dropped among the user's generated kernels, with no record
+    meta = read_kernel(planted)
+    assert meta.track == "generated" and (meta.author, meta.session, meta.backend, meta.model) == (None,) * 4
+
+    saved = write_generated(FORGED, "k1_gemm_rmsnorm", "S2", "openai", "local-model", data / "kernels")
+    meta = read_kernel(saved)
+    assert meta.track == "generated" and (meta.session, meta.backend, meta.model, meta.author) == (
+        "S2", "openai", "local-model", None)
+    # the record holds for its text only: copied beside the planted kernel, or the kernel edited after
+    origin_path(planted).write_text(origin_path(saved).read_text())
+    assert read_kernel(planted).model is None
+    saved.write_text(saved.read_text() + "# tuned by hand\n")
+    assert read_kernel(saved).session is None
+    origin_path(saved).write_text("{not json")
+    assert read_kernel(saved).session is None
+    # an expert kernel's AUTHOR is the repository's word
+    assert read_kernel(HUMAN_DIR / "k1_gemm_rmsnorm.py").author
