@@ -77,7 +77,7 @@ def references(task, inputs, dims, rounded: bool = True) -> tuple[dict, dict]:
         return exact, lowprec
     try:
         mainloop = task.reference(inputs, dims, exact=False, mm=mainloop_mm, rounded=rounded)
-    except (TaskCodeError, torch.cuda.OutOfMemoryError):
+    except (TaskCodeError, torch.cuda.OutOfMemoryError, MemoryError):
         raise
     except Exception as e:  # the mainloop GEMM did not build or run: cuBLAS's allowance alone
         print(f"references: the mainloop GEMM failed ({type(e).__name__}: {str(e)[:200]}); "

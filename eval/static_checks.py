@@ -165,7 +165,7 @@ state        anything that keeps state between calls or writes where it must not
              for/with/except/comprehension targets, the walrus, unpacking of anything but a
              display. Also: a for, with or comprehension target that writes through a
              subscript (`for C[k] in ...`, anywhere); any call with `out=` (it writes into an
-             existing tensor);
+             existing tensor) but to the builtin dict or a def of the file's own;
              `**kwargs` into a torch function or a method (it could carry out=); defaults
              that are not constants; decorators other than @P.epilogue(...); class
              definitions; generators (yield); a generator expression or a lazy iterator (map
@@ -207,7 +207,7 @@ PRIMITIVE_NAMES = frozenset({
     "swiglu", "unpack", "config", *"abs erf erfc gelu gelu_tanh max min relu squared_relu tanh where".split(),
 })
 PRIMITIVE_SUBMODULES = {
-    "finish": frozenset({"rstd_from_sumsq", "row_sum", "col_sum", "cross_entropy"}),  # + a task's own: see below
+    "finish": frozenset({"rstd_from_sumsq", "row_sum", "col_sum", "cross_entropy", "rope_backward"}),  # + a task's own: see below
     "prepare": frozenset({"rope_freq_table", "qkv_rope_freq_table"}),
     "config": frozenset({"GemmConfig", "DEFAULT_CONFIG", "pick_config"}),
 }
@@ -1155,8 +1155,12 @@ class _Checker(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         path = self._path(node.func)
+        # out= is torch's "write into this tensor"; to the builtin dict, or to a def of the
+        # kernel's own (checked on its own), it is a name like any other
+        own = isinstance(node.func, ast.Name) and (
+            (node.func.id == "dict" and self._is_builtin(node.func)) or self._single_def(node.func) is not None)
         for kw in node.keywords:
-            if kw.arg == "out":
+            if kw.arg == "out" and not own:
                 self.bad(kw.value, "state", "a call with out= (it writes into an existing tensor)")
         is_torch = path is not None and path.split(".")[0] == "torch"
         is_method = isinstance(node.func, ast.Attribute) and path is None

@@ -175,6 +175,9 @@ class Epilogue:
                 cross_compile(epi, call, config)
             from epiforge.primitives.emulator import emulate
 
+            if described:  # a Scalar given as a tensor has no value here; any number makes the same shapes
+                call.values = {p: 0.0 if isinstance(self.operands.get(p), Scalar) and isinstance(v, torch.Tensor) else v
+                               for p, v in call.values.items()}
             return emulate(epi, call, config)
 
     @property

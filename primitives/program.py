@@ -56,6 +56,7 @@ VIEWS = frozenset({
     "aten::select.int", "aten::slice.Tensor", "aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze.dims",
     "aten::alias", "aten::as_strided", "aten::narrow", "aten::split.Tensor", "aten::unbind.int",
     "aten::empty.memory_format", "aten::empty_strided", "aten::unflatten.int", "aten::movedim.int",
+    "aten::detach",  # an alias of its input (torch records one after a factory call such as torch.empty)
 })
 #: aten operations no description may hold: they reach outside the tensors (a file)
 REFUSED = frozenset({"aten::from_file"})

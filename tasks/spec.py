@@ -397,6 +397,8 @@ class Task(_Strict):
         except (MemoryError, torch.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001
+            if _host_out_of_memory(e):
+                raise MemoryError(f"out of memory in {fn}(): {_first_line(e)}") from None
             raise TaskCodeError(file, f"{fn}() raised {_first_line(e)}") from None
         if not isinstance(out, dict):
             raise TaskCodeError(file, f"{fn}() returned {type(out).__name__}, not a dict")
@@ -407,6 +409,11 @@ class Task(_Strict):
         missing = [o.name for o in self.outputs if o.name not in out]
         if missing:
             raise TaskCodeError(self.folder / "reference.py", f"reference() returned no {missing}")
+        # a non-finite reference would pass any kernel there (every comparison with NaN is false)
+        for o in self.outputs:
+            v = out[o.name]
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise TaskCodeError(self.folder / "reference.py", f"reference() gave non-finite values in {o.name}")
         return out
 
     def unfused(self, inputs: dict, dims: dict[str, int]) -> dict:
@@ -558,6 +565,13 @@ class Task(_Strict):
 
 
 # ---- loading ----------------------------------------------------------------------------
+
+
+def _host_out_of_memory(e: BaseException) -> bool:
+    """torch's CPU allocator failing (a RuntimeError, not torch.OutOfMemoryError): the
+    machine's limit, never the task's fault."""
+    return isinstance(e, RuntimeError) and any(
+        m in str(e) for m in ("can't allocate memory", "not enough memory", "DefaultCPUAllocator"))
 
 
 def _first_line(e: BaseException) -> str:

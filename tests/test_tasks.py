@@ -528,3 +528,23 @@ def test_a_piped_table_keeps_whole_names():
                          cwd=REPO, timeout=120, env=env)
     assert out.returncode == 0 and "…" not in out.stdout
     assert all(t.name in out.stdout for t in CATALOGUE)
+
+
+def test_a_non_finite_reference_is_the_tasks_error_and_host_memory_is_nobodys(tmp_path):
+    """A NaN in the reference would pass any kernel there (every comparison with NaN is
+    false): the task's error. The CPU allocator failing inside reference() is the machine's
+    limit, not the task's code: it stays a MemoryError (the judge's own stop)."""
+    spec = write_task(tmp_path / "more_tasks", "x1_gemm_bias")
+    ref = spec.parent / "reference.py"
+    original = ref.read_text()
+    dims = tasks.shape_sets()["smoke"][0].dims()
+    ref.write_text(original + "\n\n_honest = reference\n\n\ndef reference(inputs, dims, **kw):\n"
+                   "    out = _honest(inputs, dims, **kw)\n    return {k: v.clone().fill_(float('nan')) for k, v in out.items()}\n")
+    task = load_task_file(spec)
+    with pytest.raises(TaskCodeError, match="non-finite values"):
+        task.reference(task.make_inputs(dims, seed=0), dims)
+    ref.write_text(original + "\n\ndef reference(inputs, dims, **kw):\n"
+                   "    raise RuntimeError(\"[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory\")\n")
+    task = load_task_file(spec)
+    with pytest.raises(MemoryError, match="out of memory in reference"):
+        task.reference(task.make_inputs(dims, seed=0), dims)

@@ -218,6 +218,9 @@ LEGIT = {
                       '    kinds = (P.PerRow, P.PerCol)\n    try:\n        pass\n    except P.EpilogueError:\n        raise\n'
                       '    return {"cfg": cfg, "dt": torch.bfloat16, "t": torch.Tensor, "pi": math.pi, "k": kinds}\n',
     "math functions": 'import math as m\nfrom math import sqrt\nscale = m.sqrt(2) + sqrt(3)\nf = m.floor\n',
+    "out= to the builtin dict and to the file's own def": (
+        'def pick(x, out):\n    return out\n\n\ndef run(inputs, prepared, config=None):\n'
+        '    return dict(out=pick(inputs["h"], out=inputs["h"]))\n'),
     "finfo fields": 'def run(inputs, prepared, config=None):\n    eps = torch.finfo(torch.float32).eps\n'
                     '    big = torch.finfo(inputs["h"].dtype).max + torch.iinfo(torch.int32).min\n'
                     '    return {"eps": eps, "tiny": torch.finfo(torch.bfloat16).tiny, "big": big}\n',
@@ -305,6 +308,7 @@ BAD = {
     "write into an input": ("def run(inputs, prepared, config=None):\n    r = inputs['rstd']\n    r[:] = 1.0\n", "state", "'r'"),
     "out=": ("def f(x):\n    return torch.zeros(3, out=x)\n", "state", "out="),
     "out= on anything": ("def f(g, x):\n    return g(x, out=x)\n", "state", "out="),
+    "out= on a dict that is not the builtin": ("def f(dict, x):\n    return dict(3, out=x)\n", "state", "out="),
     "**kwargs into torch": ("def f(kw):\n    return torch.zeros(3, **kw)\n", "state", "**kwargs"),
     "**kwargs into a method": ("def f(x, kw):\n    return x.view(**kw)\n", "state", "**kwargs"),
     "escaping generator": ("def f(x):\n    return (i for i in x)\n", "state", "generator expression"),
@@ -589,3 +593,20 @@ def test_an_encoding_other_than_utf8_is_refused(head, rejected):
     # the rule agrees with what Python's own reader would take the encoding to be
     encoding, _ = tokenize.detect_encoding(iter(source.encode().splitlines(keepends=True)).__next__)
     assert (encoding not in ("utf-8", "utf-8-sig")) == rejected, encoding
+
+
+
+def test_the_checkers_own_list_of_finishing_steps_is_the_built_in_ones():
+    """Where primitives.finish is not loaded the checker reads its own list (it imports no
+    torch): the built-in steps. The layer's expert kernel uses rope_backward, and a checker in
+    a fresh process rejected it while the list lacked it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from epiforge.eval.static_checks import PRIMITIVE_SUBMODULES, check_file\n"
+            "v = check_file(sys.argv[1]); assert 'epiforge.primitives.finish' not in sys.modules\n"
+            "from epiforge.primitives import finish\n"
+            "print(len(v), sorted(finish.FINISHERS) == sorted(PRIMITIVE_SUBMODULES['finish']))")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "human_kernels" / "layer_non_attention_fwd_bwd.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["0", "True"], out.stdout + out.stderr
