@@ -101,7 +101,7 @@ def cmd_tasks_show(args) -> int:
         for t in specs:
             tag = " (constant)" if getattr(t, "constant", False) else ""
             dtype = f"precision ({' | '.join(task.dtypes)})" if t.follows_precision else t.dtype
-            say(f"  {t.name}: [{', '.join(t.shape)}] {dtype}{tag}: {t.description}  ({t.layout})")
+            say(f"  {t.name}: [{', '.join(t.shape)}] {dtype}{tag}: {t.description}  ({t.layout_text})")
     for s in task.scalars:
         say(f"  scalar {s.name} = {s.value}: {s.description}")
     say("\ntolerance: max|out - ref| <= factor * max|ref_lowprec - ref| + atol per output, the RMS error likewise:")

@@ -100,7 +100,13 @@ class TensorSpec(_Strict):
     shape: list[str] = Field(min_length=1, description="dimension expressions, e.g. ['M', '2*F']")
     dtype: DTypeName
     description: str
-    layout: str = "row-major, contiguous"
+    layout: Literal["row-major"] = "row-major"
+    """How the tensor lies in memory: row-major and contiguous. Every input is given so, and
+    every output is checked to come back so (the right values in another layout are a wrong
+    output)."""
+    arrangement: str = ""
+    """What lies where, in words, for a reader (interleaved columns, a fused weight's rows);
+    the reference defines it, nothing checks the words."""
     constant: bool = Field(False, description="weight-like: fixed across steps; a kernel's prepare() may read it")
     follows_precision: bool = Field(False, description='dtype = "precision" in task.toml: the run\'s precision, '
                                                        "one of the task's dtypes (dtype holds the one resolved)")
@@ -109,6 +115,29 @@ class TensorSpec(_Strict):
     @classmethod
     def _known_dims(cls, shape):
         return [_known_dims(e) for e in shape]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prose_layout(cls, data):
+        """Folders written before the layout was typed said it in words: "row-major,
+        contiguous" is the layout; other words (e.g. "columns interleaved ...") described
+        the arrangement, and the tensor is held to row-major contiguous like any other."""
+        if isinstance(data, dict) and isinstance(data.get("layout"), str) and data["layout"] != "row-major":
+            data = dict(data)
+            words = data.pop("layout").strip()
+            if words.replace(" ", "").lower() != "row-major,contiguous":
+                if data.get("arrangement"):
+                    raise ValueError(f"layout {words!r}: a layout is \"row-major\"; say the rest in arrangement")
+                if any(w in words.lower() for w in ("column-major", "col-major", "transposed", "strided")):
+                    raise ValueError(f"layout {words!r}: tensors are row-major and contiguous (layout = "
+                                     "\"row-major\"); a transposed operand of a GEMM is gemm.a_layout / b_layout")
+                data["arrangement"] = words
+        return data
+
+    @property
+    def layout_text(self) -> str:
+        """The layout as a reader is told it: the arrangement where there is one."""
+        return self.arrangement or "row-major, contiguous"
 
     def concrete_shape(self, dims: dict[str, int]) -> tuple[int, ...]:
         return tuple(dimexpr.evaluate(e, dims) for e in self.shape)
