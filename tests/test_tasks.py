@@ -548,3 +548,23 @@ def test_a_non_finite_reference_is_the_tasks_error_and_host_memory_is_nobodys(tm
     task = load_task_file(spec)
     with pytest.raises(MemoryError, match="out of memory in reference"):
         task.reference(task.make_inputs(dims, seed=0), dims)
+
+
+def test_an_outputs_layout_is_typed_and_a_folder_with_layout_words_still_loads(tmp_path):
+    """layout is "row-major" (the only value); a folder written when it was free text loads,
+    its words kept as the arrangement; words that ask for another layout are refused in one
+    line. The judge checks every output for row-major contiguity (eval/numerics.py), and the
+    catalogue's outputs say nothing else."""
+    assert {o.layout for t in CATALOGUE for o in t.outputs} == {"row-major"}
+    assert tasks.get_task("k8").outputs[0].arrangement.startswith("columns interleaved")
+
+    def with_layout(words):
+        return lambda text: text.replace('description = "a @ w^T + bias"', f'description = "a @ w^T + bias"\nlayout = "{words}"')
+
+    old = load_task_file(write_task(tmp_path, "x1_words", with_layout("columns interleaved: y[:, 2j] = gate j")))
+    assert (old.outputs[0].layout, old.outputs[0].arrangement) == ("row-major", "columns interleaved: y[:, 2j] = gate j")
+    plain = load_task_file(write_task(tmp_path, "x1_plain", with_layout("row-major, contiguous")))
+    assert (plain.outputs[0].layout, plain.outputs[0].arrangement) == ("row-major", "")
+    with pytest.raises(TaskError) as err:
+        load_task_file(write_task(tmp_path, "x1_colmajor", with_layout("column-major")))
+    assert "column-major" in str(err.value) and "\n" not in str(err.value)
