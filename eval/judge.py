@@ -288,7 +288,7 @@ def _passed_message(per_shape: list[ShapeResult], device: str, precisions: list[
            + (f", and {hid} hidden shape(s)" if hid else ""))
     if device == "cuda":
         ratios = ", ".join(f"{r.shape} {r.timing.fused_over_gemm_only.median:.3f}" for r in shown if r.timing)
-        msg += f"; fused / GEMM-only{where and f' (in {precisions[0]})'}: {ratios}"
+        msg += f"; fused / GEMM-only{where and f' (in {precisions[0]})'}: {ratios}" if ratios else "; not timed"
     return msg
 
 
