@@ -128,12 +128,15 @@ def describe_exception(e: BaseException) -> tuple[str, str]:
 
 
 def _tensors(values) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in values.items():
+    """Every tensor among a dict's values, tuples opened at any depth (prepare() may nest
+    them: _freeze), named as a reader would write them: "freq", "pair[1]", "t[0][2]"."""
+    out, todo = {}, [(str(k), v) for k, v in reversed(list(values.items()))]
+    while todo:
+        name, v = todo.pop()
         if isinstance(v, torch.Tensor):
-            out[str(k)] = v
+            out[name] = v
         elif isinstance(v, tuple):
-            out.update({f"{k}[{i}]": x for i, x in enumerate(v) if isinstance(x, torch.Tensor)})
+            todo.extend((f"{name}[{i}]", x) for i, x in reversed(list(enumerate(v))))
     return out
 
 

@@ -286,6 +286,17 @@ def test_prepared_must_be_plain_and_is_read_only():
             _freeze(bad)
 
 
+def test_the_checks_on_prepared_see_tensors_at_any_tuple_depth():
+    """The alias and modification checks read prepared's tensors through _tensors: one nested
+    two tuples deep escaped them (issue 42)."""
+    from epiforge.eval.runner import _tensors
+
+    deep, flat = torch.ones(2), torch.zeros(1)
+    found = _tensors({"n": 3, "flat": flat, "pair": (1.0, flat), "deep": ((deep, 2), ((deep,),))})
+    assert list(found) == ["flat", "pair[1]", "deep[0][0]", "deep[1][0][0]"]
+    assert found["deep[1][0][0]"] is deep and found["pair[1]"] is flat
+
+
 def test_a_modified_shared_input_is_seen_bit_for_bit():
     from epiforge import tasks
 
