@@ -109,6 +109,17 @@ def cmd_tasks_show(args) -> int:
         tol = o.tolerance
         say(f"  {o.name}: factor {tol.factor:g}, atol {tol.atol:g}, rms_factor "
             f"{'off' if tol.rms_factor is None else f'{tol.rms_factor:g}'}")
+    gemm_names = [where for where, _ in task.gemm_list]
+    say("\nshapes (--shapes NAME; hidden shapes come from the seed and are not listed)"
+        + (": dims, then each GEMM's m x n x k" if len(gemm_names) < 4 else ": dims (GEMMs: --json)"), "bold")
+    for set_name, shapes in tasks.shape_sets().items():
+        for s in shapes:
+            dims = s.dims()
+            line = f"  {set_name} {s.name}: " + " ".join(f"{k}={v}" for k, v in dims.items())
+            if len(gemm_names) < 4:
+                line += "; " + ", ".join(f"{'GEMM' if w == 'gemm' else w} {m} x {n} x {k}"
+                                         for w, (m, n, k) in zip(gemm_names, task.gemm_shapes(dims)))
+            say(line)
     expert = expert_kernel(task.name)
     say(f"\nexpert kernel: {expert.relative_to(REPO) if expert else 'none (the expert track is empty)'}")
     return 0

@@ -142,6 +142,10 @@ def test_cli_light_commands():
         assert len(t["flops"]["paper"]) == 3 and all(b > 0 for b in t["bytes"]["smoke"])
     show = cli("tasks", "show", "k3")
     assert show.returncode == 0 and "inv_freq" in show.stdout
+    # each named shape set's dims and the GEMM they make: k3's is (M, 3d, d), at 1B M=16384, d=2048
+    one_b = next(s for s in tasks.shape_sets()["paper"] if s.name == "1B")
+    assert (one_b.M, one_b.d) == (16384, 2048) and "GEMM 16384 x 6144 x 2048" in show.stdout
+    assert all(f" {s.name}: M={s.M} " in show.stdout for ss in tasks.shape_sets().values() for s in ss)
     bad = cli("tasks", "show", "k99")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown task" in bad.stderr
     missing = cli("eval", "--task", "k1", "--kernel", "/nonexistent/kernel.py")
