@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -531,7 +532,7 @@ def write_generated(source: str, task_name: str, session: str, backend: str, mod
     TASK; any the model wrote are replaced). Never overwrites a kernel: the same text already
     there (a resumed session passing again) is kept; another text goes to
     <session>-<sha256 prefix>.py."""
-    lines = source.splitlines()
+    lines = re.split(r"\r\n|\r|\n", source)  # the line breaks ast counts (splitlines also splits on \f, \u2028, ...)
     tree = ast.parse(source)
     drop, after = set(), 0
     for node in tree.body:

@@ -133,6 +133,8 @@ def _tensors(values) -> dict[str, torch.Tensor]:
     out, todo = {}, [(str(k), v) for k, v in reversed(list(values.items()))]
     while todo:
         name, v = todo.pop()
+        while name in out:  # a key that reads like a tuple's element ("t[0]" beside a tuple "t"): both kept
+            name += "'"
         if isinstance(v, torch.Tensor):
             out[name] = v
         elif isinstance(v, tuple):

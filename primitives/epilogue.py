@@ -176,7 +176,8 @@ class Epilogue:
             from epiforge.primitives.emulator import emulate
 
             if described:  # a Scalar given as a tensor has no value here; any number makes the same shapes
-                call.values = {p: 0.0 if isinstance(self.operands.get(p), Scalar) and isinstance(v, torch.Tensor) else v
+                # (1.0, not 0.0: a body may divide by it; a body that fails at 1.0 alone is a known limit)
+                call.values = {p: 1.0 if isinstance(self.operands.get(p), Scalar) and isinstance(v, torch.Tensor) else v
                                for p, v in call.values.items()}
             return emulate(epi, call, config)
 

@@ -128,7 +128,8 @@ class TensorSpec(_Strict):
             if words.replace(" ", "").lower() != "row-major,contiguous":
                 if data.get("arrangement"):
                     raise ValueError(f"layout {words!r}: a layout is \"row-major\"; say the rest in arrangement")
-                if any(w in words.lower() for w in ("column-major", "col-major", "transposed", "strided")):
+                if any(w in words.lower().replace("-", " ") for w in ("column major", "col major", "transpose",
+                                                                       "fortran", "strided")):
                     raise ValueError(f"layout {words!r}: tensors are row-major and contiguous (layout = "
                                      "\"row-major\"); a transposed operand of a GEMM is gemm.a_layout / b_layout")
                 data["arrangement"] = words

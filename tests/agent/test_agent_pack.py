@@ -105,6 +105,11 @@ def test_generated_kernels_are_stamped_and_never_overwritten(tmp_path):
     other = write_generated(source, "k1_gemm_rmsnorm", "S1", "openai", "m", tmp_path)
     assert other != path and other.parent == path.parent and other.name.startswith("S1-")
     assert path.read_text() == first and read_kernel(other).model == "m"
+    # line breaks Python does not count (a form feed, U+2028) move no stamp and wake no comment
+    tricky = ('import primitives as P\n\nTASK = "k1_gemm_rmsnorm"\n# note\u2028SCALE = 2.0\nSCALE = 1.0\n'
+              'SESSION = "forged"\n\n\ndef run(inputs, prepared, config=None):\n    return {}\n')
+    saved = write_generated(tricky, "k1_gemm_rmsnorm", "S3", "openai", "m", tmp_path).read_text()
+    assert "# note\u2028SCALE = 2.0\nSCALE = 1.0\n" in saved and "forged" not in saved
 
 
 def test_scrub_hides_this_machines_paths(tmp_path):

@@ -295,6 +295,10 @@ def test_the_checks_on_prepared_see_tensors_at_any_tuple_depth():
     found = _tensors({"n": 3, "flat": flat, "pair": (1.0, flat), "deep": ((deep, 2), ((deep,),))})
     assert list(found) == ["flat", "pair[1]", "deep[0][0]", "deep[1][0][0]"]
     assert found["deep[1][0][0]"] is deep and found["pair[1]"] is flat
+    # a key that reads like a tuple's element hides nothing
+    hidden, shown = torch.ones(1), torch.zeros(1)
+    both = _tensors({"t": (hidden,), "t[0]": shown})
+    assert len(both) == 2 and {id(v) for v in both.values()} == {id(hidden), id(shown)}
 
 
 def test_a_modified_shared_input_is_seen_bit_for_bit():
