@@ -14,27 +14,36 @@ DATA = ("primitive_docs", "generated_kernels", "logs")
 CODE_DATA = ["*.toml", "*.md", "*.j2", "*.jsonl", "*.json", "*.sh"]
 
 
-
-def _data_folders(package: Path) -> list[str]:
-    """The folders under a package that are no package themselves (data/, results/, logs/,
-    templates/ and theirs): every file in them travels, as "<folder>/*" of that package."""
-    found, todo = [], [d for d in package.iterdir() if d.is_dir()]
-    while todo:
-        d = todo.pop()
+def _data_tree(folder: Path, name: str) -> list[str]:
+    """The folders under package `folder` (named `name`) that are no package themselves
+    (data/, results/, logs/, templates/ and theirs), all their files travelling. One whose
+    path is named like modules becomes a package of data files itself, listed, since
+    setuptools warns of an unlisted data folder that looks like a package; the others (e.g.
+    sweep-llama3) travel as "<folder>/*" globs of the nearest package. Returns the globs."""
+    globs = []
+    for d in sorted(c for c in folder.iterdir() if c.is_dir()):
         if d.name == "__pycache__" or (d / "__init__.py").is_file():
             continue
-        found.append(f"{d.relative_to(package).as_posix()}/*")
-        todo += [c for c in d.iterdir() if c.is_dir()]
-    return sorted(found)
+        if d.name.isidentifier():
+            _add(d, f"{name}.{d.name}", ["*"])
+            package_data[f"{name}.{d.name}"] += _data_tree(d, f"{name}.{d.name}")
+        else:
+            globs += [f"{sub.relative_to(folder).as_posix()}/*" for sub in [d, *sorted(d.rglob("*"))] if sub.is_dir()]
+    return globs
+
+
+def _add(folder: Path, name: str, data: list[str]) -> None:
+    packages.append(name)
+    package_dir[name] = folder.as_posix()
+    package_data[name] = list(data)
 
 
 packages, package_dir, package_data = ["epiforge"], {"epiforge": "epiforge"}, {}
 for top in CODE:
     for sub in [top, *(f"{top}.{p}" for p in find_packages(top))]:
-        folder = sub.replace(".", "/")
-        packages.append(f"epiforge.{sub}")
-        package_dir[f"epiforge.{sub}"] = folder
-        package_data[f"epiforge.{sub}"] = CODE_DATA + _data_folders(Path(folder))
+        folder = Path(sub.replace(".", "/"))
+        _add(folder, f"epiforge.{sub}", CODE_DATA)
+        package_data[f"epiforge.{sub}"] += _data_tree(folder, f"epiforge.{sub}")
 for top in DATA:
     for folder in [Path(top), *sorted(p for p in Path(top).rglob("*") if p.is_dir())]:
         name = "epiforge." + ".".join(folder.parts)
