@@ -146,6 +146,11 @@ class Epilogue:
         return self._gemm(a, w, c, config=config, dtypes=dtypes, store_d=store_d, **values)
 
     def _gemm(self, a, w, /, c=None, *, config=None, dtypes=None, store_d=True, **values) -> dict[str, torch.Tensor]:
+        out = self._launch(a, w, c, config=config, dtypes=dtypes, store_d=store_d, **values)
+        trace.made_partials(out[r] for r in self.reductions if isinstance(out.get(r), torch.Tensor))
+        return out
+
+    def _launch(self, a, w, /, c=None, *, config=None, dtypes=None, store_d=True, **values) -> dict[str, torch.Tensor]:
         call = self.check_call(a, w, c, values, dtypes, store_d)
         config = config or DEFAULT_CONFIG
         trace.record("gemm", f"{self.name}@{config.key()}")

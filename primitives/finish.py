@@ -80,6 +80,11 @@ def _run_step(name: str, partials, *args, **kw):
     if step.first == "partials" and not (isinstance(partials, torch.Tensor) and partials.ndim == 2
                                          and partials.dtype == torch.float32):
         raise ValueError(f"{name}: expected a 2-D float32 partials tensor")
+    if step.first == "partials" and not trace.is_partials(partials):
+        # a fold folds what a fused launch's reduction wrote, as wide as its tile grid: given any
+        # other tensor (full-width logits, a slice, a copy) it would do the task's work itself
+        raise ValueError(f"{name}: its partials must be a reduction's output of a fused GEMM of this run, as "
+                         "returned (not a tensor made otherwise, a slice or a copy)")
     if step.first == "tensor" and not (isinstance(partials, torch.Tensor) and partials.ndim == 2
                                        and partials.is_floating_point() and partials.stride(-1) == 1):
         raise ValueError(f"{name}: expected a 2-D floating tensor with contiguous rows")

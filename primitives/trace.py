@@ -10,6 +10,7 @@ kernel's own. Nothing here is part of the kernel-facing API.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 _record: list[str] | None = None
@@ -49,3 +50,19 @@ def building():
     finally:
         if _compile_listener is not None:
             _compile_listener(False)
+
+
+#: the reduction partials this process's fused GEMMs returned, by id (alive ones only)
+_partials: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+
+def made_partials(tensors) -> None:
+    """Note the buffers a fused GEMM's reductions wrote: the only tensors a fold (a finishing
+    step that takes partials) accepts."""
+    for t in tensors:
+        _partials[id(t)] = t
+
+
+def is_partials(t) -> bool:
+    """Whether `t` itself (not a view or copy of it) is a buffer a fused GEMM's reduction wrote."""
+    return _partials.get(id(t)) is t

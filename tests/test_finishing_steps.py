@@ -148,7 +148,10 @@ def test_the_registry_refuses_clashes_and_bad_names():
         P.finish.register("register", "", cpu=cpu, gpu=cpu, gpu_kernel="k")
     with pytest.raises(AttributeError, match="no finishing step 'nothing'"):
         P.finish.nothing(torch.zeros(2, 2))
-    assert P.finish.row_sum(torch.ones(3, 4)).tolist() == [4.0, 4.0, 4.0]  # the built-ins as before
+    # a fold takes only what a fused GEMM's reduction wrote (issue 42: full-width logits handed to
+    # cross_entropy made the step do the task's work)
+    with pytest.raises(ValueError, match="reduction's output of a fused GEMM"):
+        P.finish.row_sum(torch.ones(3, 4))
 
 
 def test_the_builtin_gpu_lowerings_compute_what_the_cpu_steps_do():
