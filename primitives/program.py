@@ -112,6 +112,10 @@ class Program:
         if not 0 <= self.prepare_steps <= len(self.steps):
             raise ProgramError("prepare_steps is not a count of the steps")
         made = len(self.inputs)
+        # where each value comes from, followed through views: an input, prepare()'s work, a
+        # bare allocation, or run()'s own (its fused GEMMs and finishing steps; its torch
+        # compute, which the launch check counts)
+        origin = ["input"] * made
 
         def refs(a, depth=0):
             if depth > 8:
@@ -142,16 +146,33 @@ class Program:
             for v in [*refs({"list": step["args"]}), *refs({"dict": step["kwargs"]})]:
                 if not (type(v) is int and 0 <= v < made):
                     raise ProgramError(f"step {i} reads a value not made before it")
+            read = [*refs({"list": step["args"]})]
+            if i < self.prepare_steps:
+                kind = "prepare"
+            elif step["kind"] == "aten" and step["name"].startswith("aten::empty"):
+                kind = "allocation"
+            elif step["kind"] == "aten" and step["name"] in VIEWS and read:
+                kind = origin[read[0]]  # a view is what it views
+            else:
+                kind = "run"
             for v in refs(step["outs"]):
                 if v != made:
                     raise ProgramError(f"step {i} does not make its values in order")
                 made += 1
+                origin.append(kind)
         if made != self.n_values:
             raise ProgramError("n_values does not count the values made")
         for what in (self.prepared, self.outputs):
             for v in refs({"dict": what}):
                 if not (type(v) is int and 0 <= v < made):
                     raise ProgramError("a result that is no value")
+        plain = {i for i, (_, spec) in enumerate(self.inputs) if isinstance(spec, dict) and "value" in spec}
+        said = {"input": "an input", "prepare": "made in prepare()", "allocation": "a bare allocation"}
+        for name, out in self.outputs.items():
+            for v in refs(out):
+                if origin[v] in said and v not in plain:
+                    raise ProgramError(f"output {name!r} is {said[origin[v]]} (or a view of one), not made by run()'s "
+                                       "fused GEMMs or finishing steps")
 
 
 # ---- describing -----------------------------------------------------------------------

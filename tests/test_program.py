@@ -234,14 +234,20 @@ def test_a_description_names_only_the_primitives_own_steps(kind, name, why):
 def test_allocations_with_every_keyword_describe():
     """torch.empty / empty_like / zeros with dtype, layout and device keywords in run():
     described and run again (an allocation is no launch; zeros is a fill, which is)."""
-    module = _kernel("d = bias(inputs['a'], inputs['w'], b=inputs['b'])['D']\n"
-                     "    e = torch.empty_like(d, dtype=torch.float32, layout=torch.strided, device=d.device)\n"
-                     "    z = torch.zeros(4, dtype=torch.float32, device=d.device)\n"
-                     "    return {'y': d, 'e': e, 'z': z}")
+    body = ("d = bias(inputs['a'], inputs['w'], b=inputs['b'])['D']\n"
+            "    e = torch.empty_like(d, dtype=torch.float32, layout=torch.strided, device=d.device)\n"
+            "    z = torch.zeros(4, dtype=torch.float32, device=d.device)\n")
+    module = _kernel(body + "    return {'y': d, 'z': z, 'e_dtype': e.dtype}")
     described = program.Program.from_json(program.describe(module, _specs(_inputs()), ()).to_json())
     got, done = program.execute(described, _inputs())
-    assert got["e"].dtype == torch.float32 and got["e"].shape == got["y"].shape and torch.equal(got["z"], torch.zeros(4))
+    assert got["e_dtype"] == torch.float32 and torch.equal(got["z"], torch.zeros(4))
     assert any(d.startswith("aten:aten::empty") for d in done) and any("zero" in d or "fill" in d for d in done)
+    # an output no fused GEMM or finishing step made (a bare allocation, an input, a view of
+    # either) is refused (issue 42): here the allocation, and a view of an input
+    for returned, what in (("{'y': d, 'e': e.t()}", "'e' is a bare allocation"),
+                           ("{'y': d, 'a': inputs['a'][:, :8]}", "'a' is an input")):
+        with pytest.raises(program.ProgramError, match=what):
+            program.describe(_kernel(body + f"    return {returned}"), _specs(_inputs()), ())
 
 
 def test_the_device_test_exploit_describes_its_gpu_branch_for_a_gpu():
