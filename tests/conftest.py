@@ -60,8 +60,9 @@ def pytest_configure(config):
     """In each of pytest-xdist's workers (before any test module imports torch): the CPU math
     libraries' threads for the worker and everything it starts are the cores shared out among
     the workers. A judge's processes compute at the same time; with each at the machine's
-    core count, two layer evaluations side by side on 2 cores took 47 s, and 16 s with 1
-    thread each (OpenMP's threads spin while they wait). A count the user set stands."""
+    core count, two layer evaluations side by side on 2 cores took about four times as long
+    as with 1 thread each (OpenMP's threads spin while they wait;
+    bench/results/cpu/thread-share.json, bench/thread_share.py). A count the user set stands."""
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers and not os.environ.get("OMP_NUM_THREADS"):
         threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
