@@ -143,10 +143,10 @@ class Program:
                 raise ProgramError(f"step {i} is not a step")
             if step["kind"] == "aten" and (not _ATEN.match(step["name"]) or step["name"] in REFUSED):
                 raise ProgramError(f"step {i}: {step['name'][:80]!r} is not an aten operation a kernel may use")
-            for v in [*refs({"list": step["args"]}), *refs({"dict": step["kwargs"]})]:
+            read = [*refs({"list": step["args"]})]
+            for v in [*read, *refs({"dict": step["kwargs"]})]:
                 if not (type(v) is int and 0 <= v < made):
                     raise ProgramError(f"step {i} reads a value not made before it")
-            read = [*refs({"list": step["args"]})]
             if i < self.prepare_steps:
                 kind = "prepare"
             elif step["kind"] == "aten" and step["name"].startswith("aten::empty"):

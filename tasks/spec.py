@@ -439,11 +439,6 @@ class Task(_Strict):
         missing = [o.name for o in self.outputs if o.name not in out]
         if missing:
             raise TaskCodeError(self.folder / "reference.py", f"reference() returned no {missing}")
-        # a non-finite reference would pass any kernel there (every comparison with NaN is false)
-        for o in self.outputs:
-            v = out[o.name]
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
-                raise TaskCodeError(self.folder / "reference.py", f"reference() gave non-finite values in {o.name}")
         return out
 
     def unfused(self, inputs: dict, dims: dict[str, int]) -> dict:
@@ -479,12 +474,20 @@ class Task(_Strict):
         if exact:
             rdt = getattr(torch, self.reference_dtype)
             inputs = {k: v.to(rdt) if _floating(v) else v for k, v in inputs.items()}
-            return self._run_reference(inputs, dims, mm=common.mm, **({"store": common.keep} if self.gemms else {}))
-        operands = self.gemm_operand_inputs
-        inputs = {k: v.float() if _floating(v) and k not in operands else v for k, v in inputs.items()}
-        kw = {"store": common.stored_as(DTYPES[self.precision])} if self.gemms else {}
-        out = self._run_reference(inputs, dims, mm=mm or common.mm, **kw)
-        return {o.name: out[o.name].to(o.torch_dtype if rounded else torch.float32) for o in self.outputs}
+            out = self._run_reference(inputs, dims, mm=common.mm, **({"store": common.keep} if self.gemms else {}))
+        else:
+            operands = self.gemm_operand_inputs
+            inputs = {k: v.float() if _floating(v) and k not in operands else v for k, v in inputs.items()}
+            kw = {"store": common.stored_as(DTYPES[self.precision])} if self.gemms else {}
+            out = self._run_reference(inputs, dims, mm=mm or common.mm, **kw)
+            out = {o.name: out[o.name].to(o.torch_dtype if rounded else torch.float32) for o in self.outputs}
+        # a non-finite reference would pass any kernel there (every comparison with NaN is false);
+        # the eager baseline (unfused) is not held to this: it is timed, not trusted
+        for o in self.outputs:
+            v = out[o.name]
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise TaskCodeError(self.folder / "reference.py", f"reference() gave non-finite values in {o.name}")
+        return out
 
     def _check_io(self, values: dict, specs, dims, where) -> None:
         for spec in specs:

@@ -590,3 +590,15 @@ def test_provenance_is_the_harness_record_never_the_kernels_word(tmp_path, monke
     assert read_kernel(saved).session is None
     # an expert kernel's AUTHOR is the repository's word
     assert read_kernel(HUMAN_DIR / "k1_gemm_rmsnorm.py").author
+
+
+def test_a_passed_gpu_verdict_that_was_not_timed_says_so():
+    """An untimed GPU evaluation (timing=False) ended its message in "fused / GEMM-only: "
+    with nothing after it."""
+    from epiforge.eval.judge import _passed_message
+    from epiforge.eval.result import Outcome, ShapeResult
+
+    rows = [ShapeResult(shape=s, dims={"M": 8}, outcome=Outcome.PASSED, trials=2) for s in ("smoke-a", "smoke-b")]
+    message = _passed_message(rows, "cuda", ["bfloat16"])
+    assert message.endswith("; not timed") and "GEMM-only" not in message, message
+    assert "not timed" not in _passed_message(rows, "cpu", ["bfloat16"])
