@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", default="kernel.py")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="also cross-compile the epilogues for sm_90a (slower, catches GPU-only errors)")
+    ap.add_argument("--dtype", default=None, metavar="PRECISIONS",
+                    help="judge only these precisions (bf16, fp16, a comma list; default: every one the task lists)")
     ap.add_argument("--record", default=None, help="append a one-line summary of the run to this JSONL file")
     args = ap.parse_args(argv)
 
@@ -56,14 +58,21 @@ def main(argv=None) -> int:
         print(f"check: {line}")
         _record(args.record, {"outcome": "NOT_RUN", "message": line})
         return 1
-    limit = check_timeout_s(task, "cpu", "smoke", args.compile)
+    from epiforge.eval.evaluation import pick_dtypes
+
+    try:
+        precisions = pick_dtypes(task, args.dtype)
+    except ValueError as e:
+        print(f"check: {e}")
+        return 2
+    limit = check_timeout_s(task, "cpu", "smoke", args.compile, precisions=len(precisions))
     timeout, by_wall = bounded_timeout(limit, left)
     kernel = Path(args.kernel).resolve()
     seed = secrets.randbelow(2**31)
     try:
         with Progress(lambda line: print(line, flush=True), "check (CPU, smoke)", timeout) as progress:
             result = evaluate(task.name, kernel, device="cpu", shapes="smoke", seed=seed, compile=args.compile,
-                              timeout_s=timeout, on_stage=progress.stage)
+                              timeout_s=timeout, on_stage=progress.stage, dtype=precisions)
     except KernelError as e:
         line = scrub(str(e).splitlines()[0], kernel.parent)
         print(f"check: {line}")
@@ -73,7 +82,7 @@ def main(argv=None) -> int:
         result = result.model_copy(update={"message": wall_timeout_message(result.message, limit)})
     print(describe(result, what="check", workspace=kernel.parent))
     _record(args.record, {"outcome": result.outcome.value, "kernel_sha256": result.kernel_sha256, "seed": seed,
-                          "compile": args.compile, "wall_s": result.wall_s, "timeout_s": round(timeout, 1)})
+                          "compile": args.compile, "dtypes": result.dtypes, "wall_s": result.wall_s, "timeout_s": round(timeout, 1)})
     return 0 if result.passed else 1
 
 

@@ -207,12 +207,12 @@ def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None,
 
 def dtype_shown(task, spec) -> str:
     """A tensor's dtype as the prompt names it: a fixed one as it is; a `precision` one as
-    the precision judged (the task's first by default, its others when a run asks)."""
+    the precisions it is judged in (every one the task lists, by default)."""
     if not spec.follows_precision:
         return spec.dtype
-    others = [d for d in task.dtypes if d != task.dtypes[0]]
-    return (f"precision (the one judged: {task.dtypes[0]} by default"
-            + (f", {' or '.join(others)} when asked" if others else "") + ")")
+    if len(task.dtypes) == 1:
+        return f"precision ({task.dtypes[0]})"
+    return f"precision (each of {' and '.join(task.dtypes)}: the kernel is judged in every one)"
 
 
 def kernel_stub(task) -> str:

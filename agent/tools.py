@@ -48,14 +48,16 @@ class ToolFailure(Exception):
     """A tool call the model got wrong: its message goes back as an error result."""
 
 
-def check_timeout_s(task, device: str, shapes: str, compile_: bool) -> float:
+def check_timeout_s(task, device: str, shapes: str, compile_: bool, precisions: int | None = None) -> float:
     """How long one evaluation of a kernel for `task` may take before it is killed: a start-up
     allowance, the numerics at a slow emulator's (or GPU's) pace over the GEMM work of the
-    shape set, and on a CPU with the sm_90a cross-compile, two minutes per GEMM launch. A k1
-    check on two CPU cores takes ~4 s (~12 s with the compile); this allows ~160 s."""
+    shape set in each precision judged (default: every one the task lists), and on a CPU
+    with the sm_90a cross-compile, two minutes per GEMM launch. A k1 check on two CPU cores
+    takes ~4 s (~12 s with the compile) per precision; this allows ~200 s."""
     from epiforge import tasks
 
-    gflop = sum(task.flops(s.dims()) for s in tasks.shape_sets()[shapes]) / 1e9
+    n = len(task.dtypes) if precisions is None else precisions
+    gflop = n * sum(task.flops(s.dims()) for s in tasks.shape_sets()[shapes]) / 1e9
     if device == "cuda":
         return round(300 + 0.03 * gflop)
     return round(60 + 30 * gflop + (120 * task.gemm_count if compile_ else 0))

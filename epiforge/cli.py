@@ -94,8 +94,8 @@ def cmd_tasks_show(args) -> int:
         b = f"{g.b}^T ({g.b} is {g.n} x {g.k})" if g.b_layout == "nk" else f"{g.b} ({g.k} x {g.n})"
         say(f"{'GEMM' if where == 'gemm' else where}: D ({g.m} x {g.n}) = {a} @ {b}")
     say(f"launches: {', '.join(task.launches)}")
-    say(f"precisions: {', '.join(task.dtypes)} (judged in {task.dtypes[0]} unless --dtype names others; "
-        "\"precision\" below is the run's)")
+    say(f"precisions: {', '.join(task.dtypes)} (judged in every one unless --dtype narrows it, timed in "
+        f"{task.dtypes[0]}; \"precision\" below is the run's)")
     for title, specs in (("inputs", task.inputs), ("outputs", task.outputs)):
         say(f"\n{title}", "bold")
         for t in specs:
@@ -421,8 +421,8 @@ def add_dtype_flag(p: argparse.ArgumentParser) -> None:
     """--dtype, the precisions a kernel is judged in (eval.evaluation.pick_dtypes)."""
     p.add_argument("--dtype", default=None, metavar="PRECISIONS",
                    help="the precisions to judge in: bfloat16 | bf16, float16 | fp16, a comma list of them, or all "
-                        "(every one the task lists, `tasks show`); default: the task's first, bfloat16. On a GPU "
-                        "only the first named is timed")
+                        "(every one the task lists, `tasks show`: the default). Naming fewer narrows the verdict, and "
+                        "its message says which were not judged. On a GPU only the first is timed")
 
 
 SHAPES_HELP = ("shape set: smoke (small, the default), paper (the paper's 1B, 7B, 70B), or another set of "

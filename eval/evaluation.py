@@ -42,12 +42,11 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 def pick_dtypes(task, dtype=None) -> list[str]:
-    """The precisions to judge `task` in, in order: None its first (its default, bfloat16 for
-    every shipped task), "all" every one it lists (its `dtypes`), else the named ones
-    ("float16", "bf16,fp16" or a list); ValueError (one line) otherwise."""
-    if dtype is None:
-        return [task.dtypes[0]]
-    if dtype == "all":
+    """The precisions to judge `task` in, in order: None or "all" every one it lists (its
+    `dtypes`, the first timed on a GPU), else the named ones ("float16", "bf16,fp16" or a
+    list), which narrows the verdict (its message names the precisions left out); ValueError
+    (one line) otherwise. A kernel right in one precision and wrong in another is wrong."""
+    if dtype is None or dtype == "all":
         return list(task.dtypes)
     names = dtype.split(",") if isinstance(dtype, str) else list(dtype)
     picked = []
@@ -89,9 +88,9 @@ def evaluate(
     timeout_s: the whole evaluation's limit (default 600 s on a CPU, 900 s on a GPU).
     memory_limit_gib: the runner's CPU address-space limit (CPU runs); gpu_memory_gib: its
     share of the GPU. timing=False (GPU): numerics and launches only, nothing timed.
-    dtype: the precisions to judge in (pick_dtypes; default the task's first, "all" every
-    one it lists); on a GPU only the first is timed, the others get numerics and the
-    launch check.
+    dtype: the precisions to judge in (pick_dtypes; default every one the task lists, a
+    name or a comma list narrows it); on a GPU only the first is timed, the others get
+    numerics and the launch check.
     static_checks=False and hidden_shapes=False are for the evaluator's
     own tests of the layers behind them (tests/exploits); never turn them off for a real
     candidate. launcher (the default): the kernel's process only describes its calls, on

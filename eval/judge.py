@@ -198,7 +198,7 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
                     c.finish(res.outcome, f"{res.shape}{_in(p, precisions)}: {res.message}")
         at("done")
         for c in [c for c in cands if c.live]:
-            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device, precisions))
+            c.finish(Outcome.PASSED, _passed_message(c.per_shape, device, precisions, task.dtypes))
     except TaskCodeError as e:  # the task's reference.py failed: the task's fault, not a kernel's
         traceback.print_exc()
         detail = mask_numbers(e.detail) if is_hidden else e.detail  # it may quote the hidden shape's sizes
@@ -280,7 +280,11 @@ def _in(precision: str, precisions: list[str]) -> str:
     return f" in {precision}" if len(precisions) > 1 or precision != "bfloat16" else ""
 
 
-def _passed_message(per_shape: list[ShapeResult], device: str, precisions: list[str]) -> str:
+def _passed_message(per_shape: list[ShapeResult], device: str, precisions: list[str],
+                    listed: list[str] | None = None) -> str:
+    """The PASSED verdict's line; where the run was narrowed to fewer precisions than the
+    task lists (`listed`), it ends by naming those not judged (a PASSED there says nothing
+    about them)."""
     shown = [r for r in per_shape if not r.hidden]
     n, hid = len(shown) // len(precisions), (len(per_shape) - len(shown)) // len(precisions)
     where = f" in {' and '.join(precisions)}" if _in(precisions[0], precisions) else ""
@@ -289,6 +293,9 @@ def _passed_message(per_shape: list[ShapeResult], device: str, precisions: list[
     if device == "cuda":
         ratios = ", ".join(f"{r.shape} {r.timing.fused_over_gemm_only.median:.3f}" for r in shown if r.timing)
         msg += f"; fused / GEMM-only{where and f' (in {precisions[0]})'}: {ratios}" if ratios else "; not timed"
+    left_out = [p for p in (listed or []) if p not in precisions]
+    if left_out:
+        msg += f"; not judged in {' or '.join(left_out)} (narrowed by --dtype)"
     return msg
 
 

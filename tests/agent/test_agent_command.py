@@ -96,3 +96,28 @@ def test_a_hanging_kernel_in_check_ends_before_the_deadline_and_is_never_silence
     assert "wall-time budget ran out" in notes["stdout_tail"]
     assert any(line.startswith("step 0: the agent command is running, ") for line in said)
     assert end.outcome == "budget_exhausted" and end.reason.startswith("wall-time budget")
+
+
+def test_check_judges_every_precision_and_dtype_narrows_it(tmp_path):
+    """A workspace's ./check (agent/check.py) judges every precision the task lists by
+    default; --dtype narrows one check, whose line names what it left out, and a precision
+    the task does not list is one line and exit 2 (issue 43, point 3)."""
+    import json
+    import shutil
+    import subprocess
+
+    from epiforge.eval.machine import expert_kernel
+
+    kernel = tmp_path / "kernel.py"
+    shutil.copy(expert_kernel("k1_gemm_rmsnorm"), kernel)
+    record = tmp_path / "checks.jsonl"
+    base = [sys.executable, "-m", "epiforge.agent.check", "--task", "k1", "--kernel", str(kernel), "--no-compile",
+            "--record", str(record)]
+    both = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    narrowed = subprocess.run([*base, "--dtype", "fp16"], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run([*base, "--dtype", "fp32"], capture_output=True, text=True, timeout=60)
+    assert both.returncode == 0 and narrowed.returncode == 0, both.stdout[-500:] + narrowed.stdout[-500:]
+    assert [json.loads(x)["dtypes"] for x in record.read_text().splitlines()] == [["bfloat16", "float16"], ["float16"]]
+    assert "not judged in bfloat16" in narrowed.stdout and "not judged" not in both.stdout
+    assert bad.returncode == 2 and bad.stdout.strip().splitlines() == [
+        "check: --dtype 'fp32': k1_gemm_rmsnorm runs in bfloat16, float16 (or all)"] and "Traceback" not in bad.stderr

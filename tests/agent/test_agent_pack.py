@@ -84,11 +84,11 @@ def test_the_real_pack_and_task_prompt_render():
 def test_precision_tensors_are_shown_as_the_precision_judged_not_as_bf16():
     p = build_pack(tasks.get_task("k1"))
     prompt = p.task_prompt(speed_target=1.05)
-    judged = "precision (the one judged: bfloat16 by default, float16 when asked)"
+    judged = "precision (each of bfloat16 and float16: the kernel is judged in every one)"
     assert f"- `h` [M, d] {judged}: " in prompt and f"- `out` [M, 3*d] {judged}: " in prompt
     assert "- `rstd` [M] float32: " in prompt  # a fixed dtype stays as it is
-    assert "] bfloat16" not in prompt and "float16 too when a run asks for it" in prompt
-    assert "comes in the precision being judged: bf16 by default,\n  fp16 too" in p.system_prompt(speed_target=1.05)
+    assert "] bfloat16" not in prompt and "every check judges the kernel in each of bfloat16 and float16" in prompt
+    assert "judged in every precision its task lists, bf16 and fp16" in p.system_prompt(speed_target=1.05)
 
 
 def test_generated_kernels_are_stamped_and_never_overwritten(tmp_path):

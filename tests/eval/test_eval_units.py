@@ -602,3 +602,16 @@ def test_a_passed_gpu_verdict_that_was_not_timed_says_so():
     message = _passed_message(rows, "cuda", ["bfloat16"])
     assert message.endswith("; not timed") and "GEMM-only" not in message, message
     assert "not timed" not in _passed_message(rows, "cpu", ["bfloat16"])
+
+
+def test_a_narrowed_verdict_names_the_precisions_it_did_not_judge():
+    """Issue 42, class 6: a PASSED in fewer precisions than the task lists says which were
+    left out; a run of every listed precision says nothing of the kind."""
+    from epiforge.eval.judge import _passed_message
+    from epiforge.eval.result import Outcome, ShapeResult
+
+    rows = [ShapeResult(shape="smoke-a", dims={"M": 8}, outcome=Outcome.PASSED, trials=2)]
+    listed = ["bfloat16", "float16"]
+    assert _passed_message(rows, "cpu", ["bfloat16"], listed).endswith("; not judged in float16 (narrowed by --dtype)")
+    assert _passed_message(rows, "cpu", ["float16"], listed).endswith("; not judged in bfloat16 (narrowed by --dtype)")
+    assert "not judged" not in _passed_message(rows * 2, "cpu", listed, listed)
