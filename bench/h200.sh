@@ -19,7 +19,10 @@
 #   bench/h200.sh sweep-llama3   # issue 15: k0 (after the down projection, --gemm-k F), k2, k6, k7 at LLaMA-3's three layers, config set llama3 (sweep-llama3-k0-down.json, sweep-llama3.json)
 #   bench/h200.sh judge-check    # the expert kernels through the evaluator, numerics + launches at every shape (check.json)
 #   bench/h200.sh judge-tests    # the evaluator's GPU tests (tests/eval -m gpu): timed stages, faults, plausibility
-#   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins at the paper shapes
+#   bench/h200.sh judge-exploits # the exploit suite on the GPU (SHARDS processes), the tolerance margins beside it (judge-margins)
+#   bench/h200.sh judge-margins  # every expert kernel's tolerance margins (max, RMS, element) in every precision at the
+#                                # smoke, heads, coda and paper shapes (margins-<gpu>-<set>.json; MARGINS_RESUME=DIR takes
+#                                # up the files of a cut-short call from DIR), within MARGINS_BUDGET_S seconds
 #   bench/h200.sh judge-compare  # epiforge compare of each task at the paper shapes (compare.md, compare.sqlite)
 #   bench/h200.sh judge-compare-all  # epiforge compare --all at the paper shapes, as one command, its wall time kept
 #   bench/h200.sh judge-lead     # compare of k0 and k8 under each timed lead (LEADS), bench.run before and after (lead-study.md)
@@ -273,13 +276,27 @@ case "${1:-}" in
     # whole evaluation: ~15 s of process starts), the tolerance margins beside them
     mkdir -p "$OUT" "$STATE"
     install_objects
-    timeout 300 $PY -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --out "$OUT/margins-h200-paper.json" \
-      > "$OUT/margins.log" 2>&1 &
+    MARGINS_BUDGET_S=${MARGINS_BUDGET_S:-300} bash bench/h200.sh judge-margins > "$OUT/margins.log" 2>&1 &
     exploit_shards "" "$OUT/pytest-gpu-exploits.log" "SHARDS=${SHARDS:-4} bash bench/h200.sh judge-exploits" \
       "${EXPLOIT_TIMEOUT_S:-330}"
     wait  # the margins
     tail -3 "$OUT/margins.log"
     grep -E "passed|failed|FAILED|XPASS|ERROR" "$OUT/pytest-gpu-exploits.log" | tail -30
+    ;;
+  judge-margins)
+    # the sets one after another, each a file rewritten after every case; a set cut short by
+    # the budget is taken up again by the next call (MARGINS_RESUME: where its files were put)
+    mkdir -p "$OUT"
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
+    end=$(( $(date +%s) + ${MARGINS_BUDGET_S:-540} ))
+    for set in ${MARGINS_SETS:-smoke heads coda paper}; do
+      file="$OUT/margins-${gpu:-gpu}-$set.json"
+      [ -n "${MARGINS_RESUME:-}" ] && [ -f "$MARGINS_RESUME/$(basename "$file")" ] && cp "$MARGINS_RESUME/$(basename "$file")" "$file"
+      left=$(( end - $(date +%s) ))
+      [ "$left" -gt 10 ] || { echo "$set: no time left"; continue; }
+      timeout "$left" $PY -m epiforge.tasks.tolerance_margins --shapes "$set" --device cuda --dtype all \
+        --out "$file" --resume || echo "$set: exit $?"
+    done
     ;;
   judge-compare)
     # epiforge compare, task by task (a cut-off run keeps the tasks done): the expert and the

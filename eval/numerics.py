@@ -10,7 +10,8 @@ and run() in the runner, and these checks, in this order:
   not a dict / an output missing or misshapen,
   on another device, or not row-major contiguous    INCORRECT_SHAPE
   wrong dtype                                       INCORRECT_DTYPE
-  NaN/Inf or outside the tolerance rule             INCORRECT_NUMERICS (worst element)
+  NaN/Inf or outside the tolerance rule (max, RMS,
+  element by element: tasks/tolerance.py)           INCORRECT_NUMERICS (worst element)
   CPU: torch compute outside primitives, or other
   launches than the task's fused GEMMs + its named
   finishing steps (primitives/trace.py)             EXTRA_LAUNCHES  (after the values, as on the GPU)
@@ -46,9 +47,10 @@ _PROBLEM_OUTCOME = {
     "nonfinite": Outcome.INCORRECT_NUMERICS,
     "tolerance": Outcome.INCORRECT_NUMERICS,
     "rms": Outcome.INCORRECT_NUMERICS,
+    "element": Outcome.INCORRECT_NUMERICS,
 }
 # the order failures are reported in when several outputs fail differently
-_SEVERITY = {"missing": 0, "shape": 1, "device": 2, "layout": 3, "dtype": 4, "nonfinite": 5, "tolerance": 6, "rms": 7}
+_SEVERITY = {"missing": 0, "shape": 1, "device": 2, "layout": 3, "dtype": 4, "nonfinite": 5, "tolerance": 6, "rms": 7, "element": 8}
 
 
 def derive_seed(master: int, shape_index: int, trial: int) -> int:
@@ -62,8 +64,10 @@ def derive_seed(master: int, shape_index: int, trial: int) -> int:
 MAINLOOP_ERROR_CAP = 4.0
 
 
-def references(task, inputs, dims, rounded: bool = True) -> tuple[dict, dict]:
-    """The exact reference and the low-precision one whose error sets the allowance. On a
+def references(task, inputs, dims) -> tuple[dict, dict]:
+    """The exact reference and the low-precision one whose error sets the allowance, the
+    latter unrounded (float32: tasks/tolerance.check_output rounds it to each output's dtype
+    and reads the error before that rounding too, for its element rule's floor). On a
     GPU the latter is computed twice, with cuBLAS's GEMM and with the fixed mainloop's
     (quack's GEMM with nothing fused, which an honest fused kernel's accumulator is), and
     each output keeps the one of larger error, the mainloop's believed up to
@@ -72,28 +76,30 @@ def references(task, inputs, dims, rounded: bool = True) -> tuple[dict, dict]:
     never does. Measured: on the H200 the expert k6's dw (a column sum over M of a GEMM's
     output) was 1.31 times its cuBLAS-based allowance at a hidden smoke shape."""
     exact = task.reference(inputs, dims, exact=True)
-    lowprec = task.reference(inputs, dims, exact=False, rounded=rounded)
+    lowprec = task.reference(inputs, dims, exact=False, rounded=False)
     if not any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs.values()):
         return exact, lowprec
     try:
-        mainloop = task.reference(inputs, dims, exact=False, mm=mainloop_mm, rounded=rounded)
+        mainloop = task.reference(inputs, dims, exact=False, mm=mainloop_mm, rounded=False)
     except (TaskCodeError, torch.cuda.OutOfMemoryError, MemoryError):
         raise
     except Exception as e:  # the mainloop GEMM did not build or run: cuBLAS's allowance alone
         print(f"references: the mainloop GEMM failed ({type(e).__name__}: {str(e)[:200]}); "
               "the allowance comes from cuBLAS's GEMM alone", file=sys.stderr)
         return exact, lowprec
-    return exact, larger_honest_error(exact, lowprec, mainloop)
+    return exact, larger_honest_error(exact, lowprec, mainloop, {o.name: o.torch_dtype for o in task.outputs})
 
 
-def larger_honest_error(exact: dict, cublas: dict, mainloop: dict) -> dict:
-    """Per output, the low-precision reference of larger max error: the mainloop's where
-    it errs more than cuBLAS's but at most MAINLOOP_ERROR_CAP times as much, else cuBLAS's."""
+def larger_honest_error(exact: dict, cublas: dict, mainloop: dict, dtypes: dict | None = None) -> dict:
+    """Per output, the low-precision reference of larger max error (once rounded to the
+    output's dtype in `dtypes`, where given): the mainloop's where it errs more than
+    cuBLAS's but at most MAINLOOP_ERROR_CAP times as much, else cuBLAS's."""
     out = dict(cublas)
     for name, ref in exact.items():
         ref = ref.double()
-        cublas_err = (cublas[name].double() - ref).abs().max().item()
-        mainloop_err = (mainloop[name].double() - ref).abs().max().item()
+        dt = (dtypes or {}).get(name)
+        cublas_err = ((cublas[name] if dt is None else cublas[name].to(dt)).double() - ref).abs().max().item()
+        mainloop_err = ((mainloop[name] if dt is None else mainloop[name].to(dt)).double() - ref).abs().max().item()
         if cublas_err < mainloop_err <= MAINLOOP_ERROR_CAP * cublas_err:
             out[name] = mainloop[name]
     return out
@@ -342,7 +348,9 @@ def withhold(res: ShapeResult) -> ShapeResult:
                   f"{c.name}: {c.problem}" + (f": max error {c.max_error:.3e}, allowed {c.allowed:.3e}"
                                                if c.max_error is not None and c.allowed is not None else "")
                   + (f"; RMS error {c.rms_error:.3e}, allowed {c.rms_allowed:.3e}"
-                     if c.problem == "rms" and c.rms_error is not None and c.rms_allowed is not None else ""))
+                     if c.problem == "rms" and c.rms_error is not None and c.rms_allowed is not None else "")
+                  + (f"; an element {c.element_excess:.3e} beyond its own allowance, {c.element_allowed:.3e} allowed"
+                     if c.problem == "element" and c.element_excess is not None and c.element_allowed is not None else ""))
         checks.append(c.model_copy(update={"worst_index": None, "got": None, "expected": None, "detail": detail}))
     if res.outcome == Outcome.PASSED:
         message = res.message

@@ -170,10 +170,16 @@ def worst_element(per_shape: list[ShapeResult]) -> dict | None:
     best, score = None, -1.0
     for s in per_shape:
         for c in s.outputs:
-            if c.ok or c.problem not in ("tolerance", "rms", "nonfinite"):
+            if c.ok or c.problem not in ("tolerance", "rms", "element", "nonfinite"):
                 continue
-            ratio = float("inf") if c.problem == "nonfinite" or not c.allowed else (c.max_error or 0) / c.allowed
+            allowed = c.allowed
+            if c.problem == "element" and None not in (c.element_excess, c.element_allowed, c.got, c.expected):
+                # that element's own allowance: its error less the excess, plus the floor
+                allowed = abs(c.got - c.expected) - c.element_excess + c.element_allowed
+                ratio = c.element_excess / c.element_allowed if c.element_allowed else float("inf")
+            else:
+                ratio = float("inf") if c.problem == "nonfinite" or not c.allowed else (c.max_error or 0) / c.allowed
             if ratio > score:
                 best, score = {"shape": s.shape, "dtype": s.dtype, "output": c.name, "problem": c.problem, "index": c.worst_index,
-                               "got": c.got, "expected": c.expected, "max_error": c.max_error, "allowed": c.allowed}, ratio
+                               "got": c.got, "expected": c.expected, "max_error": c.max_error, "allowed": allowed}, ratio
     return best

@@ -157,8 +157,9 @@ class ScalarSpec(_Strict):
 
 
 class Tolerance(_Strict):
-    """max|out - ref| <= factor * max|ref_lowprec - ref| + atol, and the same on the
-    root-mean-square error (`rms_factor`); NaN or Inf never pass. ref is the reference in
+    """max|out - ref| <= factor * max|ref_lowprec - ref| + atol, the same on the
+    root-mean-square error (`rms_factor`), and element by element (`element_floor`); NaN or
+    Inf never pass. ref is the reference in
     `reference_dtype`; ref_lowprec what an honest fused kernel computes from the inputs as
     given (Task.reference(exact=False)): the GEMM accumulated in float32, the epilogue and
     its reductions in float32 from the unrounded values, each output rounded once to its
@@ -166,11 +167,21 @@ class Tolerance(_Strict):
     references use torch.mm(..., out_dtype=float32)). So a float32 output (rstd, lse, loss,
     zdz, dw) is held to float32 accuracy, and a bf16 one to about one rounding. The RMS
     guard catches a systematic error the max rule lets through (a 1% scale error at bf16,
-    tests/test_expert_kernels.py): a kernel that rounds once is no worse in RMS either."""
+    tests/test_expert_kernels.py): a kernel that rounds once is no worse in RMS either.
+    The element rule catches what both global rules let through, a wrong value where the
+    values are small (every |y| < 0.01 flushed to zero, issue 42 class 5):
+        |out_i - ref_i| <= factor * (|lowprec_i - ref_i| + ulp_i) + element_floor * s + atol
+    for every element i, where ulp_i is one unit in the last place of the output's dtype at
+    ref_i (the rounding an honest kernel may land on the other side of) and s the RMS of the
+    low-precision reference's error before its rounding to the output's dtype (the float32
+    arithmetic's own error, which an honest kernel's differs from in order, not in size).
+    The margins every expert and honest kernel keeps under it: tasks/results/ (README)."""
 
     factor: float = Field(2.0, gt=0)
     atol: float = Field(1e-6, ge=0)
     rms_factor: float | None = Field(2.0, gt=0, description="None turns the RMS guard off")
+    element_floor: float | None = Field(16.0, gt=0, description="the element rule's floor, in units of the "
+                                        "low-precision reference's unrounded RMS error; None turns the rule off")
 
 
 class OutputSpec(TensorSpec):

@@ -1,10 +1,11 @@
-"""How close the expert kernels come to the tolerance: for every task x shape x output, the
-worst error, the allowance (tasks/tolerance.py against Task.reference's exact and
-low-precision references) and their ratio, the margin (at most 1 passes), on the max and
-on the RMS error.
+"""How close the expert kernels come to the tolerance: for every task x precision x shape x
+output, the worst error, the allowance (tasks/tolerance.py against Task.reference's exact
+and low-precision references) and their ratio, the margin (at most 1 passes), on the max
+error, on the RMS error and element by element (the largest excess over an element's own
+allowance, over what the floor allows it).
 
     python -m epiforge.tasks.tolerance_margins --shapes smoke --device cpu --out tasks/results/tolerance-margins-cpu-smoke.json
-    python -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --out margins.json
+    python -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --dtype all --out margins.json
 
 The expert kernels are trusted, so they run in this process (on a CPU through the
 emulator). Cases run from the smallest GEMM to the largest and the file is rewritten after
@@ -89,6 +90,8 @@ def check_case(task, module, dims: dict, seed: int, device: str, row_blocks: int
             "margin": c.max_error / c.allowed if c.allowed else None,
             "rms_error": c.rms_error, "rms_allowed": c.rms_allowed,
             "rms_margin": c.rms_error / c.rms_allowed if c.rms_allowed else None,
+            "element_excess": c.element_excess, "element_allowed": c.element_allowed,
+            "element_margin": max(c.element_excess, 0.0) / c.element_allowed if c.element_allowed else None,
         }
     return rows
 
@@ -110,9 +113,9 @@ def _checks_by_rows(task, inputs: dict, out: dict, dims: dict, blocks: int, refe
     specs = {o.name: o for o in task.outputs}
     for r0, r1 in zip(edges, edges[1:]):
         part = {k: v[r0:r1] if k in by_token else v for k, v in inputs.items()}
-        exact, lowprec = references(task, part, {**dims, "M": r1 - r0}, rounded=False)
+        exact, lowprec = references(task, part, {**dims, "M": r1 - r0})  # lowprec unrounded
         for name, check in rows.items():
-            check.add(r0, out[name][r0:r1], exact[name], lowprec[name].to(specs[name].torch_dtype))
+            check.add(r0, out[name][r0:r1], exact[name], lowprec[name])
         for name, check in sums.items():
             check.add(exact[name], lowprec[name])
         del exact, lowprec, part
@@ -136,22 +139,23 @@ def environment(device: str, argv: list[str]) -> dict:
 
 
 def worst(cases: list[dict]) -> dict:
-    """Per task and output, the largest margins over shapes and seeds."""
+    """Per task and output, the largest margins over precisions, shapes and seeds."""
     table: dict = {}
     for case in cases:
         for name, r in case.get("outputs", {}).items():
-            w = table.setdefault(case["task"], {}).setdefault(name, {"margin": 0.0, "rms_margin": 0.0, "ok": True})
-            w["margin"] = max(w["margin"], r["margin"] or 0.0)
-            w["rms_margin"] = max(w["rms_margin"], r["rms_margin"] or 0.0)
+            w = table.setdefault(case["task"], {}).setdefault(name, {"margin": 0.0, "rms_margin": 0.0,
+                                                                     "element_margin": 0.0, "ok": True})
+            for key in ("margin", "rms_margin", "element_margin"):
+                w[key] = max(w[key], r.get(key) or 0.0)
             w["ok"] = w["ok"] and r["ok"]
     return {t: table[t] for t in sorted(table, key=tasks.task_order)}
 
 
-def _resumable(path: Path, shapes: str, seeds: list[int], row_blocks: int, device: str) -> dict:
-    """The report at path, if a run of the same shapes, seeds, row blocks and kind of device
-    made it; else SystemExit with one line (cases made otherwise would not be comparable).
-    A report from before these were recorded: its device from its environment, its row
-    blocks from its cases."""
+def _resumable(path: Path, shapes: str, seeds: list[int], row_blocks: int, device: str, dtypes: list[str]) -> dict:
+    """The report at path, if a run of the same shapes, seeds, row blocks, precisions and
+    kind of device made it; else SystemExit with one line (cases made otherwise would not be
+    comparable). A report from before these were recorded: its device from its environment,
+    its row blocks from its cases, its precision bf16."""
     try:
         before = json.loads(path.read_text())
         cases = before["cases"]
@@ -160,12 +164,14 @@ def _resumable(path: Path, shapes: str, seeds: list[int], row_blocks: int, devic
             raise ValueError("its cases are not task / shape / seed records")
         made_on = before.get("device_kind") or ("cuda" if before["environment"].get("gpu") else "cpu")
         blocks = before.get("row_blocks") or max([c.get("row_blocks", 1) for c in cases if "outputs" in c] or [1])
-        same = (before["shapes"], before["seeds"], blocks, made_on) == (shapes, seeds, row_blocks, _kind(device))
+        same = ((before["shapes"], before["seeds"], blocks, made_on, before.get("dtypes", ["bfloat16"]))
+                == (shapes, seeds, row_blocks, _kind(device), dtypes))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SystemExit(f"--resume: {path} is not a margins report ({type(e).__name__}: {e})")
     if not same:
-        raise SystemExit(f"--resume: {path} was made with other --shapes, --seeds, --row-blocks or --device "
-                         f"({before['shapes']}, seeds {before['seeds']}, row blocks {blocks}, {made_on})")
+        raise SystemExit(f"--resume: {path} was made with other --shapes, --seeds, --row-blocks, --dtype or --device "
+                         f"({before['shapes']}, seeds {before['seeds']}, row blocks {blocks}, "
+                         f"{', '.join(before.get('dtypes', ['bfloat16']))}, {made_on})")
     return before
 
 
@@ -181,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the JSON file to (re)write after every case")
     ap.add_argument("--tasks", nargs="*", default=None, help="task ids (default: all)")
     ap.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 for smoke, 0 otherwise")
+    ap.add_argument("--dtype", default="all", metavar="PRECISIONS",
+                    help="bfloat16 | bf16, float16 | fp16, a comma list, or all (the default: every one a task lists)")
     ap.add_argument("--row-blocks", type=int, default=1,
                     help="make the references of a task whose outputs are rows of tokens or sums over them in this many "
                          "blocks of rows (the float64 copies of a 70B shape do not fit a CPU's memory at once); "
@@ -192,9 +200,16 @@ def main(argv: list[str] | None = None) -> int:
                          "--row-blocks and kind of --device, and run only the rest (its errors run again)")
     args = ap.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else ([0, 1, 2] if args.shapes == "smoke" else [0])
+    from epiforge.eval.evaluation import DTYPE_ALIASES
+
+    dtypes = (None if args.dtype == "all"
+              else [DTYPE_ALIASES.get(d.strip(), d.strip()) for d in args.dtype.split(",") if d.strip()])
+    if dtypes is not None and (not dtypes or not set(dtypes) <= {"bfloat16", "float16"}):
+        raise SystemExit(f"--dtype {args.dtype!r}: bfloat16 | bf16, float16 | fp16, a comma list of them, or all")
+    recorded = dtypes or ["all"]
     before = None  # the report taken up again, checked before anything runs
     if args.resume and Path(args.out).is_file():
-        before = _resumable(Path(args.out), args.shapes, seeds, args.row_blocks, args.device)
+        before = _resumable(Path(args.out), args.shapes, seeds, args.row_blocks, args.device, recorded)
     if args.max_gib:
         limit = int(args.max_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -212,14 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     catalogue = [t for t in catalogue if expert_kernel(t.name) is not None]
     todo = [(task, shape) for task in catalogue for shape in tasks.shape_sets()[args.shapes]]
     todo.sort(key=lambda ts: (ts[0].flops(ts[1].dims()), tasks.task_order(ts[0].id)))
-    report = {"environment": environment(args.device, argv), "shapes": args.shapes, "seeds": seeds,
+    report = {"environment": environment(args.device, argv), "shapes": args.shapes, "seeds": seeds, "dtypes": recorded,
               "device_kind": _kind(args.device), "row_blocks": args.row_blocks, "complete": False, "worst": {},
               "cases": []}
     out_path = Path(args.out)
-    done: set[tuple[str, str, int]] = set()
+    done: set[tuple[str, str, int, str]] = set()
     if before is not None:
         report["cases"] = [c for c in before["cases"] if "error" not in c]  # an error is tried again
-        done = {(c["task"], c["shape"], c["seed"]) for c in report["cases"]}
+        done = {(c["task"], c["shape"], c["seed"], c.get("dtype", "bfloat16")) for c in report["cases"]}
         report["environment"]["resumed_from"] = before["environment"]
         print(f"resuming {out_path}: {len(done)} case(s) kept", flush=True)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -233,18 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     write()
     modules = {}
     for task, shape in todo:
-        if all((task.id, shape.name, seed) in done for seed in seeds):
+        precisions = [p for p in task.dtypes if dtypes is None or p in dtypes]
+        if all((task.id, shape.name, seed, p) in done for seed in seeds for p in precisions):
             continue
         module = modules.setdefault(task.name, load_expert(task))
-        for seed in seeds:
-            if (task.id, shape.name, seed) in done:
+        for p, seed in [(p, seed) for p in precisions for seed in seeds]:
+            if (task.id, shape.name, seed, p) in done:
                 continue
-            case = {"task": task.id, "shape": shape.name, "seed": seed, "gemm_mnk": list(task.gemm_shapes(shape.dims())[0]),
+            case = {"task": task.id, "dtype": p, "shape": shape.name, "seed": seed,
+                    "gemm_mnk": list(task.gemm_shapes(shape.dims())[0]),
                     "gemms_mnk": [list(x) for x in task.gemm_shapes(shape.dims())]}
             t0 = time.monotonic()
             try:
                 blocks = args.row_blocks if rows_separable(task) else 1
-                case["outputs"] = check_case(task, module, shape.dims(), seed, args.device, row_blocks=blocks)
+                case["outputs"] = check_case(task.at(p), module, shape.dims(), seed, args.device, row_blocks=blocks)
                 case["row_blocks"] = blocks
             except (RuntimeError, MemoryError, TaskCodeError) as e:  # the reference out of memory, too
                 case["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -255,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
             summary = case.get("error") or "  ".join(
-                f"{n}: {r['margin']:.3f}/{r['rms_margin']:.3f}{'' if r['ok'] else ' FAIL'}" for n, r in case["outputs"].items())
-            print(f"{task.id} {shape.name} seed {seed} ({case['seconds']} s)  margin max/rms  {summary}", flush=True)
+                f"{n}: {r['margin']:.3f}/{r['rms_margin']:.3f}/{r['element_margin'] or 0:.3f}{'' if r['ok'] else ' FAIL'}"
+                for n, r in case["outputs"].items())
+            print(f"{task.id} {p} {shape.name} seed {seed} ({case['seconds']} s)  margin max/rms/element  {summary}",
+                  flush=True)
     report["complete"] = True
     write()
     failed = [c for c in report["cases"] if "error" in c or not all(r["ok"] for r in c["outputs"].values())]

@@ -345,7 +345,7 @@ def test_compute_guard(tmp_path):
 
 def test_the_compute_guard_sees_compute_in_an_epilogue_body_and_beyond_the_kernel(tmp_path):
     src = tmp_path / "k.py"
-    src.write_text("import primitives as P\nimport tasks.common as common\n\n"
+    src.write_text("import primitives as P\nfrom epiforge.tasks import common\n\n"
                    "@P.epilogue(operands={'s': P.PerRow()})\ndef scale(acc, s):\n    return {'D': acc.sum() * 0 + acc * s}\n\n"
                    "def run(inputs, prepared, config=None):\n"
                    "    d = scale(inputs['a'], inputs['w'], s=inputs['s'])['D']\n"
