@@ -199,6 +199,13 @@ def _backend_options(p) -> None:
                                                     "https://api.anthropic.com; openai: $OPENAI_BASE_URL)")
     p.add_argument("--command", default=None, help="command backend: the agent CLI to run in the workspace "
                                                    "(required for --backend command)")
+    p.add_argument("--sandbox", action=argparse.BooleanOptionalAction, default=None,
+                   help="command backend: run the agent where it sees its workspace, the Python environment read-only "
+                        "and nothing else of the repository, the home or the store (agent/sandbox.py; the default). "
+                        "--no-sandbox runs it with the user's whole filesystem, and the log records that")
+    p.add_argument("--sandbox-expose", action="append", default=None, metavar="PATH",
+                   help="command backend: a path the sandboxed agent may read (its own install, when it lives in the "
+                        "home); repeatable; default: none")
     from epiforge.agent.backends import DEFAULT_TIMEOUT_S
 
     p.add_argument("--timeout", type=float, default=None,
@@ -287,7 +294,7 @@ def _number_problem(args) -> str | None:
 
 
 def _live_backend(args, name: str | None = None, *, model=None, base_url=None, command=None, max_output_tokens=None,
-                  stream=None, note=None):
+                  stream=None, note=None, sandbox=None, sandbox_expose=None):
     """The live backend the options name; the keyword arguments fill options left unset
     (`note`: where the backend reports retries; default: stderr)."""
     from epiforge.agent.backends import BackendError, RetryPolicy, make_backend
@@ -297,14 +304,18 @@ def _live_backend(args, name: str | None = None, *, model=None, base_url=None, c
                                          ("--max-retries", args.max_retries)) if value is not None]
     if backend == "command" and api_only:  # an option the backend would ignore is refused, not dropped
         raise BackendError(f"{', '.join(api_only)}: options of the API backends; --backend command runs a local command")
-    if backend != "command" and args.command is not None:
-        raise BackendError(f"--command is for --backend command, not {backend}")
+    if backend != "command":
+        given = [flag for flag, value in (("--command", args.command), ("--sandbox / --no-sandbox", args.sandbox),
+                                          ("--sandbox-expose", args.sandbox_expose)) if value is not None]
+        if given:
+            raise BackendError(f"{', '.join(given)}: for --backend command, not {backend}")
     retry = RetryPolicy() if args.max_retries is None else RetryPolicy(max_retries=args.max_retries)
     return make_backend(backend, model=args.model or model, base_url=args.base_url or base_url,
                         command=args.command or command,
                         max_output_tokens=args.max_output_tokens or max_output_tokens or DEFAULTS["max_output_tokens"],
                         timeout_s=args.timeout, stream=_pick(args.stream, stream), retry=retry,
-                        note=note or _note)
+                        note=note or _note, sandbox=_pick(args.sandbox, _pick(sandbox, True)),
+                        sandbox_expose=args.sandbox_expose or sandbox_expose or [])
 
 
 def _pick(value, default):
@@ -321,6 +332,7 @@ def _config(args):
         budget=budget, compile=_pick(args.compile, DEFAULTS["compile"]), device=_pick(args.device, DEFAULTS["device"]),
         speed_target=_pick(args.speed_target, DEFAULTS["speed_target"]), pack_without=list(args.pack_without),
         max_output_tokens=_pick(args.max_output_tokens, DEFAULTS["max_output_tokens"]), command=args.command,
+        sandbox=getattr(backend, "sandbox", None), sandbox_expose=list(getattr(backend, "expose", [])),
         price_in=args.price_in, price_out=args.price_out)
 
 
@@ -336,6 +348,7 @@ def resumed_config(args, recorded):
         ("price_in", "--price-in", update), ("price_out", "--price-out", update),
         ("compile", "--compile", update), ("device", "--device", update), ("speed_target", "--speed-target", update),
         ("max_output_tokens", "--max-output-tokens", update), ("pack_without", "--pack-without", update),
+        ("sandbox", "--sandbox", update), ("sandbox_expose", "--sandbox-expose", update),
     ]
     for field, flag, into in settings:
         old = getattr(recorded.budget if into is budget else recorded, field)
@@ -508,7 +521,8 @@ def _resume(args, say):
     for line in lines + more:
         say(line)
     backend = _live_backend(args, config.backend, model=config.model, base_url=config.base_url, command=config.command,
-                            max_output_tokens=config.max_output_tokens, stream=stream)
+                            max_output_tokens=config.max_output_tokens, stream=stream, sandbox=config.sandbox,
+                            sandbox_expose=config.sandbox_expose)
     try:
         return resume_session(Path(args.resume), backend, config=config, workspace=args.workspace,
                               out_dir=Path(args.out) if args.out else None, docs_dir=args.docs_dir, say=say,

@@ -109,6 +109,9 @@ class SessionConfig(_Model):
     pack_without: list[str] = []
     max_output_tokens: int = 8192
     command: str | None = Field(None, description="the command backend's agent command line")
+    sandbox: bool | None = Field(None, description="the command backend: whether its agent ran in agent/sandbox.py's "
+                                 "sandbox (False: --no-sandbox); None for the API backends, which run nothing")
+    sandbox_expose: list[str] = Field([], description="paths the sandbox kept visible, read-only (--sandbox-expose)")
     price_in: float | None = Field(None, description="USD per million input tokens, instead of agent/pricing.py's table")
     price_out: float | None = Field(None, description="USD per million output tokens, instead of the table")
 

@@ -14,7 +14,7 @@ DEFAULT_STREAM = {"anthropic": True, "openai": False}
 
 def make_backend(name: str, *, model: str | None = None, base_url: str | None = None, command: str | None = None,
                  max_output_tokens: int = 8192, timeout_s: float | None = None, retry: RetryPolicy | None = None,
-                 stream: bool | None = None, note=print) -> Backend:
+                 stream: bool | None = None, note=print, sandbox: bool = True, sandbox_expose=()) -> Backend:
     """A live backend by name; a missing key or a missing option is a BackendError (one line)."""
     if name == "anthropic":
         from epiforge.agent.backends.anthropic_backend import AnthropicBackend
@@ -31,7 +31,8 @@ def make_backend(name: str, *, model: str | None = None, base_url: str | None = 
     if name == "command":
         from epiforge.agent.backends.command_backend import CommandBackend
 
-        return CommandBackend(command, model, timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name], note=note)
+        return CommandBackend(command, model, timeout_s=timeout_s or DEFAULT_TIMEOUT_S[name], note=note, sandbox=sandbox,
+                              expose=sandbox_expose)
     raise BackendError(f"unknown backend {name!r}; live backends: {', '.join(LIVE_BACKENDS)} (replay: epiforge replay LOG)")
 
 

@@ -9,8 +9,11 @@ replay and fork treat it like any other backend's turn) and the verdict goes to
 FEEDBACK.md for the next run.
 
 The command line may use {prompt}, {feedback}, {workspace} and {step}; the prompt (first
-turn) or the feedback (later turns) is also on its stdin. It runs in the workspace with
-the user's environment (the agent CLI needs its own credentials) plus EPIFORGE_* variables,
+turn) or the feedback (later turns) is also on its stdin. It runs in the workspace, inside
+agent/sandbox.py's sandbox unless sandbox=False (`--no-sandbox`): it sees the workspace, the
+Python environment read-only and nothing else of the repository, the home or the store; a
+machine where the sandbox cannot be set up fails at the start, in one line. It gets the
+user's environment (the agent CLI needs its own credentials) plus EPIFORGE_* variables,
 EPIFORGE_DEADLINE among them: the Unix time at which the run is killed (the backend's timeout,
 or the session's wall time left when less), which ./check ends before. While the agent runs,
 a line every EVERY_S seconds says so on `note`: a long run is never silence.
@@ -44,7 +47,8 @@ class CommandBackend(Backend):
     name = "command"
     EVERY_S = 15.0  # how often a running agent is said to be running
 
-    def __init__(self, command: str | None, model: str | None = None, *, timeout_s: float = 1800.0, note=print):
+    def __init__(self, command: str | None, model: str | None = None, *, timeout_s: float = 1800.0, note=print,
+                 sandbox: bool = True, expose=()):
         if not command:
             raise BackendError("command: --command is required (the agent CLI to run in the workspace)")
         try:
@@ -56,10 +60,34 @@ class CommandBackend(Backend):
             raise BackendError(f"command: {exe!r} is not an executable on PATH")
         super().__init__(model or "unknown")
         self.command, self.argv, self.timeout_s, self.note = command, argv, timeout_s, note
+        self.sandbox, self.expose = bool(sandbox), [str(Path(p).expanduser()) for p in expose]
         self.ctx = None
 
     def info(self) -> dict:
-        return {"backend": self.name, "model": self.model, "command": scrub(self.command), "timeout_s": self.timeout_s}
+        return {"backend": self.name, "model": self.model, "command": scrub(self.command), "timeout_s": self.timeout_s,
+                "sandbox": self.sandbox, "sandbox_expose": self.expose}
+
+    def _wrapped(self, argv: list[str], ws: Path) -> list[str]:
+        """argv as run: inside the sandbox (agent/sandbox.py), or as it is with --no-sandbox."""
+        if not self.sandbox:
+            return argv
+        exposed = [x for p in self.expose for x in ("--expose", p)]
+        return [sys.executable, "-m", "epiforge.agent.sandbox", "--workspace", str(ws), *exposed, "--", *argv]
+
+    def _sandbox_env(self) -> dict:
+        """What the sandbox's own start needs: epiforge importable (the agent's command gets it too)."""
+        path = os.environ.get("PYTHONPATH")
+        return {"PYTHONPATH": str(IMPORT_ROOT) + (os.pathsep + path if path else "")} if self.sandbox else {}
+
+    def _probe_sandbox(self, ws: Path) -> None:
+        """The sandbox set up once before the agent runs: where it cannot be, one line and no session."""
+        if not self.sandbox:
+            return
+        run = subprocess.run(self._wrapped(["true"], ws), env=os.environ | self._sandbox_env(), capture_output=True,
+                             text=True, timeout=60)
+        if run.returncode != 0:
+            line = (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
+            raise BackendError(f"command: the agent's sandbox cannot be set up here: {line}")
 
     # ---- the workspace -----------------------------------------------------------------
 
@@ -88,6 +116,7 @@ class CommandBackend(Backend):
             f"-m epiforge.agent.check --task {shlex.quote(ctx.task.name)} --kernel kernel.py {compile_flag} "
             f'--record {_CHECKS} "$@"\n', encoding="utf-8")
         check.chmod(check.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        self._probe_sandbox(ws)
 
     # ---- one turn -------------------------------------------------------------------------
 
@@ -103,9 +132,9 @@ class CommandBackend(Backend):
         before = kernel.read_text(encoding="utf-8") if kernel.exists() else ""
         checks_before = _count_lines(ws / _CHECKS)
         values = {"prompt": str(ws / "PROMPT.md"), "feedback": str(ws / "FEEDBACK.md"), "workspace": str(ws), "step": str(step)}
-        argv = [a.format(**values) if "{" in a else a for a in self.argv]
+        argv = self._wrapped([a.format(**values) if "{" in a else a for a in self.argv], ws)
         timeout = request_timeout(self.timeout_s, time_left() if time_left else None)  # never past the wall budget
-        env = os.environ | {"EPIFORGE_WORKSPACE": str(ws), "EPIFORGE_STEP": str(step), "EPIFORGE_TASK": self.ctx.task.name,
+        env = os.environ | self._sandbox_env() | {"EPIFORGE_WORKSPACE": str(ws), "EPIFORGE_STEP": str(step), "EPIFORGE_TASK": self.ctx.task.name,
                             DEADLINE_ENV: f"{time.time() + timeout:.3f}"}
         started = time.monotonic()
         try:

@@ -139,5 +139,8 @@ def test_an_option_the_backend_would_ignore_is_refused(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == ("epiforge: --base-url, --max-retries: options of the API backends; "
                                                "--backend command runs a local command")
     assert epiforge.main([*common, "--backend", "anthropic", "--command", "true"]) == 2
-    assert capsys.readouterr().err.strip() == "epiforge: --command is for --backend command, not anthropic"
+    assert capsys.readouterr().err.strip() == "epiforge: --command: for --backend command, not anthropic"
+    assert epiforge.main([*common, "--backend", "anthropic", "--no-sandbox", "--sandbox-expose", "/x"]) == 2
+    assert capsys.readouterr().err.strip() == ("epiforge: --sandbox / --no-sandbox, --sandbox-expose: for --backend "
+                                               "command, not anthropic")
     assert not (tmp_path / "logs").exists()

@@ -22,9 +22,10 @@ FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 def command_session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("command")
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
-    backend = make_backend("command", command=command, model="scripted-fake-agent")
+    # in the sandbox (the default), which hides tests/: the fake agent's folder exposed, as a user exposes an agent's install
+    backend = make_backend("command", command=command, model="scripted-fake-agent", sandbox_expose=[str(FAKE.parent)])
     config = SessionConfig(task="k1", backend="command", model="scripted-fake-agent", command=command, compile=False,
-                           device="cpu", budget=Budget(max_turns=4))
+                           device="cpu", budget=Budget(max_turns=4), sandbox=True, sandbox_expose=[str(FAKE.parent)])
     said = []
     end, log = run_session(config, backend, log_dir=tmp / "logs", workspace=tmp / "ws", out_dir=tmp / "gen",
                            say=said.append)
@@ -54,6 +55,13 @@ def test_what_it_leaves_is_evaluated_and_logged_as_tool_calls(command_session):
     assert (kernel.backend, kernel.model) == ("command", "scripted-fake-agent")
 
 
+def test_the_log_records_that_the_agent_ran_in_the_sandbox(command_session):
+    _, log, _, _ = command_session
+    start = read_events(log)[0][0]
+    assert start.config.sandbox is True and start.backend_info["sandbox"] is True
+    assert start.backend_info["sandbox_expose"] == [str(FAKE.parent)]
+
+
 def test_the_recorded_command_session_replays_without_the_agent(command_session, tmp_path, said):
     _, log, _, _ = command_session
     report = replay(log, log_dir=tmp_path / "replays", workspace=tmp_path / "ws", say=said.say)
@@ -80,7 +88,7 @@ def test_a_hanging_kernel_in_check_ends_before_the_deadline_and_is_never_silence
 
     monkeypatch.setattr(CommandBackend, "EVERY_S", 5.0)
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))} --hang"
-    backend = make_backend("command", command=command, model="scripted-fake-agent", note=said.say)
+    backend = make_backend("command", command=command, model="scripted-fake-agent", note=said.say, sandbox=False)
     config = SessionConfig(task="k1", backend="command", model="scripted-fake-agent", command=command, compile=False,
                            device="cpu", budget=Budget(max_turns=2, max_wall_s=25))
     t0 = time.monotonic()

@@ -138,7 +138,9 @@ def test_the_cli_compares_and_stores(tmp_path):
     assert [line for line in lines if line.startswith("## ")] == [
         "## k1_gemm_rmsnorm on the CPU (smoke shapes)", "## k9_gemm_partial_cross_entropy on the CPU (smoke shapes)"]
     lines = lines[:lines.index("## k9_gemm_partial_cross_entropy on the CPU (smoke shapes)")]
-    assert any(line.startswith("| expert | expert | PASSED (provisional) | ok | smoke-a |") for line in lines)
+    for precision in ("bfloat16", "float16"):  # every precision judged, each shape's row naming its own
+        assert any(line.startswith(f"| expert | expert | PASSED (provisional) | ok | smoke-a ({precision}) |")
+                   for line in lines)
     (judged,) = [line for line in lines if line.startswith("Judged in ")]
     assert "numerics " in judged  # stages under half a second are left out (load, with a spare runner)
     assert [line for line in lines if line][-1].startswith("Timing: absent.") and "Traceback" not in out.stderr

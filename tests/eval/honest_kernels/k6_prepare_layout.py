@@ -22,7 +22,7 @@ def rmsnorm_bwd(acc, c, x, rstd, w, zdz, inv_d):
 def prepare(consts):
     w_gu = consts["w_gu"]  # (2F, d): the dgrad GEMM reads its transpose, (N=d, K=2F)
     w_dgrad = w_gu.T.contiguous().clone()
-    assert w_dgrad.shape == (w_gu.shape[1], w_gu.shape[0]) and w_dgrad.dtype == torch.bfloat16
+    assert w_dgrad.shape == (w_gu.shape[1], w_gu.shape[0]) and w_dgrad.dtype == w_gu.dtype
     return {"w_dgrad": w_dgrad, "w": consts["norm_weight"].to(torch.float32)}
 
 
