@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", default="kernel.py")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="also cross-compile the epilogues for sm_90a (slower, catches GPU-only errors)")
+    ap.add_argument("--tuned", action="store_true",
+                    help="also cross-compile every epilogue with each config of kernel.py's TUNED table (slower)")
     ap.add_argument("--dtype", default=None, metavar="PRECISIONS",
                     help="judge only these precisions (bf16, fp16, a comma list; default: every one the task lists)")
     ap.add_argument("--record", default=None, help="append a one-line summary of the run to this JSONL file")
@@ -65,14 +67,22 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"check: {e}")
         return 2
+    if args.tuned and not args.compile:
+        print("check: --tuned builds the TUNED configs with the cross-compile: drop --no-compile")
+        return 2
     limit = check_timeout_s(task, "cpu", "smoke", args.compile, precisions=len(precisions))
+    if args.tuned:  # each TUNED config is one more build of every GEMM launch
+        from epiforge.primitives.config import tuned_in_source
+
+        limit += 120 * task.gemm_count * len(set(tuned_in_source(Path(args.kernel).read_text(errors="replace")).values()))
     timeout, by_wall = bounded_timeout(limit, left)
     kernel = Path(args.kernel).resolve()
     seed = secrets.randbelow(2**31)
     try:
         with Progress(lambda line: print(line, flush=True), "check (CPU, smoke)", timeout) as progress:
             result = evaluate(task.name, kernel, device="cpu", shapes="smoke", seed=seed, compile=args.compile,
-                              timeout_s=timeout, on_stage=progress.stage, dtype=precisions)
+                              timeout_s=timeout, on_stage=progress.stage, dtype=precisions,
+                              tuned=args.tuned and args.compile)
     except KernelError as e:
         line = scrub(str(e).splitlines()[0], kernel.parent)
         print(f"check: {line}")

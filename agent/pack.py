@@ -4,10 +4,14 @@ examples, and the prompts are rendered with jinja2 from agent/templates/.
 
 Pages whose path names the session's own task (e.g. an implementation log of k8 while
 solving k8), or that quote a kernel file of it (`TASK = "<task>"`), are withheld: they
-would hand the model the answer. Then the content rule (agent/screen.py): any code block
-or example kernel that, adapted to the task by a trivial edit, passes the task's check is
-withheld too (a block replaced by a note, an example dropped), each with its reason. `without` removes pages
-for ablations. The pack's hash identifies exactly what the model could read.
+would hand the model the answer. Then what the task's expert holds, found by machine
+(agent/answers.py): an example or code block with one of its epilogues (the same graph, or
+the same quack library epilogue) is withheld, a page naming its tuning too, and an
+example's TUNED lines of its (shape, config) pairs are cut. Then the content rule
+(agent/screen.py) on what is left: any code block or example kernel that, adapted to the
+task by a trivial edit, passes the task's check is withheld too (a block replaced by a
+note, an example dropped), each with its reason. `without` removes pages for ablations. The pack's hash identifies exactly what the
+model could read.
 """
 
 from __future__ import annotations
@@ -134,13 +138,16 @@ class Pack:
 
 
 def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[str, ...] = (), *,
-               screen_cache: Path | None = None, watch: Callable[[int, int], str | None] | None = None) -> Pack:
+               screen_cache: Path | None = None, watch: Callable[[int, int], str | None] | None = None,
+               expert: Path | None = None) -> Pack:
     """Discover the pages and examples for `task`; `without` names pages to leave out (by
     name, e.g. "operands" or "logs/k0", or by file name); an unknown name is an error.
     Code that would pass the task's check is withheld (agent/screen.py); `screen_cache`:
     where new verdicts are written (default: the user cache). `watch(done, total)` is asked
     before each verdict (done of the total in so far): None goes on; a reason stops the
-    screening there, and every candidate not screened yet is withheld (Pack.unscreened)."""
+    screening there, and every candidate not screened yet is withheld (Pack.unscreened).
+    `expert`: the kernel whose epilogues and tuning the pack must not hold (default: the
+    task's expert kernel, human_kernels/<task>.py)."""
     docs_dir = Path(docs_dir or DOCS_DIR)
     docs = [Doc(p.relative_to(docs_dir).with_suffix("").as_posix(), p.read_text(encoding="utf-8"))
             for p in sorted(docs_dir.rglob("*.md"))] if docs_dir.is_dir() else []
@@ -159,7 +166,10 @@ def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[st
     kept = [d for d in docs if d.name not in removed and d.name not in withheld]
     examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("*.py"))
                 if p.stem not in (task.name, "__init__")}
+    # the expert's epilogues and tuning out first (agent/answers.py), so that the screen judges what the model reads
+    kept, examples, answer_pages, answer_code = without_answers(task, kept, examples, expert)
     kept, examples, withheld_code, unscreened = _screen(task, kept, examples, screen_cache, watch)
+    withheld, withheld_code = withheld + answer_pages, answer_code + withheld_code
     return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld,
                 withheld_code=withheld_code, unscreened=unscreened)
 
@@ -203,6 +213,39 @@ def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None,
         else:
             kept[name] = source
     return out_docs, kept, withheld, stopped
+
+
+def without_answers(task, docs: list[Doc], examples: dict[str, str], expert: Path | None):
+    """The pack less what holds the expert's epilogues or tuning (agent/answers.py):
+    (docs, examples, pages withheld, code withheld as {"where", "why"})."""
+    from epiforge.agent import answers, screen
+
+    epilogues, tuned = answers.expert_answers(task, expert)
+    pages, code = [], []
+    out_docs = []
+    for d in docs:
+        if answers.names_tuning(task, d.text, tuned):
+            pages.append(d.name)
+            continue
+        text, parts, at = d.text, [], 0
+        for i, m in enumerate(screen.code_blocks(text), 1):
+            if epilogues & answers.keys(m.group("body")):
+                where = f"page {d.name}, code block {i}"
+                parts += [text[at:m.start()], screen.note(where)]
+                at = m.end()
+                code.append({"where": where, "why": "it defines an epilogue of the task's expert kernel (the same graph)"})
+        out_docs.append(Doc(d.name, "".join(parts) + text[at:]) if parts else d)
+    kept = {}
+    for name, source in examples.items():
+        if epilogues & answers.keys(source):
+            code.append({"where": f"example {name}", "why": "it holds an epilogue of the task's expert kernel (the same "
+                                                             "graph, or the same quack library epilogue)"})
+            continue
+        cut = answers.cut_tuning(source, tuned)
+        if cut != source:
+            code.append({"where": f"example {name}", "why": "its TUNED lines of the task's own (shape, config) pairs cut"})
+        kept[name] = cut
+    return out_docs, kept, pages, code
 
 
 def dtype_shown(task, spec) -> str:

@@ -212,7 +212,7 @@ def cmd_compile(args) -> int:
     from epiforge.eval import evaluate
 
     result = evaluate(args.task, args.kernel, device="cpu", shapes=args.shapes, compile=True, seed=args.seed,
-                      dtype=args.dtype)
+                      dtype=args.dtype, tuned=args.tuned)
     compiled_ok = bool(result.compiled) and all(c["ok"] for c in result.compiled)
     if args.json:
         print(json.dumps({"task": result.task, "kernel": result.kernel, "dtypes": result.dtypes,
@@ -467,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", default="smoke", help=SHAPES_HELP)
     p.add_argument("--seed", type=int, default=0)
     add_dtype_flag(p)
+    p.add_argument("--tuned", action="store_true",
+                   help="also build every epilogue with each config of the kernel's TUNED table (the configs the paper "
+                        "shapes pick; the smoke shapes never do)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compile)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from epiforge.eval.isolation import clean_env, run_judge  # noqa: F401  (clean_env: re-exported)
 from epiforge.eval.kernel import KernelError, resolve_kernel
 from epiforge.eval.result import Outcome, Result
+from epiforge.primitives.config import ALSO_COMPILE_ENV, tuned_in_source
 from epiforge.tasks import TaskError, get_task, shape_sets
 
 DEFAULT_TIMEOUT_S = {"cpu": 600, "cuda": 900}
@@ -37,6 +38,8 @@ def check_arguments(task_name: str, device: str, shapes: str):
     return device, task
 
 
+#: the most TUNED configs one --tuned evaluation builds (a table is a handful; a hostile one is cut)
+MAX_TUNED_BUILDS = 32
 #: what --dtype accepts besides the names themselves
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
@@ -79,11 +82,14 @@ def evaluate(
     dtype=None,
     on_stage=None,
     launcher: bool = True,
+    tuned: bool = False,
 ) -> Result:
     """Evaluate `kernel` ("human", "generated:ID" or a path) on `task_name`.
 
     device: "cpu" (the emulator) or "gpu"/"cuda". On a CPU, `compile=True` also builds
-    every epilogue the kernel launches for sm_90a (the GPU kernel, cross-compiled).
+    every epilogue the kernel launches for sm_90a (the GPU kernel, cross-compiled), and
+    `tuned=True` builds each with every config of the kernel's TUNED table too (read from its
+    text: the configs the paper shapes pick, which the smoke shapes never do).
     seed: the master seed of the inputs and hidden shapes (default: a fresh secret one).
     timeout_s: the whole evaluation's limit (default 600 s on a CPU, 900 s on a GPU).
     memory_limit_gib: the runner's CPU address-space limit (CPU runs); gpu_memory_gib: its
@@ -102,6 +108,8 @@ def evaluate(
     / KernelError (one line) for bad arguments; everything about the kernel is the Result."""
     device, task = check_arguments(task_name, device, shapes)
     dtypes = pick_dtypes(task, dtype)
+    if tuned and not (compile and device == "cpu"):
+        raise ValueError("tuned: the TUNED configs are built by the CPU's cross-compile (compile=True on the CPU)")
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"the timeout must be a positive number of seconds, got {timeout_s}")
     path = resolve_kernel(str(kernel), task.name)
@@ -121,6 +129,9 @@ def evaluate(
     runner_env = {}
     if compile and device == "cpu":
         runner_env = {"EPIFORGE_CROSS_COMPILE": "1", "CUTE_DSL_ARCH": "sm_90a", "QUACK_ARCH": "90"}
+        configs = sorted(set(tuned_in_source(text).values()))[:MAX_TUNED_BUILDS] if tuned else []
+        if configs:
+            runner_env[ALSO_COMPILE_ENV] = ",".join(configs)
     request = {"task": task.name, "device": device, "shapes": shapes,
                "kernels": [{"label": "kernel", "source": text, "base": {k: v for k, v in base.items() if k != "environment"}}],
                "seed": secrets.randbelow(2**31) if seed is None else int(seed), "reps": int(reps),

@@ -90,7 +90,8 @@ class Timed(_Reply):
 #: (eval/runner.py become_runner): names read after the spare's fork (the caches, the compile
 #: target, HOME and TMPDIR), never at start-up or by torch's import
 LATE_ENV = frozenset({"HOME", "TMPDIR", "QUACK_CACHE_DIR", "TRITON_CACHE_DIR", "CUTE_DSL_CACHE_DIR",
-                      "EPIFORGE_SHARED_CACHES", "EPIFORGE_CROSS_COMPILE", "CUTE_DSL_ARCH", "QUACK_ARCH"})
+                      "EPIFORGE_SHARED_CACHES", "EPIFORGE_CROSS_COMPILE", "EPIFORGE_ALSO_COMPILE", "CUTE_DSL_ARCH",
+                      "QUACK_ARCH"})
 
 
 def _take_spare(env: dict) -> tuple[int, socket.socket] | None:

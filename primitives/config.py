@@ -105,6 +105,30 @@ class GemmConfig(BaseModel):
 
 DEFAULT_CONFIG = GemmConfig()
 
+#: the runner's environment variable naming more configs (keys, comma-separated) that every
+#: fused GEMM a CPU evaluation cross-compiles is also built with (`--tuned`: a kernel's TUNED
+#: configs, which the smoke shapes never pick)
+ALSO_COMPILE_ENV = "EPIFORGE_ALSO_COMPILE"
+
+
+def tuned_in_source(source: str) -> dict[str, str]:
+    """A kernel's module-level TUNED table, read from its text without running it ({} if it
+    has none or it is not a literal dict)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TUNED" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                return {}
+            return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+    return {}
+
 
 def _mnk(key) -> tuple[int, int, int] | None:
     """"MxNxK" -> (M, N, K) of positive ASCII integers; None for any other key."""

@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 import torch
 
 from epiforge.primitives import graph, program, trace
-from epiforge.primitives.config import DEFAULT_CONFIG, GemmConfig
+from epiforge.primitives.config import ALSO_COMPILE_ENV, DEFAULT_CONFIG, GemmConfig
 from epiforge.primitives.spec import (
     MODES,
     Operand,
@@ -47,6 +47,21 @@ PROFILE_LABEL = "epiforge.gemm"
 
 class EpilogueError(ValueError):
     """A call or declaration that does not fit the epilogue contract (one clear line)."""
+
+
+def _also_compile(config: GemmConfig) -> list[GemmConfig]:
+    """The configs besides `config` that a cross-compile builds too (ALSO_COMPILE_ENV, set by
+    `--tuned` from the kernel's TUNED table); a key that is no config is a compile error."""
+    keys = [k for k in os.environ.get(ALSO_COMPILE_ENV, "").split(",") if k and k != config.key()]
+    out = []
+    for key in dict.fromkeys(keys):
+        try:
+            out.append(GemmConfig.parse(key))
+        except ValueError as e:
+            from epiforge.primitives.lowering import CompileError
+
+            raise CompileError(f"the kernel's TUNED table names {key!r}: {e}") from None
+    return out
 
 
 @dataclass
@@ -154,18 +169,7 @@ class Epilogue:
         call = self.check_call(a, w, c, values, dtypes, store_d)
         config = config or DEFAULT_CONFIG
         trace.record("gemm", f"{self.name}@{config.key()}")
-        for p, kind in self.operands.items():
-            if isinstance(kind, HeadRMS) and config.tile_n % kind.head_dim:
-                raise EpilogueError(f"{self.name}(): {p} is HeadRMS(head_dim={kind.head_dim}): tile_n must be whole "
-                                    f"heads, got {config.tile_n} (e.g. a 128x128 or 128x256 tile)")
-        if self.mode == "acc_pair" and self.outputs and config.tile_n % 32:
-            raise EpilogueError(f"{self.name}(): acc_pair outputs need tile_n a multiple of 32 on SM90, got {config.tile_n}")
-        if config.early_c_loads and call.c is None:
-            raise EpilogueError(f"{self.name}(): config {config.key()} has early_c_loads, which moves C loads, but this "
-                                "call loads no C (pass c= or drop the flag)")
-        if config.c_load_warp and call.c is None and not any(isinstance(k, Tile) for k in self.operands.values()):
-            raise EpilogueError(f"{self.name}(): config {config.key()} has c_load_warp, which issues the epilogue's C "
-                                "loads, but this call loads no C and no tile (pass c= or drop the flag)")
+        self._check_config(call, config)
         epi = self._replayed() if graph.replay_active() and not self.from_library and self.graph is None else self
         with self._profiled(call):
             described = program.describing()  # fake values on the judge's device: the emulator makes their shapes
@@ -174,10 +178,15 @@ class Epilogue:
 
                 return launch(epi, call, config)
             if os.environ.get("EPIFORGE_CROSS_COMPILE") == "1" and not described:
-                # the CPU compile check: build the exact GPU kernel for sm_90a, then emulate
+                # the CPU compile check: build the exact GPU kernel for sm_90a (and the configs
+                # --tuned names: the kernel's TUNED table), then emulate
                 from epiforge.primitives.lowering import cross_compile
 
-                cross_compile(epi, call, config)
+                extras = _also_compile(config)
+                for extra in extras:  # each checked before anything is built: a misfit costs no compile
+                    self._check_config(call, extra, why=f" (config {extra.key()}, from the kernel's TUNED table)")
+                for built in (config, *extras):
+                    cross_compile(epi, call, built)
             from epiforge.primitives.emulator import emulate
 
             if described:  # a Scalar given as a tensor has no value here; any number makes the same shapes
@@ -185,6 +194,22 @@ class Epilogue:
                 call.values = {p: 1.0 if isinstance(self.operands.get(p), Scalar) and isinstance(v, torch.Tensor) else v
                                for p, v in call.values.items()}
             return emulate(epi, call, config)
+
+    def _check_config(self, call: "Call", config: GemmConfig, why: str = "") -> None:
+        """What a config must fit in this epilogue and call, one line each (before any build)."""
+        for p, kind in self.operands.items():
+            if isinstance(kind, HeadRMS) and config.tile_n % kind.head_dim:
+                raise EpilogueError(f"{self.name}(): {p} is HeadRMS(head_dim={kind.head_dim}): tile_n must be whole "
+                                    f"heads, got {config.tile_n} (e.g. a 128x128 or 128x256 tile){why}")
+        if self.mode == "acc_pair" and self.outputs and config.tile_n % 32:
+            raise EpilogueError(f"{self.name}(): acc_pair outputs need tile_n a multiple of 32 on SM90, got "
+                                f"{config.tile_n}{why}")
+        if config.early_c_loads and call.c is None:
+            raise EpilogueError(f"{self.name}(): config {config.key()} has early_c_loads, which moves C loads, but this "
+                                f"call loads no C (pass c= or drop the flag){why}")
+        if config.c_load_warp and call.c is None and not any(isinstance(k, Tile) for k in self.operands.values()):
+            raise EpilogueError(f"{self.name}(): config {config.key()} has c_load_warp, which issues the epilogue's C "
+                                f"loads, but this call loads no C and no tile (pass c= or drop the flag){why}")
 
     @property
     def from_library(self) -> bool:

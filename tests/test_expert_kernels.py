@@ -97,7 +97,8 @@ def test_the_head_tasks_not_built_at_other_head_dims_share_a_built_ones_epilogue
 def test_expert_kernel_passes_and_compiles_at_head_dim_64_and_256(task):
     assert {s.head_dim for s in tasks.shape_sets()["heads"]} == {64, 256}
     build = task not in ROPE_BUILT_BY
-    r = evaluate(task, "human", device="cpu", shapes="heads", seed=1, compile=build)
+    # bf16: fp16's numerics at these shapes in process (tests/test_tolerance.py), its builds in test_gemm_config.py
+    r = evaluate(task, "human", device="cpu", shapes="heads", seed=1, compile=build, dtype="bf16")
     assert r.outcome.value == "PASSED", r.message + r.stderr_tail
     if build:
         assert r.compiled and all(c["ok"] for c in r.compiled), r.compiled

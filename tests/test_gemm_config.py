@@ -5,6 +5,7 @@ c_load_warp: tests/test_c_load_warp.py has the rest of the latter)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -344,3 +345,32 @@ def test_importing_precompile_leaves_the_environment_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.strip() == "[]"
+
+
+def test_tuned_builds_each_config_of_the_kernels_table_and_names_one_that_does_not_fit(tmp_path):
+    """evaluate(tuned=True) (`epiforge compile --tuned`, `./check --tuned`, issue 43 point 3):
+    every fused GEMM is also built with each config of the kernel's TUNED table, which the
+    smoke shapes never pick; a config that does not fit the epilogue, or no config at all,
+    fails the evaluation with the config named, before anything is built."""
+    from epiforge.eval import evaluate
+
+    base = (REPO / "human_kernels" / "k1_gemm_rmsnorm.py").read_text()
+    # the smoke shapes run the default config (the table is never consulted), so its entry is built only by --tuned
+    base = base.replace('config=config or P.pick_config(TUNED, inputs["h"], inputs["w"])', "config=config")
+    assert "pick_config" not in base
+    table = re.search(r"^TUNED = \{.*?^\}\n", base, re.S | re.M)
+    kernel = tmp_path / "k1_tuned.py"
+    kernel.write_text(base.replace(table.group(0), 'TUNED = {"16384x6144x2048": "128x64_c1x1"}\n'))
+    r = evaluate("k1", str(kernel), device="cpu", compile=True, tuned=True, dtype="bf16", seed=1, hidden_shapes=False)
+    assert r.outcome.value == "PASSED", r.message
+    built = {c["config"] for c in r.compiled if c["ok"]}
+    assert built == {"128x64_c1x1", P.GemmConfig().key()}, r.compiled  # the smoke shapes' own config and the table's
+    plain = evaluate("k1", str(kernel), device="cpu", compile=True, dtype="bf16", seed=1, hidden_shapes=False)
+    assert {c["config"] for c in plain.compiled} == built - {"128x64_c1x1"}  # without --tuned: never built
+    bad = tmp_path / "k1_bad.py"
+    bad.write_text(base.replace(table.group(0), 'TUNED = {"16384x6144x2048": "128x64_c1x1_pp_ec"}\n'))
+    r = evaluate("k1", str(bad), device="cpu", compile=True, tuned=True, dtype="bf16", seed=1, hidden_shapes=False)
+    assert not r.passed and "config 128x64_c1x1_pp_ec, from the kernel's TUNED table" in r.message, r.message
+    assert not r.compiled or not any(c["config"] == "128x64_c1x1_pp_ec" for c in r.compiled)
+    with pytest.raises(ValueError, match="tuned"):
+        evaluate("k1", str(kernel), device="cpu", tuned=True)

@@ -183,10 +183,12 @@ def test_rounded_reductions_and_systematic_errors_are_rejected(cheat, shape):
 @pytest.mark.parametrize("task", [p for p in PRECISE if expert_kernel(p.values[0].name)])
 def test_expert_kernels_pass_the_rule_in_process(task, record_property):
     """Every expert kernel within the rule (max, RMS, element by element) in every precision
-    its task lists (PRECISE: one case each), at the smoke shapes, three seeds each."""
+    its task lists (PRECISE: one case each), at the smoke shapes, three seeds each, and at
+    the heads shapes (head_dim 64 and 256), one seed."""
     module = tolerance_margins.load_expert(task)
     precision = task.precision
-    for shape, seed in [(s, seed) for s in SMOKE for seed in (0, 1, 2)]:
+    heads = tasks.shape_sets()["heads"]
+    for shape, seed in [(s, seed) for s in SMOKE for seed in (0, 1, 2)] + [(s, 0) for s in heads]:
         rows = tolerance_margins.check_case(task, module, shape.dims(), seed, "cpu")
         for name, r in rows.items():
             margins = f"{r['margin']:.3f}/{r['rms_margin']:.3f}/{r['element_margin']:.3f}"
@@ -400,7 +402,8 @@ def test_a_case_out_of_memory_is_recorded_and_the_run_goes_on(tmp_path):
     assert all("allocate" in c["error"] and "outputs" not in c for c in report["cases"])
 
 
-@pytest.mark.parametrize("name", ["cpu-smoke", "cpu-paper", "h200-paper"])
+@pytest.mark.parametrize("name", ["cpu-smoke", "cpu-heads", "cpu-paper", "h200-paper", "h100-smoke", "h100-heads", "h100-coda",
+                                  "h100-paper"])
 def test_the_committed_margins_reports_cover_every_expert_kernel_and_all_pass(name):
     """tasks/results/tolerance-margins-<name>.json (tasks/tolerance_margins.py): a finished
     run over every task with an expert kernel at every shape of its set and every seed,
@@ -410,7 +413,9 @@ def test_the_committed_margins_reports_cover_every_expert_kernel_and_all_pass(na
     shapes = [s.name for s in tasks.shape_sets()[report["shapes"]]]
     assert report["complete"] and report["shapes"] == name.split("-")[1]
     kind = report.get("device_kind") or ("cuda" if report["environment"].get("gpu") else "cpu")  # older files: by the GPU
-    assert kind == ("cuda" if name.startswith("h200") else "cpu")
+    assert kind == ("cpu" if name.startswith("cpu") else "cuda")
+    if kind == "cuda":  # the card the name says
+        assert name.split("-")[0].upper() in report["environment"]["gpu"]
     got = sorted((c["task"], c["shape"], c["seed"], c.get("dtype", "bfloat16")) for c in report["cases"])
     dtypes = report.get("dtypes", ["bfloat16"])  # older files: bf16 alone
     want = [(t.id, p) for t in CATALOGUE if expert_kernel(t.name) for p in t.dtypes if dtypes == ["all"] or p in dtypes]

@@ -55,7 +55,8 @@ def test_k1_pack_holds_no_row_scale_epilogue():
     assert hits == []  # ... k1's pack does not
     system = p.system_prompt(speed_target=1.05)
     assert "def row_scale(acc, scale)" not in system and screen.note("page index, code block 1") in system
-    assert {"where": "page index, code block 1", "why": "epilogue row_scale with scale=rstd passes k1's check"} \
+    # k1's expert's own graph: the machine check (agent/answers.py) withholds it before the screen runs
+    assert {"where": "page index, code block 1", "why": "it defines an epilogue of the task's expert kernel (the same graph)"} \
         in p.withheld_code
     assert p.info().withheld_code == p.withheld_code  # what the session log records
 
@@ -101,11 +102,13 @@ def test_every_verdict_is_shipped(name):
 
 def test_a_renamed_answer_is_withheld_by_its_content(tmp_path, user_cache):
     """No name gives it away: an epilogue called mul_rows(acc, r) on a page called
-    'scaling' is k1's answer once r is bound to rstd; the evaluator says so."""
+    'scaling' is k1's answer once r is bound to rstd; the evaluator says so. (Written r * acc,
+    it is not the expert's graph, acc * rstd, so the machine check of agent/answers.py lets it
+    by: the screen, which runs it, does not.)"""
     d = tmp_path / "primitive_docs"
     d.mkdir()
     answer = ('```python\nimport primitives as P\n\n@P.epilogue(operands={"r": P.PerRow()})\n'
-              'def mul_rows(acc, r):\n    return {"D": acc * r}\n```\n')
+              'def mul_rows(acc, r):\n    return {"D": r * acc}\n```\n')
     teaching = ('```python\nimport primitives as P\n\n@P.epilogue(operands={"b": P.PerCol()})\n'
                 'def add_bias(acc, b):\n    return {"D": acc + b}\n```\n')
     (d / "index.md").write_text("# Index\n")
@@ -113,8 +116,8 @@ def test_a_renamed_answer_is_withheld_by_its_content(tmp_path, user_cache):
     p = build_pack(tasks.get_task("k1"), d)
     text = p.doc("scaling").text
     assert "mul_rows" not in text and "add_bias" in text and "A row scale:" in text
-    assert p.withheld_code[0] == {"where": "page scaling, code block 1",
-                                  "why": "epilogue mul_rows with r=rstd passes k1's check"}
+    assert {"where": "page scaling, code block 1", "why": "epilogue mul_rows with r=rstd passes k1's check"} \
+        in p.withheld_code
     assert user_cache.is_file()  # the new verdicts were cached ...
     again = build_pack(tasks.get_task("k1"), d)  # ... and give the same pack
     assert again.sha256 == p.sha256

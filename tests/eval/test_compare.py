@@ -119,8 +119,8 @@ def _as_result(shape_result):
 def test_the_cli_compares_and_stores(tmp_path):
     db = tmp_path / "r.sqlite"
     out = subprocess.run([sys.executable, "-m", "epiforge", "compare", "--task", "k8", "--device", "cpu",
-                          "--store", str(db), "--json", "--seed", "4"], capture_output=True, text=True, cwd=REPO,
-                         timeout=600)
+                          "--store", str(db), "--json", "--seed", "4", "--dtype", "bf16"], capture_output=True, text=True,
+                         cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (cmp,) = json.loads(out.stdout)
     assert cmp["labels"] == ["expert", f"generated:{GENERATED.stem}"]

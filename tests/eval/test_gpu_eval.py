@@ -25,9 +25,11 @@ def test_expert_kernel_passes_on_the_gpu(task):
     r = evaluate(task, "human", device="gpu", shapes="smoke", seed=5, reps=20)
     assert r.outcome.value == "PASSED", f"{r.stage}: {r.message}\n{r.stderr_tail[-2000:]}"
     assert r.stage == "done" and r.environment.get("gpu") and r.ranked and not r.provisional
-    # by default in the task's first precision: the named shapes, then two hidden ones
-    assert [(s.dtype, s.hidden) for s in r.per_shape] == [("bfloat16", h) for h in (False, False, True, True)]
-    for s in [s for s in r.per_shape if not s.hidden]:
+    # by default in every precision the task lists: the named shapes, then two hidden ones, each; the first timed
+    assert [(s.dtype, s.hidden) for s in r.per_shape] == [(p, h) for p in ("bfloat16", "float16")
+                                                          for h in (False, False, True, True)]
+    assert all(s.timing is None for s in r.per_shape if s.dtype == "float16")
+    for s in [s for s in r.per_shape if not s.hidden and s.dtype == "bfloat16"]:
         assert s.trials == 2 and s.launches and "GemmMod" in s.launches[0]
         t = s.timing
         assert t.kernel.n == 20 and t.kernel.median_us > 0 and t.baselines["gemm_only"].median_us > 0
