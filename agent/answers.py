@@ -10,10 +10,11 @@
   text that holds such a shape and its config, or that names the task and one of those
   configs, hands out the expert's measurements.
 
-agent/pack.py build_pack applies both after the screen: an example holding one of the
-expert's epilogues is dropped; a page's code block defining one is replaced by a note; a
-page naming the task's tuning is withheld; an example's TUNED entries of the task's
-configs are cut (a line of another task's table can coincide with one of T's).
+agent/pack.py build_pack applies both before the screen (agent/screen.py), which then
+judges what is left: an example holding one of the expert's epilogues is dropped; a page's
+code block defining one is replaced by a note; a page naming the task's tuning is
+withheld; an example's TUNED lines of the task's (shape, config) pairs are cut (a line of
+another task's table can coincide with one of T's).
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ from epiforge.primitives.config import tuned_in_source
 def epilogue_key(epi) -> tuple:
     """What `epi` computes, independent of names: see the module docstring."""
     from epiforge.primitives import graph
-
-    kind = repr  # an operand or reduction declaration: its class and fields
     from epiforge.primitives.quack_library import LazyQuackEpilogue
 
+    kind = repr  # an operand or reduction declaration: its class and fields
     if isinstance(epi, LazyQuackEpilogue):  # P.from_quack("quack.<module>:<name>"): named, not traced
         return ("library", epi.target, tuple(sorted((k, repr(v)) for k, v in (epi._operands or {}).items())))
     if epi.from_library:
@@ -39,20 +39,14 @@ def epilogue_key(epi) -> tuple:
         return ("library", epi.library_target, operands)
     g = graph.trace(epi)
     position = {name: i for i, name in enumerate(g.params)}
-
-    def rename(a):
-        tag, v = a
-        if tag == "t":
-            return ("t", tuple(rename(x) for x in v))
-        return a
-
-    nodes = []
+    nodes = []  # other nodes name no parameter: their arguments are earlier nodes and constants
     for node in g.nodes:
         if node[0] == "input":
             name = node[1][1]
-            nodes.append(("input", position[name], "c" if name == "c" else kind(epi.operands[name]) if name != "acc" else "acc"))
+            role = "acc" if name == "acc" else "c" if name == "c" else kind(epi.operands[name])
+            nodes.append(("input", position[name], role))
         else:
-            nodes.append((node[0], *[rename(a) if isinstance(a, tuple) else a for a in node[1:]]))
+            nodes.append(node)
     returns = tuple(sorted((("D" if name == "D" else kind(epi.reductions[name]) if name in epi.reductions
                              else "pair" if name in epi.pair_outputs else "out"), repr(a)) for name, a in g.returns))
     return ("graph", epi.mode, tuple(nodes), returns)

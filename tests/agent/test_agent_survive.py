@@ -425,15 +425,16 @@ def test_the_wall_budget_cuts_a_hanging_check_short_with_progress(tmp_path, sdk,
 
 
 def _row_scale_docs(tmp_path, n):
-    """A docs folder whose one page holds n row-scale epilogues, k1's answer under new names:
-    none has a verdict cached (each test's screen cache starts empty), so the pack's screening
-    spends an evaluation on each."""
+    """A docs folder whose one page holds n row-scale epilogues, k1's answer under new names
+    (written r * acc: not the expert's own graph, acc * rstd, which agent/answers.py would
+    withhold before any screening): none has a verdict cached (each test's screen cache
+    starts empty), so the pack's screening spends an evaluation on each."""
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "index.md").write_text("# Index\n")
     (docs / "scaling.md").write_text("# Scaling\n" + "".join(
         f'```python\nimport primitives as P\n\n@P.epilogue(operands={{"r": P.PerRow()}})\n'
-        f'def rows_{i}(acc, r):\n    return {{"D": acc * r}}\n```\n' for i in range(1, n + 1)))
+        f'def rows_{i}(acc, r):\n    return {{"D": r * acc}}\n```\n' for i in range(1, n + 1)))
     return docs
 
 
@@ -466,9 +467,12 @@ def test_a_wall_time_budget_spent_screening_the_pack_ends_the_session(tmp_path, 
     (log,) = logs.glob("*.jsonl")
     start = read_events(log)[0][0]
     assert start.screen_s >= 1 and start.pack.unscreened == end["reason"]
-    why = [w["why"] for w in start.pack.withheld_code]  # what was not screened was not offered
-    assert why[0] == "epilogue rows_1 with r=rstd passes k1's check" and len(why) > 3
+    # what was not screened was not offered (the page's blocks; before them, what agent/answers.py cut from examples)
+    why = [w["why"] for w in start.pack.withheld_code if w["where"].startswith("page scaling")]
+    assert why[0] == "epilogue rows_1 with r=rstd passes k1's check" and len(why) == 3  # the page's 3 blocks
     assert all(w == f"not screened: {end['reason']}" for w in why[1:])
+    assert any(w["where"].startswith("example ") and w["why"] == f"not screened: {end['reason']}"
+               for w in start.pack.withheld_code)  # and every example left
 
 
 def test_screening_the_pack_shows_progress_on_stderr_and_counts_as_wall_time(tmp_path, anthropic_key, capsys,
