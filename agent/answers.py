@@ -2,9 +2,9 @@
 (issue 43, point 1), found by machine.
 
 - An epilogue is compared by what it computes, not by its name or its text: its declared
-  graph (primitives/graph.py: the operations its function applies, in order, with its
-  parameters renamed by position and its operand kinds, reductions, mode and returned
-  values kept), or, for a quack library epilogue (P.from_quack), the library's name for it
+  graph (primitives/graph.py: the operations its function applies, in order, its
+  parameters by the order the computation first reads them and by kind, not by name or
+  place in the signature; its reductions, mode and returned values kept), or, for a quack library epilogue (P.from_quack), the library's name for it
   and the operands it binds. Two epilogues with the same key compute the same thing.
 - Tuning: the (GEMM shape, config) pairs of the expert's TUNED table. A line of a pack
   text that holds such a shape and its config, or that names the task and one of those
@@ -38,17 +38,43 @@ def epilogue_key(epi) -> tuple:
         operands = tuple(sorted((k, repr(v)) for k, v in (epi.library_operands or {}).items()))
         return ("library", epi.library_target, operands)
     g = graph.trace(epi)
-    position = {name: i for i, name in enumerate(g.params)}
-    nodes = []  # other nodes name no parameter: their arguments are earlier nodes and constants
+    # the parameters in the order the computation first reads them (the signature's order, its
+    # names, are the author's choice), then the other nodes as applied, every reference renumbered
+    inputs = [i for i, node in enumerate(g.nodes) if node[0] == "input"]
+    used: list[int] = []
+
+    def uses(a):
+        if a[0] == "v" and a[1] in inputs and a[1] not in used:
+            used.append(a[1])
+        elif a[0] == "t":
+            for x in a[1]:
+                uses(x)
+
     for node in g.nodes:
+        for a in node[1:]:
+            if isinstance(a, tuple):
+                uses(a)
+    for _, a in g.returns:
+        uses(a)
+    order = used + [i for i in inputs if i not in used] + [i for i in range(len(g.nodes)) if i not in inputs]
+    new = {old: n for n, old in enumerate(order)}
+
+    def renumber(a):
+        if a[0] == "v":
+            return ("v", new[a[1]])
+        return ("t", tuple(renumber(x) for x in a[1])) if a[0] == "t" else a
+
+    nodes = []
+    for old in order:
+        node = g.nodes[old]
         if node[0] == "input":
             name = node[1][1]
-            role = "acc" if name == "acc" else "c" if name == "c" else kind(epi.operands[name])
-            nodes.append(("input", position[name], role))
+            nodes.append(("input", "acc" if name == "acc" else "c" if name == "c" else kind(epi.operands[name])))
         else:
-            nodes.append(node)
+            nodes.append((node[0], *[renumber(a) if isinstance(a, tuple) else a for a in node[1:]]))
     returns = tuple(sorted((("D" if name == "D" else kind(epi.reductions[name]) if name in epi.reductions
-                             else "pair" if name in epi.pair_outputs else "out"), repr(a)) for name, a in g.returns))
+                             else "pair" if name in epi.pair_outputs else "out"), repr(renumber(a)))
+                           for name, a in g.returns))
     return ("graph", epi.mode, tuple(nodes), returns)
 
 

@@ -61,6 +61,9 @@ def test_an_epilogue_is_compared_by_what_it_computes():
     assert same != answers.keys(src(body="R * acc"))  # the operand order does
     assert same != answers.keys(src(kind="PerCol"))  # so does the operand's kind
     assert same != answers.keys(src(body="acc * R * 1.01"))  # and a constant
+    two = ('import primitives as P\n\n@P.epilogue(operands={{"a": P.PerRow(), "b": P.PerCol()}})\n'
+           'def f({sig}):\n    return {{"D": acc * a + b}}\n')
+    assert answers.keys(two.format(sig="acc, a, b")) == answers.keys(two.format(sig="acc, b, a"))  # nor the signature's order
     assert answers.keys("import primitives as P\nx = P.from_quack('quack.epilogue.library:swiglu_mod')\n") == \
         answers.keys("import primitives as P\ny = P.from_quack('quack.epilogue.library:swiglu_mod')\n")
 
