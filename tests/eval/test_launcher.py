@@ -15,10 +15,11 @@ from epiforge.eval import evaluate
 
 EXPLOITS = Path(__file__).resolve().parents[1] / "exploits"
 REPO = Path(__file__).resolve().parents[2]
-#: honest kernels in varied styles and the committed generated ones: none may be lost to the
-#: launcher mode (a kernel that cannot be described is a false rejection)
-HONEST = sorted((REPO / "tests" / "eval" / "honest_kernels").glob("*.py")) + sorted(
-    (REPO / "generated_kernels").glob("*/*.py"))
+#: honest kernels in varied styles and the committed generated ones (the newest of each task:
+#: the generated track grows by k sessions per task, and CI's time with it otherwise): none may
+#: be lost to the launcher mode (a kernel that cannot be described is a false rejection)
+HONEST = sorted((REPO / "tests" / "eval" / "honest_kernels").glob("*.py")) + [
+    sorted(task.glob("*.py"))[-1] for task in sorted((REPO / "generated_kernels").iterdir()) if any(task.glob("*.py"))]
 
 
 # every expert kernel passes in the launcher mode, the judge's default: tests/test_expert_kernels.py
