@@ -6,15 +6,15 @@
   parameters by the order the computation first reads them and by kind, not by name or
   place in the signature; its reductions, mode and returned values kept), or, for a quack library epilogue (P.from_quack), the library's name for it
   and the operands it binds. Two epilogues with the same key compute the same thing.
-- Tuning: the (GEMM shape, config) pairs of the expert's TUNED table. A line of a pack
-  text that holds such a shape and its config, or that names the task and one of those
-  configs, hands out the expert's measurements.
+- Tuning: the (GEMM shape, config) pairs of the expert's TUNED table, and what pages measured
+  of the task's kernel. A line of a page that holds such a pair, or that names the task and
+  a measurement (a tile config, a speed over GEMM-only), is replaced by a note.
 
 agent/pack.py build_pack applies both before the screen (agent/screen.py), which then
 judges what is left: an example holding one of the expert's epilogues is dropped; a page's
-code block defining one is replaced by a note; a page naming the task's tuning is
-withheld; an example's TUNED lines of the task's (shape, config) pairs are cut (a line of
-another task's table can coincide with one of T's).
+code block defining one is replaced by a note; a page's lines measuring the task are
+replaced by a note; an example's TUNED lines of the task's (shape, config) pairs are cut (a
+line of another task's table can coincide with one of T's).
 """
 
 from __future__ import annotations
@@ -109,15 +109,38 @@ def expert_answers(task, expert: Path | None = None) -> tuple[set[tuple], dict[s
     return keys(source), tuned_in_source(source)
 
 
-def names_tuning(task, text: str, tuned: dict[str, str]) -> bool:
-    """A line of the text holds one of the expert's (shape, config) pairs, or names the task
-    and one of its configs (a measurement of it: a log's table row, a sentence)."""
-    if not tuned:
-        return False
+#: what makes a line that names the task a measurement of it: a tile config (128x192, with or
+#: without its cluster and flags), a speed over GEMM-only (1.22x), or the words for one
+MEASUREMENT = re.compile(r"(?<![\w.])\d+x\d+(?:_c\dx\d)?|\d\.\d+ ?x\b|GEMM-only|pingpong|cooperative|cluster")
+#: the note that stands in for a withheld line (it says what, never the line)
+TUNING_NOTE = "[a measurement of this task's kernel, withheld from its pack]"
+
+
+def tuning_lines(task, text: str, tuned: dict[str, str]) -> list[int]:
+    """The lines of a page (outside its code blocks) that hand out the expert's tuning: one
+    holding one of its (shape, config) pairs, or one naming the task and a measurement
+    (MEASUREMENT: a config, a speed over GEMM-only), as a log's table row or a guide's
+    sentence does ("k7 at 1B takes 1.22x GEMM-only at the default")."""
     named = re.compile(rf"(?<![\w-]){re.escape(task.id)}(?![\w-])|{re.escape(task.name)}")
-    configs = [re.compile(rf"(?<![\w]){re.escape(c)}(?![\w])") for c in set(tuned.values())]
-    return any(any(shape in line and config in line for shape, config in tuned.items())
-               or (named.search(line) and any(c.search(line) for c in configs)) for line in text.splitlines())
+    out, fenced = [], False
+    for i, line in enumerate(text.splitlines()):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if any(shape in line and config in line for shape, config in tuned.items()) \
+                or (named.search(line) and MEASUREMENT.search(line)):
+            out.append(i)
+    return out
+
+
+def without_tuning(task, text: str, tuned: dict[str, str]) -> str:
+    """The page with tuning_lines replaced by TUNING_NOTE (the rest of the page kept)."""
+    lines = text.splitlines(keepends=True)
+    for i in tuning_lines(task, text, tuned):
+        lines[i] = TUNING_NOTE + ("\n" if lines[i].endswith("\n") else "")
+    return "".join(lines)
 
 
 def cut_tuning(source: str, tuned: dict[str, str]) -> str:

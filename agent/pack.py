@@ -6,8 +6,8 @@ Pages whose path names the session's own task (e.g. an implementation log of k8 
 solving k8), or that quote a kernel file of it (`TASK = "<task>"`), are withheld: they
 would hand the model the answer. Then what the task's expert holds, found by machine
 (agent/answers.py): an example or code block with one of its epilogues (the same graph, or
-the same quack library epilogue) is withheld, a page naming its tuning too, and an
-example's TUNED lines of its (shape, config) pairs are cut. Then the content rule
+the same quack library epilogue) is withheld, a page's lines measuring the task are
+replaced by a note, and an example's TUNED lines of its (shape, config) pairs are cut. Then the content rule
 (agent/screen.py) on what is left: any code block or example kernel that, adapted to the
 task by a trivial edit, passes the task's check is withheld too (a block replaced by a
 note, an example dropped), each with its reason. `without` removes pages for ablations. The pack's hash identifies exactly what the
@@ -224,9 +224,10 @@ def without_answers(task, docs: list[Doc], examples: dict[str, str], expert: Pat
     pages, code = [], []
     out_docs = []
     for d in docs:
-        if answers.names_tuning(task, d.text, tuned):
-            pages.append(d.name)
-            continue
+        if tuned and answers.tuning_lines(task, d.text, tuned):
+            code.append({"where": f"page {d.name}", "why": f"{len(answers.tuning_lines(task, d.text, tuned))} line(s) "
+                                                          "measuring the task's kernel replaced by a note"})
+            d = Doc(d.name, answers.without_tuning(task, d.text, tuned))
         text, parts, at = d.text, [], 0
         for i, m in enumerate(screen.code_blocks(text), 1):
             if epilogues & answers.keys(m.group("body")):

@@ -24,7 +24,7 @@ def _no_answer_in(pack, epilogues: set, tuned: dict) -> None:
         assert not any(shape in line and config in line for line in source.splitlines()
                        for shape, config in tuned.items()), f"example {name} holds the expert's tuning"
     for doc in pack.docs:
-        assert not answers.names_tuning(pack.task, doc.text, tuned), f"page {doc.name} names the expert's tuning"
+        assert not answers.tuning_lines(pack.task, doc.text, tuned), f"page {doc.name} measures the expert's kernel"
         for i, m in enumerate(screen.code_blocks(doc.text), 1):
             assert not epilogues & answers.keys(m.group("body")), f"page {doc.name}, code block {i}"
 
@@ -44,7 +44,10 @@ def test_what_the_check_found_in_the_repositorys_pack():
         pack = build_pack(tasks.get_task(tid))
         assert "layer_non_attention_fwd_bwd" not in pack.examples
         assert any(w["where"] == "example layer_non_attention_fwd_bwd" and "expert" in w["why"] for w in pack.withheld_code)
-        assert "logs/h200-expert-kernels" in pack.withheld
+        log = pack.doc("logs/h200-expert-kernels")  # every expert's measurements: the task's own lines out
+        assert log is not None and answers.TUNING_NOTE in log.text and not re.search(rf"\b{tid}\b.*\dx\d", log.text)
+        guide = pack.doc("gemm_config")  # the guide stays, less its sentences that measure the task
+        assert guide is not None and answers.TUNING_NOTE in guide.text
     k3 = build_pack(tasks.get_task("k3"))
     _, tuned = answers.expert_answers(tasks.get_task("k3"))
     assert "k1_gemm_rmsnorm" in k3.examples and tuned  # kept, less the lines of k3's own pairs
@@ -91,4 +94,18 @@ def test_a_task_dropped_in_as_a_folder_gets_no_answer_either(tmp_path, copied, e
     for name, source in kept.items():
         assert not epilogues & answers.keys(source), name
     for doc in kept_docs:
-        assert not answers.names_tuning(task, doc.text, tuned), doc.name
+        assert not answers.tuning_lines(task, doc.text, tuned), doc.name
+
+
+def test_a_pages_lines_measuring_the_task_are_replaced_by_a_note():
+    k7 = tasks.get_task("k7")
+    _, tuned = answers.expert_answers(k7)
+    shape, config = next(iter(tuned.items()))
+    page = ("# Tiles\nk7 at 1B takes 1.22x GEMM-only at the default.\nk6 at 1B takes 1.10x GEMM-only.\n"
+            f"| {shape} | {config} |\nPick a 128x128 tile for C-loading epilogues.\n"
+            "```python\n# k7 128x192 in code stays: code blocks are the screen's\n```\n")
+    assert answers.tuning_lines(k7, page, tuned) == [1, 3]  # k7's sentence and its (shape, config) row
+    out = answers.without_tuning(k7, page, tuned)
+    assert out.count(answers.TUNING_NOTE) == 2 and "k6 at 1B takes 1.10x" in out and "128x128 tile for" in out
+    assert "# k7 128x192 in code stays" in out
+    assert answers.tuning_lines(tasks.get_task("k6"), page, answers.expert_answers(tasks.get_task("k6"))[1]) == [2]
