@@ -164,6 +164,20 @@ def enter(workspace: Path, expose: list[str] = ()) -> str:
             f"read-only; hidden: {', '.join(str(r) for r in roots)}; {len(emptied)} package folders emptied")
 
 
+def available() -> tuple[bool, str]:
+    """Whether this machine can set the sandbox up (a throwaway one running `true`), and if
+    not, the one line that says why."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as ws:
+        run = subprocess.run([sys.executable, "-m", "epiforge.agent.sandbox", "--workspace", ws, "--", "true"],
+                             capture_output=True, text=True, timeout=60,
+                             env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(IMPORT_ROOT),
+                                                                                          os.environ.get("PYTHONPATH")]))})
+    return run.returncode == 0, (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
+
+
 def _existing(paths) -> list[Path]:
     out = []
     for p in paths:

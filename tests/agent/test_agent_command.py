@@ -22,10 +22,15 @@ FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 def command_session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("command")
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
-    # in the sandbox (the default), which hides tests/: the fake agent's folder exposed, as a user exposes an agent's install
-    backend = make_backend("command", command=command, model="scripted-fake-agent", sandbox_expose=[str(FAKE.parent)])
+    # in the sandbox (the default, where the machine can set it up), which hides tests/: the fake
+    # agent's folder exposed, as a user exposes an agent's install
+    from epiforge.agent.sandbox import available
+
+    sandbox = available()[0]
+    backend = make_backend("command", command=command, model="scripted-fake-agent", sandbox=sandbox,
+                           sandbox_expose=[str(FAKE.parent)])
     config = SessionConfig(task="k1", backend="command", model="scripted-fake-agent", command=command, compile=False,
-                           device="cpu", budget=Budget(max_turns=4), sandbox=True, sandbox_expose=[str(FAKE.parent)])
+                           device="cpu", budget=Budget(max_turns=4), sandbox=sandbox, sandbox_expose=[str(FAKE.parent)])
     said = []
     end, log = run_session(config, backend, log_dir=tmp / "logs", workspace=tmp / "ws", out_dir=tmp / "gen",
                            say=said.append)
@@ -56,6 +61,11 @@ def test_what_it_leaves_is_evaluated_and_logged_as_tool_calls(command_session):
 
 
 def test_the_log_records_that_the_agent_ran_in_the_sandbox(command_session):
+    from epiforge.agent.sandbox import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"the agent's sandbox cannot be set up here: {why}")
     _, log, _, _ = command_session
     start = read_events(log)[0][0]
     assert start.config.sandbox is True and start.backend_info["sandbox"] is True
