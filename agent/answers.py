@@ -135,10 +135,10 @@ def tuning_lines(task, text: str, tuned: dict[str, str]) -> list[int]:
     return out
 
 
-def without_tuning(task, text: str, tuned: dict[str, str]) -> str:
-    """The page with tuning_lines replaced by TUNING_NOTE (the rest of the page kept)."""
+def without_tuning(text: str, lines_out: list[int]) -> str:
+    """The page with those lines (tuning_lines) replaced by TUNING_NOTE, the rest kept."""
     lines = text.splitlines(keepends=True)
-    for i in tuning_lines(task, text, tuned):
+    for i in lines_out:
         lines[i] = TUNING_NOTE + ("\n" if lines[i].endswith("\n") else "")
     return "".join(lines)
 

@@ -167,9 +167,9 @@ def build_pack(task, docs_dir: Path | None = None, without: list[str] | tuple[st
     examples = {p.stem: p.read_text(encoding="utf-8") for p in sorted(HUMAN_DIR.glob("*.py"))
                 if p.stem not in (task.name, "__init__")}
     # the expert's epilogues and tuning out first (agent/answers.py), so that the screen judges what the model reads
-    kept, examples, answer_pages, answer_code = without_answers(task, kept, examples, expert)
+    kept, examples, answer_code = without_answers(task, kept, examples, expert)
     kept, examples, withheld_code, unscreened = _screen(task, kept, examples, screen_cache, watch)
-    withheld, withheld_code = withheld + answer_pages, answer_code + withheld_code
+    withheld_code = answer_code + withheld_code
     return Pack(task=task, docs=kept, examples=examples, without=sorted(removed), withheld=withheld,
                 withheld_code=withheld_code, unscreened=unscreened)
 
@@ -217,17 +217,17 @@ def _screen(task, docs: list[Doc], examples: dict[str, str], cache: Path | None,
 
 def without_answers(task, docs: list[Doc], examples: dict[str, str], expert: Path | None):
     """The pack less what holds the expert's epilogues or tuning (agent/answers.py):
-    (docs, examples, pages withheld, code withheld as {"where", "why"})."""
+    (docs, examples, what was withheld as {"where", "why"})."""
     from epiforge.agent import answers, screen
 
     epilogues, tuned = answers.expert_answers(task, expert)
-    pages, code = [], []
-    out_docs = []
+    code, out_docs = [], []
     for d in docs:
-        if tuned and answers.tuning_lines(task, d.text, tuned):
-            code.append({"where": f"page {d.name}", "why": f"{len(answers.tuning_lines(task, d.text, tuned))} line(s) "
-                                                          "measuring the task's kernel replaced by a note"})
-            d = Doc(d.name, answers.without_tuning(task, d.text, tuned))
+        lines = answers.tuning_lines(task, d.text, tuned) if tuned else []
+        if lines:
+            code.append({"where": f"page {d.name}", "why": f"{len(lines)} line(s) measuring the task's kernel replaced "
+                                                          "by a note"})
+            d = Doc(d.name, answers.without_tuning(d.text, lines))
         text, parts, at = d.text, [], 0
         for i, m in enumerate(screen.code_blocks(text), 1):
             if epilogues & answers.keys(m.group("body")):
@@ -246,7 +246,7 @@ def without_answers(task, docs: list[Doc], examples: dict[str, str], expert: Pat
         if cut != source:
             code.append({"where": f"example {name}", "why": "its TUNED lines of the task's own (shape, config) pairs cut"})
         kept[name] = cut
-    return out_docs, kept, pages, code
+    return out_docs, kept, code
 
 
 def dtype_shown(task, spec) -> str:

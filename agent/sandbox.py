@@ -35,6 +35,9 @@ import sys
 from pathlib import Path
 
 from epiforge import CHECKOUT, IMPORT_ROOT, ROOT
+# the kernel's constants and mount_setattr's argument, as the judge's runner sandbox has them
+from epiforge.eval.isolation import (_AT_FDCWD, _AT_RECURSIVE, _CLONE_NEWNS, _CLONE_NEWUSER, _MOUNT_ATTR_RDONLY,
+                                     _MS_PRIVATE, _MS_REC, _SYS_MOUNT_SETATTR, _MountAttr)
 
 #: in a checkout, the repository's folders that make up the package (what ./check imports),
 #: and pyproject.toml, by which epiforge knows it is a checkout (epiforge/__init__.py)
@@ -46,22 +49,13 @@ SECRET_IN_PACKAGE = ("human_kernels", "generated_kernels", "logs", "tests", ".gi
 #: the exit code of a sandbox that could not be set up (the shell's "cannot execute")
 CANNOT = 126
 
-_CLONE_NEWUSER, _CLONE_NEWNS = 0x10000000, 0x00020000
-_MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x4000, 1 << 18, 2, 4
-_AT_FDCWD, _AT_RECURSIVE, _AT_EMPTY_PATH = -100, 0x8000, 0x1000
-_OPEN_TREE_CLONE, _O_CLOEXEC = 1, 0o2000000
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOUNT_ATTR_RDONLY = 0x1
-_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # the same on x86-64 and arm64
+_MS_NOSUID, _MS_NODEV, _AT_EMPTY_PATH = 2, 4, 0x1000
+_OPEN_TREE_CLONE, _O_CLOEXEC, _MOVE_MOUNT_F_EMPTY_PATH = 1, 0o2000000, 0x4
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT = 428, 429  # the same on x86-64 and arm64
 
 
 class SandboxError(Exception):
     """A step of the sandbox failed: the one line the user sees."""
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]
 
 
 def python_trees() -> list[Path]:
@@ -164,17 +158,26 @@ def enter(workspace: Path, expose: list[str] = ()) -> str:
             f"read-only; hidden: {', '.join(str(r) for r in roots)}; {len(emptied)} package folders emptied")
 
 
-def available() -> tuple[bool, str]:
-    """Whether this machine can set the sandbox up (a throwaway one running `true`), and if
-    not, the one line that says why."""
+def command(workspace: Path, argv: list[str], expose=()) -> list[str]:
+    """argv as the harness runs it inside the sandbox (with launch_env())."""
+    exposed = [x for p in expose for x in ("--expose", str(p))]
+    return [sys.executable, "-m", "epiforge.agent.sandbox", "--workspace", str(workspace), *exposed, "--", *argv]
+
+
+def launch_env() -> dict:
+    """What the sandbox's own start needs in its environment: epiforge importable."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(IMPORT_ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def available(workspace: Path | None = None, expose=()) -> tuple[bool, str]:
+    """Whether this machine can set the sandbox up (one running `true`, in `workspace` or a
+    throwaway folder), and if not, the one line that says why."""
     import subprocess
     import tempfile
 
-    with tempfile.TemporaryDirectory() as ws:
-        run = subprocess.run([sys.executable, "-m", "epiforge.agent.sandbox", "--workspace", ws, "--", "true"],
-                             capture_output=True, text=True, timeout=60,
-                             env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(IMPORT_ROOT),
-                                                                                          os.environ.get("PYTHONPATH")]))})
+    with tempfile.TemporaryDirectory() as scratch:
+        run = subprocess.run(command(Path(workspace or scratch), ["true"], expose), capture_output=True, text=True,
+                             timeout=60, env=os.environ | launch_env())
     return run.returncode == 0, (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
 
 

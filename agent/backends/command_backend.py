@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from epiforge.agent import sandbox
 from epiforge.agent.backends.base import Backend, BackendError, ModelTurn, request_timeout
 from epiforge.agent.check import DEADLINE_ENV
 from epiforge.agent.feedback import scrub
@@ -67,27 +68,12 @@ class CommandBackend(Backend):
         return {"backend": self.name, "model": self.model, "command": scrub(self.command), "timeout_s": self.timeout_s,
                 "sandbox": self.sandbox, "sandbox_expose": self.expose}
 
-    def _wrapped(self, argv: list[str], ws: Path) -> list[str]:
-        """argv as run: inside the sandbox (agent/sandbox.py), or as it is with --no-sandbox."""
-        if not self.sandbox:
-            return argv
-        exposed = [x for p in self.expose for x in ("--expose", p)]
-        return [sys.executable, "-m", "epiforge.agent.sandbox", "--workspace", str(ws), *exposed, "--", *argv]
-
-    def _sandbox_env(self) -> dict:
-        """What the sandbox's own start needs: epiforge importable (the agent's command gets it too)."""
-        path = os.environ.get("PYTHONPATH")
-        return {"PYTHONPATH": str(IMPORT_ROOT) + (os.pathsep + path if path else "")} if self.sandbox else {}
-
     def _probe_sandbox(self, ws: Path) -> None:
         """The sandbox set up once before the agent runs: where it cannot be, one line and no session."""
-        if not self.sandbox:
-            return
-        run = subprocess.run(self._wrapped(["true"], ws), env=os.environ | self._sandbox_env(), capture_output=True,
-                             text=True, timeout=60)
-        if run.returncode != 0:
-            line = (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
-            raise BackendError(f"command: the agent's sandbox cannot be set up here: {line}")
+        if self.sandbox:
+            ok, line = sandbox.available(ws, self.expose)
+            if not ok:
+                raise BackendError(f"command: the agent's sandbox cannot be set up here: {line}")
 
     # ---- the workspace -----------------------------------------------------------------
 
@@ -132,9 +118,11 @@ class CommandBackend(Backend):
         before = kernel.read_text(encoding="utf-8") if kernel.exists() else ""
         checks_before = _count_lines(ws / _CHECKS)
         values = {"prompt": str(ws / "PROMPT.md"), "feedback": str(ws / "FEEDBACK.md"), "workspace": str(ws), "step": str(step)}
-        argv = self._wrapped([a.format(**values) if "{" in a else a for a in self.argv], ws)
+        argv = [a.format(**values) if "{" in a else a for a in self.argv]
+        if self.sandbox:  # the agent's command gets the sandbox's PYTHONPATH too
+            argv = sandbox.command(ws, argv, self.expose)
         timeout = request_timeout(self.timeout_s, time_left() if time_left else None)  # never past the wall budget
-        env = os.environ | self._sandbox_env() | {"EPIFORGE_WORKSPACE": str(ws), "EPIFORGE_STEP": str(step), "EPIFORGE_TASK": self.ctx.task.name,
+        env = os.environ | (sandbox.launch_env() if self.sandbox else {}) | {"EPIFORGE_WORKSPACE": str(ws), "EPIFORGE_STEP": str(step), "EPIFORGE_TASK": self.ctx.task.name,
                             DEADLINE_ENV: f"{time.time() + timeout:.3f}"}
         started = time.monotonic()
         try:

@@ -89,7 +89,7 @@ def test_a_task_dropped_in_as_a_folder_gets_no_answer_either(tmp_path, copied, e
     docs = [Doc(p.relative_to(DOCS_DIR).with_suffix("").as_posix(), p.read_text()) for p in sorted(DOCS_DIR.rglob("*.md"))]
     examples = {p.stem: p.read_text() for p in sorted(HUMAN_DIR.glob("*.py")) if p.stem != "__init__"}
     assert example in without_answers(task, docs, examples, None)[1]  # no expert of its own: nothing to hide
-    kept_docs, kept, _, _ = without_answers(task, docs, examples, expert)
+    kept_docs, kept, _ = without_answers(task, docs, examples, expert)
     assert example not in kept and copied not in kept
     for name, source in kept.items():
         assert not epilogues & answers.keys(source), name
@@ -105,7 +105,7 @@ def test_a_pages_lines_measuring_the_task_are_replaced_by_a_note():
             f"| {shape} | {config} |\nPick a 128x128 tile for C-loading epilogues.\n"
             "```python\n# k7 128x192 in code stays: code blocks are the screen's\n```\n")
     assert answers.tuning_lines(k7, page, tuned) == [1, 3]  # k7's sentence and its (shape, config) row
-    out = answers.without_tuning(k7, page, tuned)
+    out = answers.without_tuning(page, answers.tuning_lines(k7, page, tuned))
     assert out.count(answers.TUNING_NOTE) == 2 and "k6 at 1B takes 1.10x" in out and "128x128 tile for" in out
     assert "# k7 128x192 in code stays" in out
     assert answers.tuning_lines(tasks.get_task("k6"), page, answers.expert_answers(tasks.get_task("k6"))[1]) == [2]
