@@ -233,6 +233,16 @@ def cmd_compile(args) -> int:
 # ---- compare ---------------------------------------------------------------------------------
 
 
+def _picks(task_name: str, spec: str) -> bool:
+    """Does the kernel spec pick any kernel of this task?"""
+    from epiforge.eval.compare import select_kernels
+
+    try:
+        return bool(select_kernels(task_name, [spec], one_of_several=True))
+    except ValueError:
+        return False
+
+
 def cmd_compare(args) -> int:
     from epiforge import tasks
     from epiforge.eval.compare import compare_all, select_kernels
@@ -249,16 +259,22 @@ def cmd_compare(args) -> int:
         raise ValueError(f"--reps must be at least 1 (got {args.reps})")
     if not args.all:
         names = list(dict.fromkeys(tasks.get_task(t).name for t in args.task))  # one judge, in the order given
-        plans = [(name, select_kernels(name, args.kernels)) for name in names]
     else:
-        plans = []
-        for t in tasks.load_catalogue()[0]:
-            try:
-                plans.append((t.name, select_kernels(t.name, args.kernels)))
-            except ValueError as e:  # e.g. no expert kernel and nothing generated: nothing to judge there
-                print(f"epiforge: skipped {t.name}: {str(e).splitlines()[0]}", file=sys.stderr)
-        if not plans:
-            raise ValueError(f"--all: no task has any of the kernels {args.kernels}")
+        names = [t.name for t in tasks.load_catalogue()[0]]
+    several = len(names) > 1  # a generated:... filter need match in one task only
+    plans = []
+    for name in names:
+        try:
+            plans.append((name, select_kernels(name, args.kernels, one_of_several=several)))
+        except ValueError as e:  # e.g. no expert kernel and nothing generated: nothing to judge there
+            if not args.all:
+                raise
+            print(f"epiforge: skipped {name}: {str(e).splitlines()[0]}", file=sys.stderr)
+    if not plans:
+        raise ValueError(f"--all: no task has any of the kernels {args.kernels}")
+    for spec in args.kernels if several else ():
+        if spec.startswith("generated:") and not any(_picks(name, spec) for name, _ in plans):
+            raise ValueError(f"--kernels {spec}: no generated kernel of these tasks matches")
     store = None
     if args.store:
         from epiforge.eval.store import ResultStore

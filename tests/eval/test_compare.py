@@ -36,6 +36,19 @@ def test_selecting_kernels(tmp_path):
             select_kernels("k8", bad)
     with pytest.raises(ValueError, match="no generated kernel nope of k8_gemm_swiglu .looked in .*generated_kernels"):
         resolve_kernel("generated:nope", "k8_gemm_swiglu")
+    # judged together, a filter need match in one task: the others keep their other kernels
+    assert select_kernels("k1", ["expert", "generated:backend=anthropic"], one_of_several=True) == \
+        select_kernels("k1", ["expert"])
+
+
+def test_a_generated_filter_over_several_tasks_must_match_in_one(capsys):
+    from epiforge import cli
+
+    assert cli.main(["compare", "--task", "k1", "k8", "--kernels", "expert", "generated:model=nobody"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "generated:model=nobody: no generated kernel of these tasks matches" in err
+    assert cli.main(["compare", "--task", "k1", "--kernels", "expert", "generated:model=nobody"]) == 2
+    assert "no generated kernel of k1_gemm_rmsnorm matches" in capsys.readouterr().err
 
 
 def test_compare_on_a_cpu_judges_each_kernel_and_times_none(tmp_path):
