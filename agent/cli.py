@@ -404,7 +404,9 @@ def cmd_generate(args) -> int:
     from epiforge.agent.loop import KernelNotSaved
     from epiforge.agent.session import ConfigError, LogError
     from epiforge.cli import os_error_line
+    from epiforge.eval.judge_zygote import warm_judges
 
+    warm_judges()  # many evaluations in this process: each judge forked warm (eval/judge_zygote.py)
     problem = _number_problem(args)
     if problem:
         return _die(problem)
@@ -543,7 +545,9 @@ def cmd_replay(args) -> int:
     from epiforge.agent.backends import BackendError
     from epiforge.agent.loop import data_path
     from epiforge.agent.replay import replay
+    from epiforge.eval.judge_zygote import warm_judges
 
+    warm_judges()  # many evaluations in this process: each judge forked warm (eval/judge_zygote.py)
     if args.fork_at is not None and not args.backend:
         return _die("--fork-at needs --backend: the live backend that continues the session")
     if args.backend and args.fork_at is None:
@@ -606,7 +610,9 @@ def cmd_ablate(args) -> int:
     from epiforge.agent.backends import BackendError
     from epiforge.agent.loop import data_path
     from epiforge.agent.session import ConfigError
+    from epiforge.eval.judge_zygote import warm_judges
 
+    warm_judges()  # many evaluations in this process: each judge forked warm (eval/judge_zygote.py)
     if args.report:  # before any session runs: a report that cannot be written must not cost them
         from epiforge.agent.loop import output_file_problem
 

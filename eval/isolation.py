@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from epiforge import IMPORT_ROOT
+from epiforge.eval import judge_zygote
 
 STDERR_TAIL = 4000
 MAX_CHANNEL_BYTES = 32 * 2**20
@@ -374,13 +375,15 @@ def run_judge(request: dict, *, timeout_s: float, extra_env: dict | None = None,
     try:
         err_path = Path(tmp) / "judge.stderr"
         with open(err_path, "wb") as err:
+            args = ["--result-fd", str(write_fd), "--tmp", tmp, "--parent", str(os.getpid())]
+            env = clean_env(extra_env)
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", module, "--result-fd", str(write_fd), "--tmp", tmp,
-                     "--parent", str(os.getpid())],
-                    stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=tmp, env=clean_env(extra_env),
-                    pass_fds=(write_fd,), start_new_session=True,
-                )
+                # a judge forked by a warm zygote where the harness asked for them (judge_zygote.warm_judges)
+                proc = judge_zygote.start_judge(args, env=env, cwd=tmp, stderr_fd=err.fileno(), pass_fd=write_fd,
+                                                module=module)
+                if proc is None:
+                    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE, stdout=err,
+                                            stderr=err, cwd=tmp, env=env, pass_fds=(write_fd,), start_new_session=True)
             finally:
                 os.close(write_fd)
             try:

@@ -36,20 +36,22 @@ import time
 import traceback
 from pathlib import Path
 
-#: spare runners forked first thing (eval/runner.py fork_spares), before the judge imports its
-#: own modules or reads the request: a candidate judged in the launcher mode takes two (the
-#: describer and the launcher). EPIFORGE_RUNNER_SPARES=0: none, each runner a new process.
-SPARES = 2
+#: spare runners forked first thing (eval/runner.py fork_spares, SPARES_PER_JUDGE of them),
+#: before the judge imports its own modules or reads the request (a judge forked by a warm
+#: zygote does the same: eval/judge_zygote.py). EPIFORGE_RUNNER_SPARES=0: none, each runner a
+#: new process.
 if __name__ == "__main__" and os.environ.get("EPIFORGE_RUNNER_SPARES") != "0":
     from epiforge.eval.runner import fork_spares
 
-    fork_spares(SPARES)
+    fork_spares()
 
 from epiforge.eval.isolation import make_undumpable, setup_child  # noqa: E402
 from epiforge.eval.machine import fingerprint  # noqa: E402
 from epiforge.eval.result import Outcome, Result, ShapeResult, worst_element  # noqa: E402
 
-_STARTED = time.monotonic()  # this module's import: the judge's own startup counts in its first stage
+#: this module's import (or, in a judge forked by a warm zygote, its fork): the judge's own
+#: startup counts in its first stage
+_STARTED = time.monotonic()
 
 _RUNNERS: list = []  # the live KernelProcesses, for the SIGTERM handler
 _TMP = None
@@ -116,11 +118,12 @@ class Candidate:
                              stderr_tail=stderr, stage_s=self.clock.so_far())
 
 
-def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED) -> list[Result]:
+def judge(request: dict, channel: Channel, tmp: Path, started: float | None = None) -> list[Result]:
     """The whole evaluation of one kernel, or of several of one task timed together in ONE
     interleaved run per shape (request["kernels"]: [{label, source, base, launcher?}], a
     kernel's "launcher" overriding the request's); never raises:
-    every failure is a Result. started: when its first stage ("load") began."""
+    every failure is a Result. started: when its first stage ("load") began (default: when
+    this judge's process began, _STARTED)."""
     from epiforge.eval.gpu_stages import run_timed_stages
     from epiforge.eval.numerics import check_shape
     from epiforge.eval.plausibility import Ceilings
@@ -131,7 +134,7 @@ def judge(request: dict, channel: Channel, tmp: Path, started: float = _STARTED)
 
     device = request["device"]
     deadline = time.monotonic() + float(request["timeout_s"])
-    clock = Stopwatch("load", started)
+    clock = Stopwatch("load", _STARTED if started is None else started)
     # a kernel's own "launcher" (compare times a kernel in both modes side by side) or the job's
     cands = [Candidate(k["label"], k["source"], k["base"], clock, bool(k.get("launcher", request.get("launcher"))))
              for k in request["kernels"]]

@@ -558,7 +558,12 @@ def become_runner(sock: socket.socket, parent: int) -> None:
 SPARES: list[tuple[int, socket.socket]] = []
 
 
-def fork_spares(n: int) -> None:
+#: how many spares a judge forks: a candidate judged in the launcher mode takes two (the
+#: describer and the launcher)
+SPARES_PER_JUDGE = 2
+
+
+def fork_spares(n: int = SPARES_PER_JUDGE) -> None:
     """Fork `n` spare CPU runners (`become_runner`) from the judge at its very start, with
     this module's imports (torch's included) and nothing of the judge's own: no task, no
     reference, no request (it has not been read). A spare saves a runner's start-up

@@ -63,6 +63,12 @@ def pytest_configure(config):
     core count, two layer evaluations side by side on 2 cores took about four times as long
     as with 1 thread each (OpenMP's threads spin while they wait;
     bench/results/cpu/thread-share.json, bench/thread_share.py). A count the user set stands."""
+    # the suite's thousands of in-process evaluations: each judge forked by a warm zygote
+    # (eval/judge_zygote.py) instead of a new Python importing torch (CLIs the tests start
+    # judge the plain way)
+    from epiforge.eval.judge_zygote import warm_judges
+
+    warm_judges(True)
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers and not os.environ.get("OMP_NUM_THREADS"):
         threads = str(max(1, len(os.sched_getaffinity(0)) // workers))

@@ -163,10 +163,11 @@ def test_the_cli_compares_and_stores(tmp_path):
 
 
 def _judges_of_this_process() -> set[int]:
-    """The pids of the judges this process started (Linux /proc)."""
+    """The pids of the judges this process started (Linux /proc): its children that run
+    the judge, and the children of its warm judges' zygotes (eval/judge_zygote.py)."""
     import os
 
-    found = set()
+    procs = {}  # pid -> (parent, command line)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -175,9 +176,10 @@ def _judges_of_this_process() -> set[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"epiforge.eval.judge" in cmdline:
-            found.add(int(entry.name))
-    return found
+        procs[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
+    zygotes = {pid for pid, (parent, cmd) in procs.items() if parent == os.getpid() and b"eval.judge_zygote" in cmd}
+    return {pid for pid, (parent, cmd) in procs.items()
+            if (parent == os.getpid() and b"epiforge.eval.judge\0" in cmd) or parent in zygotes}
 
 
 def test_several_tasks_are_judged_by_one_judge_in_order():

@@ -6,6 +6,7 @@ temp dir behind; the judge is out of the runner's reach; the CLI answers in one 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,7 +77,8 @@ def test_a_runner_is_a_spare_the_judge_forked_unless_turned_off(tmp_path, monkey
         cmd, rest = r.message.split("CMD ", 1)[1].split(" ENV ")
         env, cwd = rest.split(" CWD ")
         seen[spares] = (cmd, set(env.split()) - {"EPIFORGE_RUNNER_SPARES"}, cwd.strip(), r.environment["runner_sandbox"])
-    assert "-m epiforge.eval.judge " in seen["1"][0] and "-m epiforge.eval.runner " in seen["0"][0], seen
+    # a spare's command line is its judge's: a judge forked by the suite's warm zygote has the zygote's
+    assert re.search(r"-m epiforge\.eval\.judge(_zygote)? ", seen["1"][0]) and "-m epiforge.eval.runner " in seen["0"][0], seen
     assert {"HOME", "TMPDIR", "QUACK_CACHE_DIR", "PYTHONHASHSEED"} <= seen["1"][1]
     assert seen["1"][1] == seen["0"][1]  # the same names; their values are per runner (its dir)
     assert all("/runner-" in seen[s][2] for s in seen), seen
@@ -188,6 +190,68 @@ def test_a_killed_cli_leaves_nothing_behind(tmp_path, how, ctrl_c_reaches_childr
     finally:
         if cli_proc.poll() is None:
             cli_proc.kill()
+
+
+def test_a_warm_judge_judges_as_a_new_process_does(monkeypatch):
+    """eval/judge_zygote.py: a judge forked by the warm zygote (what this suite runs on) gives
+    the verdict a judge started afresh gives, numbers and all; its first stage counts from its
+    fork, not from the zygote's start; one zygote serves every environment that differs only in
+    LATE_ENV (each test's data directory), another environment gets its own."""
+    from epiforge.eval import judge_zygote
+
+    def verdict(r):
+        return r.outcome, [(s.shape, s.dtype, [(c.name, c.max_error) for c in s.outputs]) for s in r.per_shape]
+
+    judge_zygote.warm_judges(False)
+    try:
+        fresh = evaluate("k1", "human", seed=5)
+        judge_zygote.warm_judges(True)
+        warm = evaluate("k1", "human", seed=5)
+        time.sleep(1.5)  # the zygote idles: a judge forked now must not count it
+        monkeypatch.setenv("EPIFORGE_DATA_DIR", str(Path(judge_zygote.__file__).parent))  # late: same zygote
+        again = evaluate("k1", "human", seed=5)
+        assert len(judge_zygote._zygotes) == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2")
+        other = evaluate("k1", "human", seed=5)
+        assert len(judge_zygote._zygotes) == 2  # read at import: a zygote of its own
+    finally:
+        judge_zygote.warm_judges(True)
+    assert fresh.passed and verdict(warm) == verdict(fresh) == verdict(again) == verdict(other)
+    assert again.stage_s["load"] < 1.0, again.stage_s
+
+
+def test_a_killed_harness_with_warm_judges_leaves_nothing_behind(tmp_path):
+    """kill -9 a harness whose judges come from a warm zygote, while a spinning kernel runs:
+    the zygote dies with the harness, the judge with the zygote, the runner with the judge,
+    and the evaluation's temp dir is gone."""
+    marker = f"epiforge-test-{os.getpid()}-warm"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "EPIFORGE_TEST_MARKER": marker}
+    script = ("import sys\nfrom epiforge.eval import evaluate\nfrom epiforge.eval.judge_zygote import warm_judges\n"
+              "warm_judges()\nevaluate('k1', sys.argv[1], timeout_s=300)\n")
+    harness = subprocess.Popen([sys.executable, "-c", script, str(EXPLOITS / "infinite_loop.py")], cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):  # until the runner is up (harness, zygote, judge, runner carry the marker)
+            if len(_ours(marker, str(tmp_path))) >= 4 and any(tmp_path.glob(f"{TEMP_PREFIX}*/runner-*")):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the evaluation did not start")
+        time.sleep(2)  # inside run() by now
+        harness.send_signal(9)
+        harness.wait(timeout=30)
+        for _ in range(100):
+            if not _ours(marker, str(tmp_path)) and not list(tmp_path.glob(f"{TEMP_PREFIX}*")):
+                break
+            time.sleep(0.1)
+        left = _ours(marker, str(tmp_path))
+        for pid in left:
+            os.kill(pid, 9)
+        assert not left, f"processes left running: {left}"
+        assert not list(tmp_path.glob(f"{TEMP_PREFIX}*")), "a temp dir was left behind"
+    finally:
+        if harness.poll() is None:
+            harness.kill()
 
 
 SANDBOXED = "user and mount namespaces: read-only filesystem but its own dir, no network, its own PID namespace"
