@@ -1,4 +1,4 @@
-"""The leaderboard: tasks x tracks from Results (the store's and the shipped H200 ones), and
+"""The leaderboard: tasks x tracks from Results (the store's and the shipped H200 and H100 ones), and
 per backend and model from agent session logs.
 
 A track is where a kernel came from: "expert" (human_kernels/), "generated:<backend>/<model>"
@@ -6,9 +6,9 @@ A track is where a kernel came from: "expert" (human_kernels/), "generated:<back
 `ranked` (PASSED, timed on a GPU, not quarantined) enter the tables; quarantined
 (IMPLAUSIBLE) and provisional (CPU-only) ones are listed apart. Of several ranked Results of
 one task and track the best (lowest worst fused / GEMM-only) stands for the cell. Every
-cell is of one precision (the Result's dtype, the one it was timed in): each precision
-present gets a table of its own, bfloat16 first, and a bf16 Result never stands beside or
-is compared with an fp16 one.
+cell is of one precision (the Result's dtype, the one it was timed in) and one GPU model (its
+machine's fingerprint): each GPU and precision present gets a table of its own, bfloat16
+first, and a Result never stands beside or is compared with one of another precision or GPU.
 
 Every number comes from a Result's ShapeTiming, i.e. from ratios taken repetition by
 repetition within one interleaved run. Generated / expert is too where `epiforge compare`
@@ -40,9 +40,17 @@ from epiforge.text import counted
 #: bench/compare_export.py writes them
 SHIPPED = DATA_DIR / "h200-compare.jsonl"
 SHIPPED_LATER = (DATA_DIR / "h200-compare-layer.jsonl",)
-SHIPPED_FILES = (SHIPPED, *SHIPPED_LATER)
+#: the H100's: `epiforge compare` of every task but the layer at the paper shapes, in two calls
+#: into one store (bench/results/h100/compare-all/README.md)
+SHIPPED_H100 = DATA_DIR / "h100-compare.jsonl"
+SHIPPED_FILES = (SHIPPED, *SHIPPED_LATER, SHIPPED_H100)
 BASELINE_COLUMNS = REPORTED
 FAST_P = (1.0, 1.2, 1.5)
+
+
+def gpu_of(r: Result) -> str:
+    """The GPU a Result was timed on, as its machine's fingerprint names it."""
+    return str(r.environment.get("gpu") or ("CPU" if r.device == "cpu" else "unnamed GPU"))
 
 
 def track_of(r: Result) -> str:
@@ -80,6 +88,11 @@ class Cell:
         """The precision of the cell's timings (its Result's dtype)."""
         return self.result.dtype
 
+    @property
+    def gpu(self) -> str:
+        """The GPU of the cell's timings: each GPU model's results stand apart."""
+        return gpu_of(self.result)
+
     def shapes(self):
         return [s for s in self.result.per_shape if s.timing is not None and not s.hidden]
 
@@ -106,29 +119,37 @@ class Board:
     cells: list[Cell] = field(default_factory=list)
     apart: list[tuple[str, Result]] = field(default_factory=list)  # (why, result): quarantined, provisional
     failed: list[Result] = field(default_factory=list)
-    unsolved: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (task, track, dtype) -> an outcome, nothing ranked
+    unsolved: dict[tuple[str, str, str, str], str] = field(default_factory=dict)  # (task, track, dtype, gpu) -> an outcome, nothing ranked
     sources: list[str] = field(default_factory=list)
     agents: list["AgentRow"] = field(default_factory=list)
 
     def tracks(self) -> list[str]:
         order = {"expert": 0, "candidate": 2}
-        found = {c.track for c in self.cells} | {track for _, track, _ in self.unsolved}
+        found = {c.track for c in self.cells} | {track for _, track, _, _ in self.unsolved}
         return sorted(found, key=lambda t: (order.get(t, 1), t))
 
     def dtypes(self) -> list[str]:
         """The precisions of the cells and unsolved rows, in the catalogue's order (bf16 first)."""
-        found = {c.dtype for c in self.cells} | {dtype for _, _, dtype in self.unsolved}
+        found = {c.dtype for c in self.cells} | {dtype for _, _, dtype, _ in self.unsolved}
         return sorted(found, key=lambda d: (PRECISIONS.index(d) if d in PRECISIONS else len(PRECISIONS), d))
 
-    def cell(self, task: str, track: str, dtype: str = "bfloat16") -> Cell | None:
-        return next((c for c in self.cells if (c.task, c.track, c.dtype) == (task, track, dtype)), None)
+    def gpus(self) -> list[str]:
+        """The GPUs of the cells and unsolved rows, by name (each gets tables of its own)."""
+        return sorted({c.gpu for c in self.cells} | {gpu for _, _, _, gpu in self.unsolved})
 
-    def fast_p(self, track: str, baseline: str, p: float, dtype: str = "bfloat16") -> tuple[int, int]:
-        """(shapes of the track's correct cells in `dtype` at least p times faster than the
-        baseline, shapes of those cells timed against that baseline)."""
+    def cell(self, task: str, track: str, dtype: str = "bfloat16", gpu: str | None = None) -> Cell | None:
+        """The cell of a task and track in one precision on one GPU (None: the first GPU, by
+        name, that has one)."""
+        return next((c for gpu_ in ([gpu] if gpu else self.gpus()) for c in self.cells
+                     if (c.task, c.track, c.dtype, c.gpu) == (task, track, dtype, gpu_)), None)
+
+    def fast_p(self, track: str, baseline: str, p: float, dtype: str = "bfloat16",
+               gpu: str | None = None) -> tuple[int, int]:
+        """(shapes of the track's correct cells in `dtype` on `gpu` (None: any) at least p times
+        faster than the baseline, shapes of those cells timed against that baseline)."""
         hit = total = 0
         for c in self.cells:
-            if c.track != track or c.dtype != dtype:
+            if c.track != track or c.dtype != dtype or gpu not in (None, c.gpu):
                 continue
             for s in c.shapes():
                 if baseline in s.timing.speedup:
@@ -139,7 +160,7 @@ class Board:
 
 def build(results: list[Result], agents: list["AgentRow"] | None = None, sources: list[str] | None = None) -> Board:
     board = Board(sources=list(sources or []), agents=list(agents or []))
-    best: dict[tuple[str, str, str], Result] = {}
+    best: dict[tuple[str, str, str, str], Result] = {}
     for r in results:
         if r.provisional:
             board.apart.append(("provisional: passed on the CPU emulator only", r))
@@ -148,14 +169,14 @@ def build(results: list[Result], agents: list["AgentRow"] | None = None, sources
         elif r.outcome in NOT_THE_KERNELS_FAULT:
             board.apart.append(("the task's own code failed, not the kernel: " + r.message[:120].replace("|", "/"), r))
         elif r.ranked:
-            key = (r.task, track_of(r), r.dtype)
+            key = (r.task, track_of(r), r.dtype, gpu_of(r))
             if key not in best or _worst(r) < _worst(best[key]):
                 best[key] = r
         else:
             board.failed.append(r)
-    board.cells = [Cell(task, track, r) for (task, track, _), r in sorted(best.items())]
+    board.cells = [Cell(task, track, r) for (task, track, _, _), r in sorted(best.items())]
     for r in board.failed:
-        board.unsolved.setdefault((r.task, track_of(r), r.dtype), r.outcome.value)
+        board.unsolved.setdefault((r.task, track_of(r), r.dtype, gpu_of(r)), r.outcome.value)
     for key in best:
         board.unsolved.pop(key, None)
     return board
@@ -253,8 +274,9 @@ def render_markdown(board: Board) -> str:
         lines += ["No ranked results yet: a Result is ranked once it PASSED and was timed on a Hopper GPU "
                   "(`epiforge eval --device gpu --store FILE`, `epiforge compare`).", ""]
     else:
-        for dtype in board.dtypes():
-            lines += _tasks_table(board, dtype)
+        for gpu in board.gpus():  # each GPU model's results apart: never one ratio across two
+            for dtype in board.dtypes():
+                lines += _tasks_table(board, dtype, gpu)
     lines += _agents_table(board)
     if board.apart:
         lines += ["## Not ranked", "", "| task | track | outcome | why |", "|---|---|---|---|"]
@@ -268,27 +290,29 @@ def _in(dtype: str) -> str:
     return "" if dtype == "bfloat16" else f" ({dtype})"
 
 
-def _tasks_table(board: Board, dtype: str) -> list[str]:
-    """The tasks x tracks table of the cells in one precision, and its fast_p."""
-    cells = [c for c in board.cells if c.dtype == dtype]
-    unsolved = {(t, track): why for (t, track, d), why in board.unsolved.items() if d == dtype}
+def _tasks_table(board: Board, dtype: str, gpu: str) -> list[str]:
+    """The tasks x tracks table of the cells in one precision on one GPU, and its fast_p
+    (nothing where that GPU has no row in that precision)."""
+    cells = [c for c in board.cells if c.dtype == dtype and c.gpu == gpu]
+    unsolved = {(t, track): why for (t, track, d, g), why in board.unsolved.items() if d == dtype and g == gpu}
+    if not cells and not unsolved:
+        return []
     present = [b for b in BASELINE_COLUMNS if any(c.speedup_geomean(b) is not None for c in cells)]
     shapes = []
     for c in cells:
         for s in c.shapes():
             if s.shape not in shapes:
                 shapes.append(s.shape)
-    gpu = sorted({c.result.environment.get("gpu", "?") for c in cells})
     header = ["task", "track", "correct", "fraction of the speed of light", *(f"x {b} (geomean)" for b in present),
               "generated / expert"]
-    out = [f"## Tasks x tracks in {dtype} ({', '.join(gpu) or 'nothing ranked'}, {' / '.join(shapes) or '-'})", "",
+    out = [f"## Tasks x tracks in {dtype} on {gpu} ({' / '.join(shapes) or 'nothing ranked'})", "",
            _md_row(*header), "|" + "---|" * len(header)]
     tasks = sorted({c.task for c in cells} | {t for t, _ in unsolved}, key=lambda t: task_order(id_of(t)))
     stale: list[str] = []
     for task in tasks:
-        expert = board.cell(task, "expert", dtype)
+        expert = board.cell(task, "expert", dtype, gpu)
         for track in ["expert", *(t for t in board.tracks() if t != "expert")]:  # an empty expert track shows too
-            c = board.cell(task, track, dtype)
+            c = board.cell(task, track, dtype, gpu)
             if c is None:
                 if track == "expert" and (task, track) not in unsolved and expert_kernel(task) is None:
                     out.append(_md_row(id_of(task), "expert", "none: the task has no expert kernel", "-",
@@ -317,7 +341,7 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
     if untimed:
         out.append("")
         out.append(f"Not timed here yet: {', '.join(untimed)} (catalogue tasks with an expert kernel and no result "
-                   f"in {dtype} among these sources; `epiforge compare --task ID --device gpu` times one).")
+                   f"in {dtype} on {gpu} among these sources; `epiforge compare --task ID --device gpu` times one).")
     if stale:
         out.append("")
         out.append(f"expert (earlier version): {', '.join(stale)} were timed with an earlier version of today's "
@@ -332,7 +356,7 @@ def _tasks_table(board: Board, dtype: str) -> list[str]:
                    "takes a mean (README: conventions).")
     out.append("")
     fast = [(track, b, counts) for track in board.tracks() for b in present
-            if (counts := [board.fast_p(track, b, p, dtype) for p in FAST_P])[0][1]]
+            if (counts := [board.fast_p(track, b, p, dtype, gpu) for p in FAST_P])[0][1]]
     out += ["fast_p (shapes at least p times faster than the baseline / shapes timed against it):", ""]
     if fast:
         out += [_md_row("track", "baseline", *(f"p = {p}" for p in FAST_P)), "|---|---|" + "---|" * len(FAST_P)]

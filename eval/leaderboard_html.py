@@ -47,16 +47,17 @@ def plot_speed_of_light(board: Board) -> str | None:
         for s in c.shapes():
             if s.shape not in shapes:
                 shapes.append(s.shape)
-    dtypes = board.dtypes()  # a series per track and precision: a bf16 bar never stands for an fp16 one
-    series = [(track, dtype) for dtype in dtypes for track in board.tracks()]
+    # a series per GPU, precision and track: a bar never stands for another GPU's or precision's
+    dtypes, gpus = board.dtypes(), board.gpus()
+    series = [(gpu, dtype, track) for gpu in gpus for dtype in dtypes for track in board.tracks()]
     labels = sorted({c.task for c in cells}, key=lambda t: task_order(id_of(t)))
     width = 0.8 / max(1, len(series) * len(shapes))
-    for ti, (track, dtype) in enumerate(series):
-        name = track if len(dtypes) == 1 else f"{track} {dtype}"
+    for ti, (gpu, dtype, track) in enumerate(series):
+        name = " ".join([track, *([dtype] if len(dtypes) > 1 else []), *([gpu] if len(gpus) > 1 else [])])
         for si, shape in enumerate(shapes):
             xs, ys = [], []
             for i, task in enumerate(labels):
-                c = board.cell(task, track, dtype)
+                c = board.cell(task, track, dtype, gpu)
                 t = next((s.timing for s in (c.shapes() if c else []) if s.shape == shape), None)
                 if t is not None:
                     xs.append(i + (ti * len(shapes) + si) * width - 0.4 + width / 2)
@@ -77,9 +78,10 @@ def plot_generated_vs_expert(board: Board) -> str | None:
         if not track.startswith("generated"):
             continue
         for c in board.cells:
-            expert = board.cell(c.task, "expert", c.dtype)
+            expert = board.cell(c.task, "expert", c.dtype, c.gpu)
             if c.track == track and expert is not None:
-                name = id_of(c.task) + ("" if c.dtype == "bfloat16" else f" {c.dtype}")
+                name = id_of(c.task) + ("" if c.dtype == "bfloat16" else f" {c.dtype}") + (
+                    f" {c.gpu}" if len(board.gpus()) > 1 else "")
                 pairs.append((1 / expert.worst_over_sol, 1 / c.worst_over_sol, name, track))
     if not pairs:
         return None

@@ -13,11 +13,11 @@ from epiforge.eval.store import ResultStore
 
 
 def test_stores_become_one_result_per_task_and_kernel(tmp_path):
-    shipped = lb.load_shipped()
-    k8 = [r for r in shipped if r.task == "k8_gemm_swiglu"]
+    shipped = lb.load_shipped_file(lb.SHIPPED_H100)  # k9 there: its expert and a generated kernel
+    k9 = [r for r in shipped if r.task == "k9_gemm_partial_cross_entropy"]
     k1 = next(r for r in shipped if r.task == "k1_gemm_rmsnorm")
     first, second = ResultStore(tmp_path / "a.sqlite"), ResultStore(tmp_path / "b.sqlite")
-    for r in [*k8, k1]:  # as a GPU machine stores them: absolute paths under its checkout
+    for r in [*k9, k1]:  # as a GPU machine stores them: absolute paths under its checkout
         first.add(r.model_copy(update={"kernel": str(REPO / r.kernel)}))
     again = k1.model_copy(update={"kernel": "/elsewhere/checkout/" + k1.kernel, "message": "the second run"})
     second.add(again)
@@ -29,13 +29,13 @@ def test_stores_become_one_result_per_task_and_kernel(tmp_path):
     got = [Result.model_validate_json(line) for line in out.read_text().splitlines()]
     # k1 twice (two stores), once in the file: the later store's
     assert sorted((r.task, r.track, r.dtype) for r in got) == sorted(
-        [*((r.task, r.track, "bfloat16") for r in [*k8, k1]), ("k1_gemm_rmsnorm", "expert", "float16")])
+        [*((r.task, r.track, "bfloat16") for r in [*k9, k1]), ("k1_gemm_rmsnorm", "expert", "float16")])
     k1_out = next(r for r in got if r.task == "k1_gemm_rmsnorm" and r.dtype == "bfloat16")
     assert k1_out.message == "the second run" and k1_out.environment["commit"] == "c2"
     assert len([c for c in compare_export.comparisons(got) if c.task == "k1_gemm_rmsnorm"]) == 2  # one per precision
     assert all(not r.kernel.startswith("/") and (REPO / r.kernel).is_file() for r in got)
     text = md.read_text()
-    assert "## k8_gemm_swiglu on the GPU" in text and "## k1_gemm_rmsnorm on the GPU" in text
+    assert "## k9_gemm_partial_cross_entropy on the GPU" in text and "## k1_gemm_rmsnorm on the GPU" in text
     assert "at commit c1, c2" in text and "| generated:" in text
     assert text.startswith("# epiforge compare at the paper shapes on the ")
 
@@ -52,7 +52,7 @@ def test_the_title_names_the_shape_sets_the_results_ran(tmp_path):
 
 def test_agreement_pairs_each_expert_row_with_the_bench_files():
     raw = json.loads((REPO / "bench" / "results" / "h200" / "final.json").read_text())
-    rows = compare_export.agreement(lb.load_shipped(), load_report(REPO / "bench" / "results" / "h200" / "final.json"))
+    rows = compare_export.agreement(lb.load_shipped_file(lb.SHIPPED), load_report(REPO / "bench" / "results" / "h200" / "final.json"))
     bench = {(r["task"], r["shape"]): r for r in raw["rows"]}
     assert len(rows) == len(bench)  # every bench row has its compare row
     for a in rows:
