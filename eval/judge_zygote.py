@@ -31,8 +31,9 @@ import time
 import traceback
 
 #: the judge's environment names a zygote's judges may hold other values of than the zygote
-#: (read at run time, never while the modules import): the per-test data directory
-LATE_ENV = frozenset({"EPIFORGE_DATA_DIR"})
+#: (read at run time, never while the modules import): where the data directory and the
+#: pack screen's cache are (each test sets its own)
+LATE_ENV = frozenset({"EPIFORGE_DATA_DIR", "EPIFORGE_SCREEN_CACHE"})
 MAX_ZYGOTES = 2
 JUDGE_MODULE = "epiforge.eval.judge"
 
@@ -60,7 +61,7 @@ def start_judge(args: list[str], *, env: dict, cwd: str, stderr_fd: int, pass_fd
     if not _enabled or module != JUDGE_MODULE:
         return None
     key = (sys.executable, tuple(sorted((k, v) for k, v in env.items() if k not in LATE_ENV)))
-    with _lock:
+    with _lock:  # through the fork: a zygote is closed only while no thread is forking or waiting on it
         zygote = _zygotes.get(key)
         if zygote is None or not zygote.alive():
             if zygote is not None:
@@ -69,7 +70,7 @@ def start_judge(args: list[str], *, env: dict, cwd: str, stderr_fd: int, pass_fd
             for old in idle[:max(0, len(_zygotes) + 1 - MAX_ZYGOTES)]:
                 _zygotes.pop(old).close()
             zygote = _zygotes[key] = Zygote(env)
-    return zygote.fork(args, env=env, cwd=cwd, stderr_fd=stderr_fd, pass_fd=pass_fd)
+        return zygote.fork(args, env=env, cwd=cwd, stderr_fd=stderr_fd, pass_fd=pass_fd)
 
 
 class ForkedJudge:

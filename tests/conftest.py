@@ -68,7 +68,7 @@ def pytest_configure(config):
     # judge the plain way)
     from epiforge.eval.judge_zygote import warm_judges
 
-    warm_judges(True)
+    warm_judges(os.environ.get("EPIFORGE_TEST_WARM_JUDGES") != "0")  # 0: each judge a new process
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers and not os.environ.get("OMP_NUM_THREADS"):
         threads = str(max(1, len(os.sched_getaffinity(0)) // workers))

@@ -213,8 +213,9 @@ def test_shipped_results_from_before_fp16_read_as_bf16():
         says = ["dtypes" in r or any("dtype" in s for s in r["per_shape"]) for r in raw]
         assert raw and len(set(says)) == 1, path  # a file is from before fp16 or after it, not both
         results = [Result.model_validate(r) for r in raw]
-        if says[0]:  # from after: each Result names its precision
-            assert all(r.dtype in r.dtypes and all(s.dtype == r.dtype for s in r.per_shape) for r in results), path
+        if says[0]:  # from after: each Result names its precisions, and times only the first (its dtype)
+            assert all(r.dtype == r.dtypes[0] and all(s.dtype in r.dtypes for s in r.per_shape)
+                       and all(s.dtype == r.dtype for s in r.per_shape if s.timing) for r in results), path
             continue
         old += 1  # from before: they say nothing, and read as bf16
         assert all(r.dtypes == ["bfloat16"] and r.dtype == "bfloat16" for r in results), path
