@@ -50,7 +50,7 @@ SEED = 20261201
 SHIPPED_CACHE = Path(__file__).resolve().parent / "data" / "screen_cache.json"
 #: what decides a verdict besides the task's own folder (hashed per task): see the docstring
 VERDICT_SOURCES = ("agent/screen.py", "primitives/*.py", "tasks/*.py", "tasks/shapes.toml",
-                   *(f"eval/{m}.py" for m in ("__init__", "channel", "evaluation", "guard", "isolation", "judge", "judge_zygote",
+                   *(f"eval/{m}.py" for m in ("__init__", "channel", "evaluation", "guard", "isolation", "judge",
                                              "kernel", "launches", "machine", "numerics", "remote", "result",
                                              "runner", "secret_shapes", "static_checks")))
 BLOCK = re.compile(r"^(?P<fence>```|~~~)[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
