@@ -159,25 +159,19 @@ def _ours(*markers: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
-def test_a_killed_cli_leaves_nothing_behind(tmp_path, how, ctrl_c_reaches_children):
-    """kill -9 (or Ctrl-C) the CLI while a spinning kernel runs: the judge and the runner
-    die with it, and the evaluation's temp dir is gone."""
-    marker = f"epiforge-test-{os.getpid()}-{how}"
-    env = {**os.environ, "TMPDIR": str(tmp_path), "EPIFORGE_TEST_MARKER": marker}
-    cli_proc = subprocess.Popen([sys.executable, "-m", "epiforge", "eval", "--task", "k1", "--kernel",
-                                 str(EXPLOITS / "infinite_loop.py"), "--timeout", "300"], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _kill_midway_and_find_nothing_left(proc, marker: str, tmp_path: Path, signum: int, up: int) -> None:
+    """Once `up` processes carry the marker and the runner's dir exists, wait 2 s (inside
+    run() by then) and send `proc` signum: then no marked process and no temp dir may be left."""
     try:
-        for _ in range(600):  # until the runner is up (three processes carry the marker)
-            if len(_ours(marker, str(tmp_path))) >= 3 and any(tmp_path.glob(f"{TEMP_PREFIX}*/runner-*")):
+        for _ in range(600):
+            if len(_ours(marker, str(tmp_path))) >= up and any(tmp_path.glob(f"{TEMP_PREFIX}*/runner-*")):
                 break
             time.sleep(0.1)
         else:
             pytest.fail("the evaluation did not start")
-        time.sleep(2)  # inside run() by now
-        cli_proc.send_signal(9 if how == "SIGKILL" else 2)
-        cli_proc.wait(timeout=30)
+        time.sleep(2)
+        proc.send_signal(signum)
+        proc.wait(timeout=30)
         for _ in range(100):
             if not _ours(marker, str(tmp_path)) and not list(tmp_path.glob(f"{TEMP_PREFIX}*")):
                 break
@@ -188,8 +182,20 @@ def test_a_killed_cli_leaves_nothing_behind(tmp_path, how, ctrl_c_reaches_childr
         assert not left, f"processes left running: {left}"
         assert not list(tmp_path.glob(f"{TEMP_PREFIX}*")), "a temp dir was left behind"
     finally:
-        if cli_proc.poll() is None:
-            cli_proc.kill()
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_cli_leaves_nothing_behind(tmp_path, how, ctrl_c_reaches_children):
+    """kill -9 (or Ctrl-C) the CLI while a spinning kernel runs: the judge and the runner
+    die with it, and the evaluation's temp dir is gone."""
+    marker = f"epiforge-test-{os.getpid()}-{how}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "EPIFORGE_TEST_MARKER": marker}
+    cli_proc = subprocess.Popen([sys.executable, "-m", "epiforge", "eval", "--task", "k1", "--kernel",
+                                 str(EXPLOITS / "infinite_loop.py"), "--timeout", "300"], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_midway_and_find_nothing_left(cli_proc, marker, tmp_path, 9 if how == "SIGKILL" else 2, up=3)
 
 
 def test_a_warm_judge_judges_as_a_new_process_does(monkeypatch):
@@ -230,28 +236,7 @@ def test_a_killed_harness_with_warm_judges_leaves_nothing_behind(tmp_path):
               "warm_judges()\nevaluate('k1', sys.argv[1], timeout_s=300)\n")
     harness = subprocess.Popen([sys.executable, "-c", script, str(EXPLOITS / "infinite_loop.py")], cwd=REPO, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(600):  # until the runner is up (harness, zygote, judge, runner carry the marker)
-            if len(_ours(marker, str(tmp_path))) >= 4 and any(tmp_path.glob(f"{TEMP_PREFIX}*/runner-*")):
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the evaluation did not start")
-        time.sleep(2)  # inside run() by now
-        harness.send_signal(9)
-        harness.wait(timeout=30)
-        for _ in range(100):
-            if not _ours(marker, str(tmp_path)) and not list(tmp_path.glob(f"{TEMP_PREFIX}*")):
-                break
-            time.sleep(0.1)
-        left = _ours(marker, str(tmp_path))
-        for pid in left:
-            os.kill(pid, 9)
-        assert not left, f"processes left running: {left}"
-        assert not list(tmp_path.glob(f"{TEMP_PREFIX}*")), "a temp dir was left behind"
-    finally:
-        if harness.poll() is None:
-            harness.kill()
+    _kill_midway_and_find_nothing_left(harness, marker, tmp_path, 9, up=4)  # harness, zygote, judge, runner
 
 
 SANDBOXED = "user and mount namespaces: read-only filesystem but its own dir, no network, its own PID namespace"
