@@ -39,7 +39,7 @@ def measure(task_names: list[str], shapes: str, baselines: list[str], device: st
         torch.zeros(1, device="cuda")
         startup["cuda_init"] = round(time.perf_counter() - t, 3)
     t = time.perf_counter()
-    from epiforge.eval.baselines import extra_baselines, gemm_candidates
+    from epiforge.eval.baselines import close_baselines, extra_baselines, gemm_candidates
     from epiforge.eval.numerics import derive_seed, references
     from epiforge.tasks import get_task, shape_sets
 
@@ -64,7 +64,8 @@ def measure(task_names: list[str], shapes: str, baselines: list[str], device: st
             del exact, lowprec
             built: dict[str, float] = {}
             gemm_candidates(task, dims, [task.gemm_operand_sets(inputs, dims)], [], device, built_s=built)
-            _, _, skipped = extra_baselines(baselines, task, dims, [inputs], device, built_s=built)
+            fns, _, skipped = extra_baselines(baselines, task, dims, [inputs], device, built_s=built)
+            close_baselines(fns)
             row["built"] = built
             row["left_out"] = skipped
             per_shape[shape.name] = row

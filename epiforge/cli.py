@@ -507,9 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=30,
                    help="timed repetitions per shape on a GPU (default: 30, as bench/run.py; each repetition "
                         "times every kernel and baseline once, in a fresh random order)")
-    p.add_argument("--baselines", nargs="*", default=["torch_compile", "liger", "flashinfer", "quack_library"],
+    p.add_argument("--baselines", nargs="*", default=["coda", "torch_compile", "liger", "flashinfer", "quack_library"],
                    help="baselines timed beside cuBLAS, quack's plain GEMM (the speed of light) and eager PyTorch, "
-                        "on a GPU (default: torch_compile liger flashinfer quack_library; see eval/baselines.py)")
+                        "on a GPU (default: coda torch_compile liger flashinfer quack_library; coda needs "
+                        "EPIFORGE_CODA_ENV, see eval/coda.py; see eval/baselines.py)")
     p.add_argument("--seed", type=int, default=None, help="default: a fresh secret seed")
     p.add_argument("--store", default=None, help="also record every Result in this SQLite file")
     p.add_argument("--warm", action="store_true",

@@ -48,6 +48,8 @@ REGISTRY = {b.name: b for b in (
              "where Liger has the op", "judge"),
     Baseline("quack_library", "quack's own library epilogue where the expert kernel is ours (bench/quack_library.py)",
              "quack 0.6.5", "k2 k5 k6", "judge"),
+    Baseline("coda", "CODA's own kernels (coda-kernels 0.2), in a worker of their own with their quack (eval/coda.py)",
+             "coda-kernels 0.2 (quack 0.6.1)", "k3 k3hf k8 k9 k9l qkn", "judge"),
     Baseline("flashinfer", "cuBLAS + FlashInfer's norm / activation / rope kernels (bench/flashinfer.py)",
              "flashinfer-python 0.7.2.post1", "k0 k1 k2 k3 k3hf k4 k4hf k8 (no cross-entropy or backward kernels)",
              "judge"),
@@ -162,7 +164,20 @@ COMPOSITES = {"liger": ("epiforge.bench.liger", "Liger"), "flashinfer": ("epifor
 
 #: the baselines that reports (compare's tables, the leaderboard) give a speedup column, in
 #: this order, where a Result has them
-REPORTED = ("torch_compile", "liger", "flashinfer", "quack_library", "eager", "cublas")
+REPORTED = ("coda", "torch_compile", "liger", "flashinfer", "quack_library", "eager", "cublas")
+
+#: baselines timed in a worker process of their own, started per shape (eval/coda.py): nothing
+#: built ahead in another process carries over to them
+IN_WORKER = ("coda",)
+
+
+def close_baselines(fns: dict) -> None:
+    """End the workers of extra_baselines' fns (those timed in a process of their own)."""
+    for fn in fns.values():
+        close = getattr(fn, "close", None)
+        if close is not None:
+            close()
+
 
 #: baselines the evaluator always times; the others are asked for by name
 STANDARD = ("cublas", "quack_gemm", "gemm_only", "eager")
@@ -183,7 +198,8 @@ def unfused_fn(task):
 def extra_baselines(names, task, dims: dict, input_sets: list, device: str,
                     built_s: dict | None = None) -> tuple[dict[str, Callable], dict, dict]:
     """The asked-for baselines beyond the standard ones: ({name: fn(j)}, {name: note},
-    {name: why it was left out}). Each is called once here (a compile, a check that it runs);
+    {name: why it was left out}). A baseline timed in a process of its own (coda) has
+    timed_us(j) instead of a call the judge times, refresh(j) and close(). Each is called once here (a compile, a check that it runs);
     built_s, if given, gets {name: seconds} of building it and that first call."""
     import time
 
@@ -211,6 +227,22 @@ def extra_baselines(names, task, dims: dict, input_sets: list, device: str,
                 skipped[name] = f"{library} is not installed here, or has no composite for this task"
                 continue
             fn, note = (lambda j, _f=found[0]: _f(input_sets[j], dims)), found[1]
+        elif name == "coda":  # timed in its own worker (timed_us), its outputs checked when it starts
+            from epiforge.eval.coda import CodaBaseline, CodaUnavailable
+
+            try:
+                fn = CodaBaseline(task, dims, input_sets, device)
+            except CodaUnavailable as e:
+                skipped[name] = str(e)
+                continue
+            except Exception as e:  # it did not start here (out of memory, ...): left out, and the Result says why
+                skipped[name] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+                continue
+            finally:
+                if built_s is not None:
+                    built_s[name] = round(time.perf_counter() - t0, 3)
+            fns[name], notes[name] = fn, fn.note
+            continue
         elif name == "quack_library":
             from epiforge.bench.quack_library import alternatives
 

@@ -108,6 +108,19 @@ class KernelStageFailure(StageFailure):
 def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, shape_index: int, *, reps: int,
               warmup: int, rotate: int, device: str = "cuda", kernel_configs: list[str] = (),
               baselines: list[str] = (), stage=lambda name: None) -> dict[str, ShapeTiming]:
+    remotes = {}  # baselines timed in a process of their own (eval/coda.py): ended here, whatever happened
+    try:
+        return _benchmark(task, kernels, shape, master_seed, shape_index, reps=reps, warmup=warmup, rotate=rotate,
+                          device=device, kernel_configs=kernel_configs, baselines=baselines, stage=stage,
+                          remotes=remotes)
+    finally:
+        for remote in remotes.values():
+            remote.close()
+
+
+def _benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, shape_index: int, *, reps: int,
+               warmup: int, rotate: int, device: str, kernel_configs: list[str], baselines: list[str], stage,
+               remotes: dict) -> dict[str, ShapeTiming]:
     """Timings of every kernel and the baselines in ONE interleaved run, the timed outputs
     checked (module docstring). Each kernel's ShapeTiming has the baselines and, under
     "kernel:<name>", every other kernel, so their ratios are per repetition too. A kernel
@@ -144,6 +157,8 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
                 kernel_sets[j].private[name].copy_(fresh[name])
                 kernel_sets[j].shared[name].copy_(fresh[name])
         del fresh
+        for remote in remotes.values():
+            remote.refresh(j)
         if device == "cuda":
             torch.cuda.synchronize()
 
@@ -178,12 +193,13 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     stage("baselines")
     plain, skipped = gemm_candidates(task, dims, ab, [GemmConfig.parse(c) for c in kernel_configs], device)
     extra, extra_notes, extra_skipped = extra_baselines(baselines, task, dims, private, device)
+    remotes.update({n: f for n, f in extra.items() if hasattr(f, "timed_us")})  # timed in their own process
     stage("warmup")
     local = {**plain, "eager": lambda j: task.unfused(private[j], dims), **extra}
 
     def local_rep(name: str, j: int) -> tuple[float, float]:
         t0 = time.perf_counter()
-        us = timed_call(lambda: local[name](j), clock=clock)
+        us = remotes[name].timed_us(j) if name in remotes else timed_call(lambda: local[name](j), clock=clock)
         return us, (time.perf_counter() - t0) * 1e6
 
     names = [*(f"kernel:{k}" for k in kernels), *local]
@@ -231,6 +247,12 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     for b in bufs.values():
         b.close()
     null = {k: statistics.median(gaps) for k, gaps in null_gaps.items()}
+    for name, remote in remotes.items():  # one that failed while timed is left out, with why
+        if remote.failed:
+            names.remove(name)
+            del samples[name], walls[name]
+            extra_skipped[name] = f"failed while timed: {remote.failed}"
+            extra_notes.pop(name, None)
     summary = clocks.summary()
     timings = {n: summarize(samples[n], keep=True, clocks=summary) for n in names}
     sol = fastest({n: timings[n] for n in plain}, timings["cublas"])
@@ -244,8 +266,11 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
     for name in kernels:
         me = f"kernel:{name}"
         mine = {"kernel": timings[me], **{n: t for n, t in timings.items() if n != me}}
-        own = {"kernel": samples[me], **{n: v for n, v in samples.items() if not n.startswith("kernel:")}}
-        own_walls = {"kernel": walls[me], **{n: v for n, v in walls.items() if not n.startswith("kernel:")}}
+        # the judge's own gap: its own timed calls (a remote baseline's wall holds its IPC too)
+        own = {"kernel": samples[me], **{n: v for n, v in samples.items() if not n.startswith("kernel:")
+                                         and n not in remotes}}
+        own_walls = {"kernel": walls[me], **{n: v for n, v in walls.items() if not n.startswith("kernel:")
+                                             and n not in remotes}}
         out[name] = ShapeTiming.measured(mine, wall_check=wall_check(own, own_walls, rtt[name], null[name], device),
                                          checked_calls=checked[name], notes=notes)
     return out

@@ -40,11 +40,12 @@ def warm_task(task_name: str, shapes: str, baselines: list[str], device: str = "
     """Build the task's asked-for baselines at each named shape, as the judge's benchmark
     stage does (seed and values do not matter: only what gets compiled). Returns one note
     per baseline left out (it does not run here)."""
-    from epiforge.eval.baselines import extra_baselines
+    from epiforge.eval.baselines import IN_WORKER, extra_baselines
     from epiforge.eval.numerics import derive_seed
     from epiforge.tasks import get_task, shape_sets
 
     task = get_task(task_name)
+    baselines = [b for b in baselines if b not in IN_WORKER]
     left_out = []
     for i, shape in enumerate(shape_sets()[shapes]):
         dims = shape.dims()
