@@ -30,6 +30,7 @@
 #   bench/h200.sh quack-upstream # the C-load warp patch's quack-side test on a patched copy of quack (SHARDS processes)
 #   bench/h200.sh judge-launcher # the judge's launcher mode: its GPU test, the exploit suite's launcher cases (SHARDS processes) and every expert kernel at smoke and paper (check-launcher.json), side by side (nothing is timed)
 #   bench/h200.sh launcher-overhead # the expert kernels of LAUNCHER_TASKS judged in both modes, one interleaved run per paper shape (launcher-overhead.json)
+#   bench/h200.sh coda           # the coda baseline: its GPU test (CODA_STEP=test), or compare of the mapped tasks with it (compare-coda-<shapes>.md)
 #   bench/h200.sh layer          # the layer task (12 GEMMs): its expert through the evaluator at smoke and paper (check-layer.json), then compare at the paper shapes (compare-layer.md)
 #
 # Each GPU call gets a fresh copy of the working tree: before `rerun` in a later call, unpack
@@ -369,6 +370,32 @@ case "${1:-}" in
     echo "compare ${which[*]} ${kernels[*]} --shapes paper: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/compare-all.log"
     echo "$(grep -c "^## " "$OUT/compare-all.md" || true) tasks judged"
     grep -E "^Judged in" "$OUT/compare-all.md" | head -20 || true
+    ;;
+  coda)
+    # issue 45 point 1: the coda baseline (eval/coda.py; EPIFORGE_CODA_ENV from bench/stage_coda.sh's
+    # coda.sh). CODA_STEP=test: its GPU test at the smoke shapes (CODA autotunes and compiles its
+    # configs there: this machine's caches keep them for the next call); CODA_STEP=compare (the
+    # default): compare of the mapped tasks' experts with the coda baseline at CODA_SHAPES (paper),
+    # bf16, one judge (compare-coda-<shapes>.md, .sqlite, .log)
+    mkdir -p "$OUT"
+    install_objects
+    [ -n "${EPIFORGE_CODA_ENV:-}" ] || { echo "EPIFORGE_CODA_ENV is not set (source .gpu/coda2/coda.sh)"; exit 2; }
+    tasks=$($PY -c "from epiforge.eval.coda_worker import CONVENTIONS; print(*CONVENTIONS)")
+    if [ "${CODA_STEP:-compare}" = test ]; then
+      timeout "${CODA_TIMEOUT_S:-560}" $PY -m pytest -q -x -m gpu tests/eval/test_gpu_coda.py -p no:cacheprovider \
+        2>&1 | tee "$OUT/coda-test.log" | tail -30
+    else
+      shapes=${CODA_SHAPES:-paper}
+      fingerprint_line "compare coda $shapes" > "$OUT/compare-coda-$shapes.log"
+      start=$(date +%s); rc=0
+      # shellcheck disable=SC2086
+      timeout "${CODA_TIMEOUT_S:-560}" $PY -m epiforge compare --task $tasks --kernels expert --shapes "$shapes" \
+        --device gpu --dtype bf16 --reps "${CODA_REPS:-20}" --baselines coda \
+        --store "$OUT/compare-coda-$shapes.sqlite" > "$OUT/compare-coda-$shapes.md" 2>> "$OUT/compare-coda-$shapes.log" || rc=$?
+      echo "compare --task $tasks --shapes $shapes --baselines coda: exit $rc after $(( $(date +%s) - start )) s" \
+        | tee -a "$OUT/compare-coda-$shapes.log"
+      grep -E "coda|^## " "$OUT/compare-coda-$shapes.md" | head -40 || true
+    fi
     ;;
   judge-lead)
     # which GPU state the judge times in (eval/timing.py Lead): the same expert kernels under

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from epiforge.eval.coda_worker import CONVENTIONS
+from epiforge.eval.coda_worker import CONVENTIONS, ROUNDED
 
 ENV_VAR = "EPIFORGE_CODA_ENV"
 #: what `install` puts in CODA's environment: coda-kernels and the versions it pins, and its
@@ -40,6 +40,10 @@ PACKAGES = ("coda-kernels==0.2", "quack-kernels==0.6.1", "nvidia-cutlass-dsl==4.
             "einops", "ipdb")
 #: the CUDA-specific part of the CuTe DSL, one of these (matching torch's CUDA)
 CUDA_LIBS = {"12": "nvidia-cutlass-dsl-libs-cu12==4.6.0", "13": "nvidia-cutlass-dsl-libs-cu13==4.6.0"}
+#: an output CODA rounds through an intermediate (ROUNDED) may be off the task's reference by at
+#: most this RMS error, relative to the reference's RMS: a rounding of 16-bit precision is ~0.4 %
+#: (2^-8), a wrong mapping (direction, weight, layout) is of the order of 100 %
+ROUNDED_RMS = 0.01
 SETUP_TIMEOUT_S = 900.0  # CODA autotunes every config of its table on first use
 CALL_TIMEOUT_S = 120.0
 
@@ -67,6 +71,22 @@ def worker_path(env_dir: Path, ours: list[str]) -> list[str]:
     `quack`, `cutlass` and `nvidia_cutlass_dsl` all resolve to CODA's versions."""
     mine = [str(env_dir / "nvidia_cutlass_dsl" / "dsl_packages"), str(env_dir)]
     return mine + [p for p in ours if p and Path(p).name != "dsl_packages" and p not in mine]
+
+
+def rounded_check(out, exact) -> tuple[bool, str]:
+    """An output CODA computes through a rounded intermediate (ROUNDED): its RMS error within
+    ROUNDED_RMS of the reference's RMS, every element finite. (ok, what was measured)."""
+    import torch
+
+    out, exact = out.double(), exact.double()
+    if out.shape != exact.shape:
+        return False, f"shape {tuple(out.shape)}, expected {tuple(exact.shape)}"
+    if not torch.isfinite(out).all():
+        return False, "a non-finite element"
+    err = (out - exact).abs()
+    rel = float(err.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt().clamp_min(1e-30))
+    text = f"max error {float(err.max()):.3g}, RMS error {rel:.3%} of the reference's RMS"
+    return rel <= ROUNDED_RMS, text + ("" if rel <= ROUNDED_RMS else f", over {ROUNDED_RMS:.0%}")
 
 
 class CodaBaseline:
@@ -169,15 +189,22 @@ class CodaBaseline:
         refs, _ = bufs.wire()
         self._ask({"op": "check", "set": 0, "outputs": refs})
         exact, lowprec = references(self.task, self.inputs[0], self.dims)
-        bad = []
+        bad, rounded = [], []
         for o in self.task.outputs:
-            got = check_output(o, bufs.tensors[o.name], exact[o.name], lowprec[o.name])
-            if not got.ok:
-                bad.append(got.detail)
+            why = ROUNDED.get(self.task.id, {}).get(o.name)
+            if why is None:
+                got = check_output(o, bufs.tensors[o.name], exact[o.name], lowprec[o.name])
+                if not got.ok:
+                    bad.append(got.detail)
+                continue
+            ok, text = rounded_check(bufs.tensors[o.name], exact[o.name])
+            (rounded if ok else bad).append(f"{o.name} ({why}): {text}")
         del exact, lowprec, bufs
         torch.cuda.synchronize()
         if bad:
-            raise CodaUnavailable(f"its outputs are not the task's ({len(bad)} of {len(names)}): {bad[0][:200]}")
+            raise CodaUnavailable(f"its outputs are not the task's ({len(bad)} of {len(names)}): {bad[0][:300]}")
+        if rounded:
+            self.note += "; not held to the task's tolerance, by its convention: " + "; ".join(rounded)
 
     def refresh(self, j: int) -> None:
         if self.failed:

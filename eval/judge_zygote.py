@@ -210,17 +210,24 @@ def _become_judge(sock: socket.socket, message: dict, fds: list[int], started: i
 RUNNER_IMPORTS = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
-def warm_runner_imports() -> None:
+def warm_runner_imports() -> bool:
     """Import RUNNER_IMPORTS for the spares to inherit, then forget the temp dir their import
     looked up (tempfile caches it), so that each runner finds its own TMPDIR. Their module
     constants made from it (inductor's compile caches, which no kernel may use: static_checks
-    forbids torch.compile) keep the zygote's."""
+    forbids torch.compile) keep the zygote's. Not on a machine with an NVIDIA GPU: there the
+    import initialises CUDA (measured on the H200: every judge forked after it failed with
+    "Cannot re-initialize CUDA in forked subprocess"), and its CUDA runners are new processes anyway.
+    Returns whether it imported."""
     import importlib
     import tempfile
+    from pathlib import Path
 
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return False
     for name in RUNNER_IMPORTS:
         importlib.import_module(name)
     tempfile.tempdir = None
+    return True
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from epiforge.eval.baselines import REGISTRY
-from epiforge.eval.coda import ENV_VAR, CodaBaseline, CodaUnavailable, worker_path
-from epiforge.eval.coda_worker import CONVENTIONS, _Mapping
+from epiforge.eval.coda import ENV_VAR, CodaBaseline, CodaUnavailable, rounded_check, worker_path
+from epiforge.eval.coda_worker import CONVENTIONS, ROUNDED, _Mapping
 from epiforge.tasks import get_task, load_catalogue
 from epiforge.tasks.spec import load_shape_sets
 from epiforge.tasks.tolerance import check_output
@@ -117,21 +117,49 @@ def test_the_other_direction_is_not_the_task():
         _agrees(task, dims, x, {"qkv": got})
 
 
-def test_qknorm_rope_once_per_half_with_our_tables_is_the_task():
-    task, dims, x = _inputs("qkn")
+def _coda_qkn(x, dims, freq_sign: float = 1.0, pre_dtype=torch.float32) -> torch.Tensor:
+    """CODA's qkn as our mapping calls it: per-head sums of squares of the accumulator, the
+    pre-activation stored in pre_dtype and read back, normalized, rotated, once per half."""
     m = _Mapping("qkn", x, dims, {"eps": 1e-6})
     m.before()
     d, hd = dims["d"], dims["head_dim"]
-    pre = x["a"].float() @ x["w_qk"].float().T
+    acc = x["a"].float() @ x["w_qk"].float().T
+    pre = acc.to(pre_dtype).float()
     out = torch.empty_like(pre)
     for half, gamma in ((0, x["q_norm_weight"]), (1, x["k_norm_weight"])):
-        part = pre[:, half * d:(half + 1) * d]
-        heads = part.view(part.shape[0], -1, hd)
-        rms = torch.rsqrt(heads.pow(2).sum(-1, keepdim=True) / hd + 1e-6)
-        normed = (heads * gamma.float() * rms).view_as(part)
-        angle = m.int32["positions"].float()[:, None] * m.freq[None, :]
-        out[:, half * d:(half + 1) * d] = _coda_rotate(normed, angle)
-    _agrees(task, dims, x, {"qk": out})
+        cols = slice(half * d, (half + 1) * d)
+        ssq = acc[:, cols].reshape(acc.shape[0], -1, hd).pow(2).sum(-1, keepdim=True)
+        heads = pre[:, cols].reshape(pre.shape[0], -1, hd)
+        normed = (heads * gamma.float() * torch.rsqrt(ssq / hd + 1e-6)).reshape(pre.shape[0], d)
+        angle = m.int32["positions"].float()[:, None] * (freq_sign * m.freq)[None, :]
+        out[:, cols] = _coda_rotate(normed, angle)
+    return out
+
+
+def test_qknorm_rope_once_per_half_with_our_tables_is_the_task():
+    task, dims, x = _inputs("qkn")
+    _agrees(task, dims, x, {"qk": _coda_qkn(x, dims)})
+
+
+def test_codas_rounded_intermediates_pass_the_rms_bound_and_a_wrong_mapping_does_not():
+    """eval/coda.py ROUNDED: qkn from the stored 16-bit pre-activation, and k9's loss from the
+    rounded target logit, are within ROUNDED_RMS of the task's reference; the rotation's
+    wrong sign, a wrong norm weight, a 2 % scale or a NaN are not."""
+    task, dims, x = _inputs("qkn")
+    exact = task.reference(x, dims, exact=True)["qk"]
+    assert rounded_check(_coda_qkn(x, dims, pre_dtype=torch.bfloat16), exact)[0]
+    assert not rounded_check(_coda_qkn(x, dims, freq_sign=-1.0), exact)[0]
+    swapped = {**x, "q_norm_weight": x["k_norm_weight"], "k_norm_weight": x["q_norm_weight"]}
+    assert not rounded_check(_coda_qkn(swapped, dims), exact)[0]
+    assert not rounded_check(exact * 1.02, exact)[0]
+    assert not rounded_check(torch.where(exact > 2, float("nan"), exact), exact)[0]
+    task, dims, x = _inputs("k9")
+    ref = task.reference(x, dims, exact=True)
+    logits = x["a"].double() @ x["w_lm"].double().T
+    target = logits.gather(1, x["targets"][:, None]).squeeze(1)
+    ok, text = rounded_check(ref["lse"].double() - target.to(torch.bfloat16).double(), ref["loss"])
+    assert ok and "max error" in text
+    assert set(ROUNDED) <= set(CONVENTIONS)
 
 
 def test_swiglu_pairs_adjacent_columns():

@@ -357,3 +357,21 @@ def test_cli_eval_says_provisional_and_keeps_its_timeout(tmp_path):
     r = json.loads(out.stdout)
     assert out.returncode == 1 and r["outcome"] == "TIMEOUT", r["message"]
     assert time.monotonic() - started < 15 + 30
+
+
+def test_the_zygotes_runner_imports_leave_each_runner_its_own_temp_dir(tmp_path):
+    """eval/judge_zygote.py warm_runner_imports: torch's inductor looks the temp dir up while it
+    imports (tempfile caches it); a runner forked after must still find its own TMPDIR."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys, tempfile; from epiforge.eval.judge_zygote import RUNNER_IMPORTS, warm_runner_imports\n"
+            "assert warm_runner_imports() and all(m in sys.modules for m in RUNNER_IMPORTS)\n"
+            "os.environ['TMPDIR'] = sys.argv[1]; print(tempfile.gettempdir())")
+    first, mine = tmp_path / "first", tmp_path / "mine"
+    first.mkdir(), mine.mkdir()
+    out = subprocess.run([sys.executable, "-c", code, str(mine)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(first)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(mine)
