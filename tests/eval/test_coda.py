@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,6 +71,37 @@ def test_a_worker_whose_coda_does_not_import_says_so_in_one_line(tmp_path):
         assert proc.wait(timeout=60) == 2
         mine.close()
     assert msg["error"].startswith("CODA does not import: ModuleNotFoundError") and msg["versions"]["coda-kernels"] is None
+
+
+#: CODA's environment: EPIFORGE_CODA_ENV, else the one .ci/setup-venv installs
+CODA_ENV = os.environ.get(ENV_VAR) or str(Path(__file__).resolve().parents[2] / ".venv" / "coda")
+
+
+@pytest.mark.skipif(not (Path(CODA_ENV) / "coda").is_dir(),
+                    reason=f"CODA's environment is not installed ({ENV_VAR}, or .ci/setup-venv's .venv/coda)")
+def test_the_worker_imports_codas_own_quack_beside_ours():
+    """The worker started as the judge starts it, with CODA's real environment: it imports
+    coda-kernels with the quack and CuTe DSL CODA pins, while this process has ours."""
+    import socket
+
+    import quack
+
+    from epiforge.eval import channel
+
+    mine, theirs = socket.socketpair()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(worker_path(Path(CODA_ENV), sys.path))}
+    proc = subprocess.Popen([sys.executable, "-m", "epiforge.eval.coda_worker", str(theirs.fileno()),
+                             str(os.getpid())], pass_fds=(theirs.fileno(),), env=env, stderr=subprocess.DEVNULL)
+    theirs.close()
+    try:
+        hello, _ = channel.receive(mine, deadline=None)
+        channel.send(mine, {"op": "close"})
+        assert channel.receive(mine, deadline=None)[0] == {"ok": True}
+    finally:
+        assert proc.wait(timeout=60) == 0
+        mine.close()
+    assert hello["versions"]["coda-kernels"] == "0.2" and hello["versions"]["quack-kernels"] == "0.6.1"
+    assert hello["versions"]["nvidia-cutlass-dsl"] == "4.6.0" and quack.__version__ == "0.6.5"
 
 
 # ---- the conventions, with CODA's arithmetic in torch ------------------------------------------
