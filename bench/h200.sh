@@ -375,12 +375,12 @@ case "${1:-}" in
     # issue 45 point 1: the coda baseline (eval/coda.py; EPIFORGE_CODA_ENV from bench/stage_coda.sh's
     # coda.sh). CODA_STEP=test: its GPU test at the smoke shapes (CODA autotunes and compiles its
     # configs there: this machine's caches keep them for the next call); CODA_STEP=compare (the
-    # default): compare of the mapped tasks' experts with the coda baseline at CODA_SHAPES (paper),
+    # default): compare of the mapped tasks' experts (CODA_TASKS: these) with the coda baseline at CODA_SHAPES (paper),
     # bf16, one judge (compare-coda-<shapes>.md, .sqlite, .log)
     mkdir -p "$OUT"
     install_objects
     [ -n "${EPIFORGE_CODA_ENV:-}" ] || { echo "EPIFORGE_CODA_ENV is not set (source .gpu/coda2/coda.sh)"; exit 2; }
-    tasks=$($PY -c "from epiforge.eval.coda_worker import CONVENTIONS; print(*CONVENTIONS)")
+    tasks=${CODA_TASKS:-$($PY -c "from epiforge.eval.coda_worker import CONVENTIONS; print(*CONVENTIONS)")}
     if [ "${CODA_STEP:-compare}" = test ]; then
       timeout "${CODA_TIMEOUT_S:-560}" $PY -m pytest -q -x -m gpu tests/eval/test_gpu_coda.py -p no:cacheprovider \
         2>&1 | tee "$OUT/coda-test.log" | tail -30
