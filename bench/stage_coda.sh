@@ -21,7 +21,7 @@ $PY -m pip install -q --target "$BUILD" --no-deps "${PLATFORM[@]}" "${PKGS[@]}"
 $PY -m pip install -q --target "$BUILD.ipdb" "${PLATFORM[@]}" ipdb  # CODA imports ipdb: it and its own
 cp -rn "$BUILD.ipdb"/. "$BUILD"/ && rm -rf "$BUILD.ipdb" "$BUILD/bin"
 rm -rf .gpu/coda1 .gpu/coda2 && mkdir -p .gpu/coda1 .gpu/coda2
-tar cf - -C "$BUILD" . | xz -6 -T0 | split -b "$PART_BYTES" -d - .gpu/coda1/coda.part
+tar cf - -C "$BUILD" . | nice -n 19 xz -6 -T1 | split -b "$PART_BYTES" -d - .gpu/coda1/coda.part
 for p in .gpu/coda1/coda.part0[1-9]; do [ -e "$p" ] && mv "$p" .gpu/coda2/; done
 cat > .gpu/coda2/coda.sh <<'SH'
 # on the GPU machine, from the repo root, after .gpu/coda1's part went to /tmp: source me

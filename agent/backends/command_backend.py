@@ -88,7 +88,9 @@ class CommandBackend(Backend):
             path.write_text(doc.text, encoding="utf-8")
         for name, source in ctx.pack.examples.items():
             (ws / "examples" / f"{name}.py").write_text(source, encoding="utf-8")
-        prompt = ctx.pack.render("workspace.md.j2", task_prompt=ctx.prompt, speed_target=ctx.config.speed_target)
+        # the task's page as the workspace has it: its examples are files here, not a tool
+        task_prompt = ctx.pack.task_prompt(speed_target=ctx.config.speed_target, examples_hint="examples/<name>.py")
+        prompt = ctx.pack.render("workspace.md.j2", task_prompt=task_prompt, speed_target=ctx.config.speed_target)
         (ws / "PROMPT.md").write_text(prompt, encoding="utf-8")
         from epiforge.agent.pack import kernel_stub
 
