@@ -7,8 +7,9 @@
   place in the signature; its reductions, mode and returned values kept), or, for a quack library epilogue (P.from_quack), the library's name for it
   and the operands it binds. Two epilogues with the same key compute the same thing.
 - Tuning: the (GEMM shape, config) pairs of the expert's TUNED table, and what pages measured
-  of the task's kernel. A line of a page that holds such a pair, or that names the task and
-  a measurement (a tile config, a speed over GEMM-only), is replaced by a note.
+  of the task's kernel. A line of a page that holds such a pair, and the lines of a sentence
+  that names the task and a measurement (a tile config, a speed over GEMM-only, a ratio;
+  wrapped over lines or not), are replaced by a note.
 
 agent/pack.py build_pack applies both before the screen (agent/screen.py), which then
 judges what is left: an example holding one of the expert's epilogues is dropped; a page's
@@ -109,30 +110,66 @@ def expert_answers(task, expert: Path | None = None) -> tuple[set[tuple], dict[s
     return keys(source), tuned_in_source(source)
 
 
-#: what makes a line that names the task a measurement of it: a tile config (128x192, with or
-#: without its cluster and flags), a speed over GEMM-only (1.22x), or the words for one
-MEASUREMENT = re.compile(r"(?<![\w.])\d+x\d+(?:_c\dx\d)?|\d\.\d+ ?x\b|GEMM-only|pingpong|cooperative|cluster")
+#: what makes a sentence that names the task a measurement of it: a tile config (128x192, with
+#: or without its cluster and flags), a speed over GEMM-only (1.22x, or a bare ratio such as
+#: 1.111 or 0.997), or the words for one
+MEASUREMENT = re.compile(r"(?<![\w.])\d+x\d+(?:_c\dx\d)?|\d\.\d+ ?x\b|(?<![\w.])[01]\.\d{2,3}(?![\d.])|GEMM-only"
+                         r"|pingpong|cooperative|cluster")
 #: the note that stands in for a withheld line (it says what, never the line)
 TUNING_NOTE = "[a measurement of this task's kernel, withheld from its pack]"
+#: where a passage starts: a blank line ends one, a list item starts one; a table row and a
+#: heading are passages of their own
+_ITEM = re.compile(r"\s*(?:[-*+] |\d+\. )")
+_OWN_LINE = re.compile(r"\s*(?:\||#)")
+#: a sentence of a passage: up to a stop followed by a space (a ratio's dot, 1.111, is not)
+_SENTENCE = re.compile(r"\S.*?(?:[.!?;](?=\s)|$)", re.S)
+
+
+def _named(task) -> re.Pattern:
+    """The task's name, and its id where the id is no ordinary word (k7, qkn; not "layer",
+    which a page uses for the model's layers)."""
+    ids = [task.name] + ([task.id] if any(c.isdigit() for c in task.id) or len(task.id) <= 4 else [])
+    return re.compile("|".join(rf"(?<![\w-]){re.escape(x)}(?![\w-])" for x in ids))
 
 
 def tuning_lines(task, text: str, tuned: dict[str, str]) -> list[int]:
-    """The lines of a page (outside its code blocks) that hand out the expert's tuning: one
-    holding one of its (shape, config) pairs, or one naming the task and a measurement
-    (MEASUREMENT: a config, a speed over GEMM-only), as a log's table row or a guide's
-    sentence does ("k7 at 1B takes 1.22x GEMM-only at the default")."""
-    named = re.compile(rf"(?<![\w-]){re.escape(task.id)}(?![\w-])|{re.escape(task.name)}")
-    out, fenced = [], False
+    """The lines of a page (outside its code blocks) that hand out the expert's tuning: a line
+    holding one of its (shape, config) pairs, a line naming the task and a measurement, and
+    the lines of a sentence naming the task and a measurement (MEASUREMENT: a config, a speed over GEMM-only), as a log's row or a guide's
+    sentence does ("k7 at 1B takes 1.22x GEMM-only at the default"), a sentence wrapped over
+    lines whole ("- **k0**: 1B 1.111 / 1.107 at\n  128x128_c1x2_pp.")."""
+    named = _named(task)
+    out, fenced, passage = set(), False, []
+
+    def close() -> None:
+        body, starts = "", []
+        for _, line in passage:
+            starts.append(len(body))
+            body += line.strip() + " "
+        bounds = [*starts, len(body)]
+        for m in _SENTENCE.finditer(body):
+            if named.search(m.group(0)) and MEASUREMENT.search(m.group(0)):
+                out.update(i for k, (i, _) in enumerate(passage) if bounds[k] < m.end() and m.start() < bounds[k + 1])
+        passage.clear()
+
     for i, line in enumerate(text.splitlines()):
         if line.lstrip().startswith(("```", "~~~")):
+            close()
             fenced = not fenced
             continue
         if fenced:
             continue
+        if not line.strip() or _ITEM.match(line) or _OWN_LINE.match(line):
+            close()
+        if line.strip():
+            passage.append((i, line))
+        if _OWN_LINE.match(line):
+            close()
         if any(shape in line and config in line for shape, config in tuned.items()) \
                 or (named.search(line) and MEASUREMENT.search(line)):
-            out.append(i)
-    return out
+            out.add(i)
+    close()
+    return sorted(out)
 
 
 def without_tuning(text: str, lines_out: list[int]) -> str:

@@ -105,21 +105,23 @@ def describe(result, *, what: str, workspace: Path | None = None) -> str:
     lines = [f"{what}: {result.outcome.value} ({where}{took})", scrub(result.message, *roots)]
     if result.provisional:
         lines.append("(provisional: correct on the CPU emulator; only a Hopper GPU run makes it final)")
+    several = len({shape.dtype for shape in result.per_shape}) > 1  # each line names its precision then
     for shape in result.per_shape:
+        name = f"{shape.shape} ({shape.dtype})" if several else shape.shape
         for check in shape.outputs:
             if check.ok:
                 err = f"max error {check.max_error:.3e} <= allowed {check.allowed:.3e}" if check.max_error is not None else "ok"
-                lines.append(f"  {shape.shape} {check.name}: ok ({err})")
+                lines.append(f"  {name} {check.name}: ok ({err})")
             elif check.detail and check.detail in result.message:  # the message above says it already
-                lines.append(f"  {shape.shape} {check.name}: FAILED {check.problem} (the mismatch above)")
+                lines.append(f"  {name} {check.name}: FAILED {check.problem} (the mismatch above)")
             else:
-                lines.append(f"  {shape.shape} {check.name}: FAILED {check.problem}: {scrub(check.detail, *roots)}")
+                lines.append(f"  {name} {check.name}: FAILED {check.problem}: {scrub(check.detail, *roots)}")
         if shape.outcome.value != "PASSED" and not shape.outputs and shape.message and shape.message not in result.message:
-            lines.append(f"  {shape.shape}: {scrub(shape.message, *roots)}")
+            lines.append(f"  {name}: {scrub(shape.message, *roots)}")
         if shape.launches:  # GPU launch provenance: the kernels one run() launched
-            lines.append(f"  {shape.shape} launches: {', '.join(n[:80] for n in shape.launches)}")
+            lines.append(f"  {name} launches: {', '.join(n[:80] for n in shape.launches)}")
         if shape.timing:
-            lines.append(f"  {shape.shape} timing: {_timing_line(shape.timing)}")
+            lines.append(f"  {name} timing: {_timing_line(shape.timing)}")
     if result.compiled:
         lines.append("sm_90a cross-compile (launch provenance):")
         seen = set()

@@ -202,34 +202,6 @@ def _become_judge(sock: socket.socket, message: dict, fds: list[int], started: i
     sys.exit(judge.main(args))
 
 
-#: torch modules that quack's epilogue library imports (quack.epilogue.quantize_out ->
-#: torch._inductor.compile_fx, torch._dynamo) in every runner that describes or launches a
-#: library epilogue: ~2 s of a CPU runner's ~3 s of imports, paid here once per zygote
-#: instead (bench/results/cpu/test-suite.md, session 33). Only torch's: quack and the CuTe
-#: DSL read the runner's own caches and compile target (LATE_ENV) when they import.
-RUNNER_IMPORTS = ("torch._dynamo", "torch._inductor.compile_fx")
-
-
-def warm_runner_imports() -> bool:
-    """Import RUNNER_IMPORTS for the spares to inherit, then forget the temp dir their import
-    looked up (tempfile caches it), so that each runner finds its own TMPDIR. Their module
-    constants made from it (inductor's compile caches, which no kernel may use: static_checks
-    forbids torch.compile) keep the zygote's. Not on a machine with an NVIDIA GPU: there the
-    import initialises CUDA (measured on the H200: every judge forked after it failed with
-    "Cannot re-initialize CUDA in forked subprocess"), and its CUDA runners are new processes anyway.
-    Returns whether it imported."""
-    import importlib
-    import tempfile
-    from pathlib import Path
-
-    if any(Path("/dev").glob("nvidia[0-9]*")):
-        return False
-    for name in RUNNER_IMPORTS:
-        importlib.import_module(name)
-    tempfile.tempdir = None
-    return True
-
-
 def main(argv=None) -> int:
     import argparse
 
@@ -247,7 +219,9 @@ def main(argv=None) -> int:
 
     import epiforge.eval.runner  # noqa: F401
 
-    warm_runner_imports()
+    from epiforge.eval.runner import warm_imports
+
+    warm_imports()  # once here for every judge's spares (fork_spares would, per judge)
 
     from epiforge.eval import channel
 

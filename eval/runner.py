@@ -563,15 +563,45 @@ SPARES: list[tuple[int, socket.socket]] = []
 SPARES_PER_JUDGE = 2
 
 
+#: torch modules that quack's epilogue library imports (quack.epilogue.quantize_out ->
+#: torch._inductor.compile_fx, torch._dynamo) in every runner that describes or launches a
+#: library epilogue: ~2 s of a CPU runner's ~3 s of imports (bench/results/cpu/test-suite.md),
+#: paid instead once by the judge before it forks its spares, or once by a warm zygote
+#: (eval/judge_zygote.py) for all its judges. Only torch's: quack and the CuTe DSL read the
+#: runner's own caches and compile target (remote.LATE_ENV) when they import.
+RUNNER_IMPORTS = ("torch._dynamo", "torch._inductor.compile_fx")
+
+
+def warm_imports() -> bool:
+    """Import RUNNER_IMPORTS for the spares to inherit, then forget the temp dir their import
+    looked up (tempfile caches it), so that each runner finds its own TMPDIR. Their module
+    constants made from it (inductor's compile caches, which no kernel may use: static_checks
+    forbids torch.compile) keep the judge's (or the zygote's). Not on a machine with an NVIDIA GPU: there the
+    import initialises CUDA (measured on the H200: every judge forked after it failed with
+    "Cannot re-initialize CUDA in forked subprocess"), and its CUDA runners are new processes anyway.
+    Returns whether it imported."""
+    import importlib
+    import tempfile
+    from pathlib import Path
+
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return False
+    for name in RUNNER_IMPORTS:
+        importlib.import_module(name)
+    tempfile.tempdir = None
+    return True
+
+
 def fork_spares(n: int = SPARES_PER_JUDGE) -> None:
     """Fork `n` spare CPU runners (`become_runner`) from the judge at its very start, with
-    this module's imports (torch's included) and nothing of the judge's own: no task, no
-    reference, no request (it has not been read). A spare saves a runner's start-up
-    (Python's and torch's import; bench/results/cpu/runner-spares.json). In it the judge's
+    this module's imports (torch's included, and RUNNER_IMPORTS: warm_imports) and nothing of
+    the judge's own: no task, no reference, no request (it has not been read). A spare saves
+    a runner's start-up (Python's and torch's import; bench/results/cpu/runner-spares.json). In it the judge's
     pipes are closed and stdin is /dev/null; it is a session of its own, dumpable as a new
     process is, and dies with the judge."""
     from epiforge.eval.isolation import make_dumpable, setup_child
 
+    warm_imports()
     sys.stdout.flush()
     sys.stderr.flush()
     for _ in range(n):

@@ -109,3 +109,19 @@ def test_a_pages_lines_measuring_the_task_are_replaced_by_a_note():
     assert out.count(answers.TUNING_NOTE) == 2 and "k6 at 1B takes 1.10x" in out and "128x128 tile for" in out
     assert "# k7 128x192 in code stays" in out
     assert answers.tuning_lines(tasks.get_task("k6"), page, answers.expert_answers(tasks.get_task("k6"))[1]) == [2]
+
+
+def test_a_sentence_wrapped_over_lines_is_withheld_whole():
+    """k0's session found its measurement in a log's list item whose config was on the next
+    line (the line naming k0 held ratios, 1.111, the next line the config): the sentence goes
+    whole. A sentence about the model's layers is not the layer task's."""
+    k0, layer = tasks.get_task("k0"), tasks.get_task("layer")
+    page = ("# Log\n\n- **k0 (residual + RMSNorm statistics): 1B 1.111 / 1.107, 7B 1.066 / 1.066** at\n"
+            "  128x128_c1x2_pp (70B: 1.015 / 1.015).\n- k6 at 1B: 1.04x.\n\n"
+            "In a layer at d = 8192 the 128x128 pingpong tiles ran at 1.81. Another sentence.\n")
+    assert answers.tuning_lines(k0, page, {}) == [2, 3]
+    assert answers.tuning_lines(layer, page, {}) == []
+    assert answers.tuning_lines(layer, page.replace("a layer", "layer_non_attention_fwd_bwd"), {}) == [6]
+    pack = build_pack(k0)
+    held = "\n".join(d.text for d in pack.docs)
+    assert "1B 1.111 / 1.107" not in held and "128x128_c1x2_pp (70B: 1.015 / 1.015)" not in held

@@ -49,6 +49,10 @@ def test_a_cpu_pass_is_provisional_in_what_the_model_hears():
     assert r.passed and r.provisional and not r.ranked
     text = describe(r, what="submit")
     assert "provisional" in text and str(SEED) not in text and "hidden" in text
+    # judged in both precisions: every shape's line says which (an agent asked for it)
+    shape_lines = [line for line in text.splitlines() if line.startswith("  ") and ": ok (" in line]
+    assert shape_lines and all(re.match(r"  \S+ \((bfloat16|float16)\) ", line) for line in shape_lines), text
+    assert {"(bfloat16)", "(float16)"} <= {line.split()[1] for line in shape_lines}
 
 
 def test_the_worst_mismatch_is_said_once(tmp_path):

@@ -360,14 +360,14 @@ def test_cli_eval_says_provisional_and_keeps_its_timeout(tmp_path):
 
 
 def test_the_zygotes_runner_imports_leave_each_runner_its_own_temp_dir(tmp_path):
-    """eval/judge_zygote.py warm_runner_imports: torch's inductor looks the temp dir up while it
+    """eval/runner.py warm_imports: torch's inductor looks the temp dir up while it
     imports (tempfile caches it); a runner forked after must still find its own TMPDIR."""
     import os
     import subprocess
     import sys
 
-    code = ("import os, sys, tempfile; from epiforge.eval.judge_zygote import RUNNER_IMPORTS, warm_runner_imports\n"
-            "assert warm_runner_imports() and all(m in sys.modules for m in RUNNER_IMPORTS)\n"
+    code = ("import os, sys, tempfile; from epiforge.eval.runner import RUNNER_IMPORTS, warm_imports\n"
+            "assert warm_imports() and all(m in sys.modules for m in RUNNER_IMPORTS)\n"
             "os.environ['TMPDIR'] = sys.argv[1]; print(tempfile.gettempdir())")
     first, mine = tmp_path / "first", tmp_path / "mine"
     first.mkdir(), mine.mkdir()
