@@ -221,7 +221,7 @@ def main(argv=None) -> int:
 
     from epiforge.eval.runner import warm_imports
 
-    warm_imports()  # once here for every judge's spares (fork_spares would, per judge)
+    warm_imports()  # once here, for every judge's spares
 
     from epiforge.eval import channel
 

@@ -566,9 +566,10 @@ SPARES_PER_JUDGE = 2
 #: torch modules that quack's epilogue library imports (quack.epilogue.quantize_out ->
 #: torch._inductor.compile_fx, torch._dynamo) in every runner that describes or launches a
 #: library epilogue: ~2 s of a CPU runner's ~3 s of imports (bench/results/cpu/test-suite.md),
-#: paid instead once by the judge before it forks its spares, or once by a warm zygote
-#: (eval/judge_zygote.py) for all its judges. Only torch's: quack and the CuTe DSL read the
-#: runner's own caches and compile target (remote.LATE_ENV) when they import.
+#: paid instead once by a warm zygote (eval/judge_zygote.py) for all its judges' spares. Not by
+#: each judge: a CLI evaluation of k0 with --compile took 15 s that way and 11 s without
+#: (session 33). Only torch's: quack and the CuTe DSL read the runner's own caches and
+#: compile target (remote.LATE_ENV) when they import.
 RUNNER_IMPORTS = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
@@ -594,14 +595,14 @@ def warm_imports() -> bool:
 
 def fork_spares(n: int = SPARES_PER_JUDGE) -> None:
     """Fork `n` spare CPU runners (`become_runner`) from the judge at its very start, with
-    this module's imports (torch's included, and RUNNER_IMPORTS: warm_imports) and nothing of
-    the judge's own: no task, no reference, no request (it has not been read). A spare saves
-    a runner's start-up (Python's and torch's import; bench/results/cpu/runner-spares.json). In it the judge's
+    this module's imports (torch's included; RUNNER_IMPORTS too where a warm zygote forked the
+    judge) and nothing of the judge's own: no task, no reference, no request (it has not been
+    read). A spare saves a runner's start-up (Python's and torch's import;
+    bench/results/cpu/runner-spares.json). In it the judge's
     pipes are closed and stdin is /dev/null; it is a session of its own, dumpable as a new
     process is, and dies with the judge."""
     from epiforge.eval.isolation import make_dumpable, setup_child
 
-    warm_imports()
     sys.stdout.flush()
     sys.stderr.flush()
     for _ in range(n):
