@@ -126,7 +126,7 @@ class Pack:
             task=self.task, inputs=self.task.inputs, outputs=self.task.outputs, scalars=self.task.scalars,
             docs=inside, more_docs=outside, all_docs=self.docs, examples=self.prompt_examples(),
             other_examples=sorted(self.examples, key=task_order), stub=kernel_stub(self.task),
-            finishers=_finishers(self.task), smoke=_smoke_dims(), dtype_shown=lambda t: dtype_shown(self.task, t),
+            finishers=_finishers(self.task), smoke=_smoke_dims(), timed=_timed_shapes(self.task), dtype_shown=lambda t: dtype_shown(self.task, t),
             **extra,
         ).strip() + "\n"
 
@@ -286,6 +286,19 @@ def _finishers(task) -> dict[str, str]:
     from epiforge.primitives.finish import FINISHERS
 
     return {name: FINISHERS[name] for name in task.finishing_steps}
+
+
+def _timed_shapes(task) -> list[dict]:
+    """The paper shapes a GPU times, each with its dims and the task's GEMMs as TUNED keys
+    ("MxNxK", each distinct GEMM once)."""
+    from epiforge import tasks
+
+    out = []
+    for s in tasks.shape_sets()["paper"]:
+        dims = s.dims()
+        keys = list(dict.fromkeys(f"{m}x{n}x{k}" for m, n, k in task.gemm_shapes(dims)))
+        out.append({"name": s.name, "M": dims["M"], "d": dims["d"], "F": dims["F"], "V": dims["V"], "gemms": keys})
+    return out
 
 
 def _smoke_dims() -> list[dict]:

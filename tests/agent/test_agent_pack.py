@@ -115,3 +115,14 @@ def test_generated_kernels_are_stamped_and_never_overwritten(tmp_path):
 def test_scrub_hides_this_machines_paths(tmp_path):
     text = f'File "{REPO}/eval/worker.py", line 3; File "{tmp_path}/kernel.py"'
     assert scrub(text, tmp_path) == 'File "<repo>/eval/worker.py", line 3; File "./kernel.py"'
+
+
+def test_the_task_page_names_the_timed_shapes_gemms_as_tuned_keys():
+    """An agent asked which GEMM shapes the paper sizes are (k5l's session copied another
+    task's TUNED keys without knowing whether they would ever be picked)."""
+    task = tasks.get_task("k5l")
+    line = next(x for x in build_pack(task).task_prompt(speed_target=1.05).splitlines() if x.startswith("Timed shapes"))
+    for s in tasks.shape_sets()["paper"]:
+        (m, n, k), = task.gemm_shapes(s.dims())
+        assert f"{s.name}: M={s.M}" in line and f"GEMM {m}x{n}x{k}" in line
+    assert "16384x32768x2048" in line  # the key the expert's TUNED table uses for 1B
