@@ -566,10 +566,10 @@ SPARES_PER_JUDGE = 2
 #: torch modules that quack's epilogue library imports (quack.epilogue.quantize_out ->
 #: torch._inductor.compile_fx, torch._dynamo) in every runner that describes or launches a
 #: library epilogue: ~2 s of a CPU runner's ~3 s of imports (bench/results/cpu/test-suite.md),
-#: paid instead once by a warm zygote (eval/judge_zygote.py) for all its judges' spares. Not by
-#: each judge: a CLI evaluation of k0 with --compile took 15 s that way and 11 s without
-#: (session 33). Only torch's: quack and the CuTe DSL read the runner's own caches and
-#: compile target (remote.LATE_ENV) when they import.
+#: paid instead once by a warm zygote (eval/judge_zygote.py) for all its judges' spares (not
+#: by each judge: measured slower there, bench/results/cpu/test-suite.md). Only torch's: quack
+#: and the CuTe DSL read the runner's own caches and compile target (remote.LATE_ENV) when
+#: they import.
 RUNNER_IMPORTS = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
@@ -577,10 +577,9 @@ def warm_imports() -> bool:
     """Import RUNNER_IMPORTS for the spares to inherit, then forget the temp dir their import
     looked up (tempfile caches it), so that each runner finds its own TMPDIR. Their module
     constants made from it (inductor's compile caches, which no kernel may use: static_checks
-    forbids torch.compile) keep the judge's (or the zygote's). Not on a machine with an NVIDIA GPU: there the
-    import initialises CUDA (measured on the H200: every judge forked after it failed with
-    "Cannot re-initialize CUDA in forked subprocess"), and its CUDA runners are new processes anyway.
-    Returns whether it imported."""
+    forbids torch.compile) keep the zygote's. Not on a machine with an NVIDIA GPU: there the
+    import initialises CUDA, and no process forked after it could use CUDA again. Returns
+    whether it imported."""
     import importlib
     import tempfile
     from pathlib import Path
