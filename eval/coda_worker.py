@@ -71,7 +71,7 @@ class _Mapping:
             sign = 1.0 if task == "k3" else -1.0
             per_col = inv.repeat_interleave(2).repeat(2 * d // hd) * sign  # q and k columns, pairs share one value
             self.freq = torch.cat([per_col, torch.zeros(d, dtype=torch.float32, device=inv.device)])
-        elif task in ("k9", "k9l"):
+        elif task == "k9":  # CODA's select takes int32 targets (k9l's gather takes the task's own)
             self.int32["targets"] = torch.empty(x["targets"].shape, dtype=torch.int32, device=x["targets"].device)
         elif task == "qkn":
             d, hd = dims["d"], dims["head_dim"]
@@ -79,7 +79,7 @@ class _Mapping:
             self.freq = (-x["inv_freq"].float()).repeat(self.heads).contiguous()
             self.int32["positions"] = torch.empty(x["positions"].shape, dtype=torch.int32,
                                                   device=x["positions"].device)
-        elif task != "k8":
+        elif task not in ("k8", "k9l"):
             raise ValueError(f"CODA has no kernel for task {task!r}")
 
     def before(self) -> None:

@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from epiforge.eval.baselines import extra_baselines, gemm_candidates
+from epiforge.eval.baselines import close_baselines, extra_baselines, gemm_candidates
 from epiforge.eval.clocks import ClockSampler
 from epiforge.eval.launches import Launch, classify, classify_recorded
 from epiforge.eval.numerics import (
@@ -114,8 +114,7 @@ def benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, 
                           device=device, kernel_configs=kernel_configs, baselines=baselines, stage=stage,
                           remotes=remotes)
     finally:
-        for remote in remotes.values():
-            remote.close()
+        close_baselines(remotes)
 
 
 def _benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int, shape_index: int, *, reps: int,

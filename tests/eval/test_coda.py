@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from epiforge.eval import channel
 from epiforge.eval.baselines import REGISTRY
 from epiforge.eval.coda import ENV_VAR, CodaBaseline, CodaUnavailable, rounded_check, worker_path
 from epiforge.eval.coda_worker import CONVENTIONS, ROUNDED, _Mapping
@@ -54,17 +55,22 @@ def test_the_worker_imports_codas_cute_dsl_and_quack_before_ours(tmp_path):
     assert path[2:] == ["/repo", "/x/site-packages"]  # our CuTe DSL's packages folder is gone
 
 
-def test_a_worker_whose_coda_does_not_import_says_so_in_one_line(tmp_path):
-    """The worker itself, started as the judge starts it, with an environment lacking CODA."""
+def _start_worker(env_dir: Path):
+    """The worker as the judge starts it (eval/coda.py), with CODA's environment `env_dir`:
+    (its process, this side's socket)."""
     import socket
 
-    from epiforge.eval import channel
-
     mine, theirs = socket.socketpair()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(worker_path(tmp_path, sys.path))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(worker_path(env_dir, sys.path))}
     proc = subprocess.Popen([sys.executable, "-m", "epiforge.eval.coda_worker", str(theirs.fileno()),
                              str(os.getpid())], pass_fds=(theirs.fileno(),), env=env, stderr=subprocess.DEVNULL)
     theirs.close()
+    return proc, mine
+
+
+def test_a_worker_whose_coda_does_not_import_says_so_in_one_line(tmp_path):
+    """The worker itself, started as the judge starts it, with an environment lacking CODA."""
+    proc, mine = _start_worker(tmp_path)
     try:
         msg, _ = channel.receive(mine, deadline=None)
     finally:
@@ -82,17 +88,9 @@ CODA_ENV = os.environ.get(ENV_VAR) or str(Path(__file__).resolve().parents[2] / 
 def test_the_worker_imports_codas_own_quack_beside_ours():
     """The worker started as the judge starts it, with CODA's real environment: it imports
     coda-kernels with the quack and CuTe DSL CODA pins, while this process has ours."""
-    import socket
-
     import quack
 
-    from epiforge.eval import channel
-
-    mine, theirs = socket.socketpair()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(worker_path(Path(CODA_ENV), sys.path))}
-    proc = subprocess.Popen([sys.executable, "-m", "epiforge.eval.coda_worker", str(theirs.fileno()),
-                             str(os.getpid())], pass_fds=(theirs.fileno(),), env=env, stderr=subprocess.DEVNULL)
-    theirs.close()
+    proc, mine = _start_worker(Path(CODA_ENV))
     try:
         hello, _ = channel.receive(mine, deadline=None)
         channel.send(mine, {"op": "close"})
