@@ -1,5 +1,5 @@
-"""The expert track on a CPU: every kernel PASSES through the emulator via the CLI, and
-every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed), in
+"""The expert track on a CPU: every kernel PASSES through the emulator (one through the CLI),
+and every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed), in
 bf16, the default precision (in fp16: tests/test_fp16.py through the judge, tests/test_tolerance.py
 in process)."""
 
@@ -46,18 +46,7 @@ def cli(*args, timeout=600):
                           timeout=timeout, cwd=REPO)
 
 
-@pytest.mark.parametrize("task", TASKS)
-def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
-    """The CLI's evaluation, as a user runs it, with the sm_90a build of every GEMM it runs
-    (one evaluation for both: CI's time), narrowed to bf16: fp16's numerics are in
-    tests/test_tolerance.py (every expert in process, every precision), its sm_90a builds in
-    tests/test_gemm_config.py (the fp16 precompile of every expert), and a cross-compile per
-    precision here would double CI's longest tests."""
-    # a new seed every run, as a user's evaluation gets; named, so that a failure can be replayed
-    seed = random.SystemRandom().randrange(2**31)
-    out = cli("eval", "--task", task, "--kernel", "human", "--device", "cpu", "--shapes", "smoke", "--json",
-              "--seed", str(seed), "--compile", "--dtype", "bf16")
-    result = json.loads(out.stdout)
+def check_expert_verdict(task: str, seed: int, result: dict) -> None:
     excuse_the_known_ce_flake(task, result)
     assert result["outcome"] == "PASSED", f"seed {seed}: " + result["message"] + result["stderr_tail"]
     assert result["track"] == "expert" and result["author"]
@@ -68,6 +57,29 @@ def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
     checks = [c for s in result["per_shape"] for c in s["outputs"]]
     assert checks and all(c["max_error"] <= c["allowed"] for c in checks)
     assert result["compiled"] and all(c["ok"] for c in result["compiled"]), result["compiled"]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
+    """The evaluation a user's `eval --compile` runs, with the sm_90a build of every GEMM it
+    runs (one evaluation for both: CI's time), narrowed to bf16: fp16's numerics are in
+    tests/test_tolerance.py (every expert in process, every precision), its sm_90a builds in
+    tests/test_gemm_config.py (the fp16 precompile of every expert). Through evaluate(), whose
+    judge the suite's warm zygote forks (a new Python per judge cost each task ~7 s more); the
+    CLI's own way to the same verdict is the test below."""
+    # a new seed every run, as a user's evaluation gets; named, so that a failure can be replayed
+    seed = random.SystemRandom().randrange(2**31)
+    r = evaluate(task, "human", device="cpu", shapes="smoke", seed=seed, compile=True, dtype="bf16")
+    check_expert_verdict(task, seed, r.model_dump(mode="json"))
+
+
+def test_the_cli_eval_of_an_expert_gives_the_same_verdict():
+    """The CLI, as a user runs it: a judge of its own (not warm), the same checks."""
+    seed = random.SystemRandom().randrange(2**31)
+    out = cli("eval", "--task", "k1", "--kernel", "human", "--device", "cpu", "--shapes", "smoke", "--json",
+              "--seed", str(seed), "--compile", "--dtype", "bf16")
+    assert out.returncode == 0, out.stderr[-2000:]
+    check_expert_verdict("k1_gemm_rmsnorm", seed, json.loads(out.stdout))
 
 
 #: the tasks whose tensors depend on head_dim (RoPE, QK-norm): their kernels must not assume 128
