@@ -45,11 +45,12 @@ def run_demo(args) -> int:
 
 
 def _leaderboard() -> None:
-    """The last thing the demo shows: the leaderboard of the H200 results shipped in the repo."""
+    """The last thing the demo shows: the leaderboard of the results and agent sessions shipped in the repo."""
     from epiforge.eval import leaderboard as lb
 
     shipped = lb.load_shipped()
-    board = lb.build(shipped, sources=lb.describe_shipped())
+    board = lb.build(shipped, lb.agent_rows([lb.SHIPPED_SESSIONS]),
+                     sources=[*lb.describe_shipped(), lb.SHIPPED_SESSIONS_SOURCE])
     print()
     print(lb.render_markdown(board), end="")
 

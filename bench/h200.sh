@@ -349,7 +349,7 @@ case "${1:-}" in
   quack-upstream)
     # issue 16 section 3: the C-load warp patch's own quack-side test (every case, flag on
     # against off, bit for bit) on a patched copy of the bundle's quack, SHARDS processes
-    $PY -m epiforge.bench.quack_upstream.gpu_test --out "$OUT" --shards "${SHARDS:-8}" \
+    $PY -m lab.quack_upstream.gpu_test --out "$OUT" --shards "${SHARDS:-8}" \
       --timeout "${UPSTREAM_TIMEOUT_S:-500}" || echo "gpu_test: exit $?"
     grep -E "passed|failed|FAILED|ERROR|killed" "$OUT/pytest-gpu-quack-upstream.log" | tail -20 || true
     ;;

@@ -407,13 +407,16 @@ def cmd_leaderboard(args) -> int:
     for d in logs:
         if not d.is_dir():
             raise ValueError(f"--logs {d}: not a directory")
-    if args.logs is None:  # by default, the sessions this user ran (where generate writes them)
+    if args.logs is None:  # by default, the shipped sessions and the ones this user ran (where generate writes them)
         from epiforge.eval.machine import data_dir
 
         mine = data_dir() / "sessions"
         logs = [mine] if mine.is_dir() else []
-    if logs:
-        sources.append("agent sessions: " + ", ".join(str(d) for d in logs))
+        if not args.no_shipped and lb.SHIPPED_SESSIONS.is_dir():
+            logs.insert(0, lb.SHIPPED_SESSIONS)
+            sources.append(lb.SHIPPED_SESSIONS_SOURCE)
+    if [d for d in logs if d != lb.SHIPPED_SESSIONS]:
+        sources.append("agent sessions: " + ", ".join(str(d) for d in logs if d != lb.SHIPPED_SESSIONS))
     board = lb.build(results, lb.agent_rows(logs), sources)
     if args.html:
         from epiforge.eval.leaderboard_html import write_html
@@ -529,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and the H200 results shipped in eval/data, and pass@k per backend and model from "
                                    "agent session logs. Markdown on stdout.")
     p.add_argument("--store", default=None, help="a results file (default: $EPIFORGE_RESULTS or .epiforge/results.sqlite)")
-    p.add_argument("--no-shipped", action="store_true", help="leave out the H200 results shipped with the repo")
+    p.add_argument("--no-shipped", action="store_true", help="leave out the results (H200, H100) and the agent sessions (logs/generated) shipped with the repo")
     p.add_argument("--logs", nargs="*", default=None,
                    help="folders of agent session logs (JSONL) for pass@k (default: the sessions/ folder of the "
                         "data directory, $EPIFORGE_DATA_DIR or ~/.local/share/epiforge, where generate writes)")

@@ -44,6 +44,9 @@ SHIPPED_LATER = (DATA_DIR / "h200-compare-layer.jsonl",)
 #: into one store (bench/results/h100/compare-all/README.md)
 SHIPPED_H100 = DATA_DIR / "h100-compare.jsonl"
 SHIPPED_FILES = (SHIPPED, *SHIPPED_LATER, SHIPPED_H100)
+#: the logs of the real LLM sessions whose kernels are in generated_kernels/ (logs/generated/README.md)
+SHIPPED_SESSIONS = REPO / "logs" / "generated"
+SHIPPED_SESSIONS_SOURCE = "the shipped sessions of real LLM agents: logs/generated"
 BASELINE_COLUMNS = REPORTED
 FAST_P = (1.0, 1.2, 1.5)
 
@@ -211,6 +214,13 @@ class AgentRow:
     tokens: int = 0
     usd: float | None = 0.0
     first_correct_s: list[float] = field(default_factory=list)
+    #: task -> (turns, seconds) to its first PASSED evaluation, one pair per session that had one
+    first_pass: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    @property
+    def track(self) -> str:
+        """The leaderboard track of this backend and model's kernels (track_of)."""
+        return f"generated:{self.backend}/{self.model}"
 
     def pass_at(self, k: int) -> float | None:
         vals = [pass_at_k(n, c, k) for n, c in self.tasks.values()]
@@ -248,6 +258,9 @@ def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
                 first = next((e for e in events if isinstance(e, Evaluation) and e.outcome == "PASSED"), None)
                 if first is not None:
                     row.first_correct_s.append(_seconds_between(start.t, first.t))
+                    # steps count model responses from 0: the first pass's turn is its step + 1
+                    row.first_pass.setdefault(start.config.task, []).append(
+                        (first.step + 1, _seconds_between(start.t, first.t)))
     return sorted(rows.values(), key=lambda r: (r.backend, r.model))
 
 
@@ -278,6 +291,7 @@ def render_markdown(board: Board) -> str:
             for dtype in board.dtypes():
                 lines += _tasks_table(board, dtype, gpu)
     lines += _agents_table(board)
+    lines += _generated_tasks_table(board)
     if board.apart:
         lines += ["## Not ranked", "", "| task | track | outcome | why |", "|---|---|---|---|"]
         lines += [f"| {r.task} | {track_of(r)}{_in(r.dtype)} | {r.outcome.value} | {why} |" for why, r in board.apart]
@@ -396,6 +410,57 @@ def _agents_table(board: Board) -> list[str]:
                    f"{per(a.turns)} | {per(a.tokens, '{:.0f}')} | {usd} | {med} |")
     out += ["", "pass@k: the unbiased estimator over each task's sessions, averaged over tasks ('-': fewer than k "
                 "sessions).", ""]
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def _over_expert_per_shape(c: Cell) -> str:
+    """generated / expert at each timed shape, from the one interleaved run that timed both:
+    the median of per-repetition ratios and its 95% bootstrap interval ("-" where the expert
+    was not timed beside it)."""
+    parts = []
+    for s in c.shapes():
+        r = s.timing.speedup.get("kernel:expert")  # expert_i / generated_i
+        if r is None:
+            return "-"
+        interval = (f" [{1 / r.ci_high:.2f}, {1 / r.ci_low:.2f}]" if r.ci_low is not None and r.ci_high is not None
+                    else "")
+        parts.append(f"{s.shape} {1 / r.median:.2f}{interval}")
+    return ", ".join(parts) or "-"
+
+
+def _generated_tasks_table(board: Board) -> list[str]:
+    """Per agent (backend and model) and task: pass@1 and pass@3 over its sessions, turns and
+    wall time to the first pass, and generated / expert per shape on each GPU that timed the
+    agent's kernel beside the expert."""
+    agents = [a for a in board.agents if a.tasks]
+    if not agents:
+        return []
+    out = ["## The generated track, per task", ""]
+    for a in agents:
+        gpus = [g for g in board.gpus() if g != "CPU" and any(board.cell(t, a.track, "bfloat16", g) for t in a.tasks)]
+        header = ["task", "sessions", "passed", "pass@1", "pass@3", "turns to first pass (median)",
+                  "wall to first pass (median)", *(f"generated / expert on {g} (bf16)" for g in gpus)]
+        out += [f"Agent: {a.backend} / {a.model}", "", _md_row(*header), "|" + "---|" * len(header)]
+        for task in sorted(a.tasks, key=lambda t: task_order(id_of(t))):
+            n, c = a.tasks[task]
+            firsts = a.first_pass.get(task, [])
+            cells = [board.cell(task, a.track, "bfloat16", g) for g in gpus]
+            out.append(_md_row(id_of(task), str(n), str(c), _f(pass_at_k(n, c, 1)), _f(pass_at_k(n, c, 3)),
+                               _f(_median([t for t, _ in firsts]), "{:g}"), _f(_median([s for _, s in firsts]), "{:.0f} s"),
+                               *("-" if cell is None else _over_expert_per_shape(cell) for cell in cells)))
+        out.append("")
+    out += ["pass@k: the unbiased estimator over the task's sessions ('-': fewer than k). generated / expert: at "
+            "each timed shape, the median of per-repetition ratios of one interleaved run, with its 95% bootstrap "
+            "interval (below 1: the generated kernel is faster); '-': not timed beside the expert on that GPU (a task "
+            "without an expert kernel has none).", ""]
     return out
 
 

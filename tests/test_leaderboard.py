@@ -315,6 +315,12 @@ def test_by_default_the_agents_table_reads_the_users_own_sessions(tmp_path):
     out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "n.sqlite")],
                          capture_output=True, text=True, cwd=REPO, timeout=120, env=empty)
     assert out.returncode == 0 and "agent sessions:" not in out.stdout and "| anthropic |" not in out.stdout
+    # the shipped sessions (logs/generated) are there by default, and --no-shipped leaves them out
+    assert lb.SHIPPED_SESSIONS_SOURCE in out.stdout and "| command | claude-subagent" in out.stdout
+    assert "## The generated track, per task" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "epiforge", "leaderboard", "--store", str(tmp_path / "n.sqlite"),
+                          "--no-shipped"], capture_output=True, text=True, cwd=REPO, timeout=120, env=empty)
+    assert out.returncode == 0 and lb.SHIPPED_SESSIONS_SOURCE not in out.stdout and "| command |" not in out.stdout
 
 
 def test_the_leaderboard_reads_a_store_and_never_writes_one(tmp_path):
@@ -362,3 +368,51 @@ def test_a_tasks_table_without_baseline_columns_is_still_a_table():
     board = lb.build([result(outcome="INCORRECT_NUMERICS", times=())], [], [])
     rows = [line for line in lb.render_markdown(board).splitlines() if line.startswith("|")]
     assert rows and len({line.count("|") for line in rows if "k1" in line or "---" in line or "task |" in line}) == 1
+
+
+def test_the_generated_track_per_task_gives_pass_at_k_first_pass_and_generated_over_expert():
+    """Per task and agent: sessions, passes, pass@1 and pass@3, turns and wall time to the first
+    pass (each passing session's first PASSED evaluation), and generated / expert per shape with
+    its interval, from the run that timed both."""
+    reps = (1.0, 1.01, 0.99, 1.02, 0.98)
+    def shape(name, gen_us, expert_us):
+        return ShapeResult(shape=name, dims={}, outcome=Outcome.PASSED, timing=ShapeTiming.measured(
+            {"kernel": summarize([gen_us * r for r in reps], keep=True),
+             "gemm_only": summarize([100 * r for r in reps], keep=True),
+             "kernel:expert": summarize([expert_us * r for r in reps], keep=True)}))
+    gen = result(task="k8_gemm_swiglu", track="generated", backend="command", model="m", environment={"gpu": "H100"})
+    gen = gen.model_copy(update={"per_shape": [shape("1B", 120, 100), shape("7B", 100, 125)]})
+    agents = [lb.AgentRow(backend="command", model="m", tasks={"k8_gemm_swiglu": (4, 3), "k1_gemm_rmsnorm": (2, 0)},
+                          first_pass={"k8_gemm_swiglu": [(1, 100.0), (3, 300.0), (2, 200.0)]})]
+    text = lb.render_markdown(lb.build([gen], agents))
+    table = text.split("## The generated track, per task")[1]
+    k8 = next(line for line in table.splitlines() if line.startswith("| k8 |"))
+    cells = [c.strip() for c in k8.strip("|").split("|")]
+    # pass@1 = 3/4; pass@3 = 1 - C(1,3)/C(4,3) = 1; median turns 2, wall 200 s
+    assert "Agent: command / m" in table and "| generated / expert on H100 (bf16) |" in table
+    assert cells[:7] == ["k8", "4", "3", "0.75", "1.00", "2", "200 s"]
+    assert cells[7].startswith("1B 1.20 [") and ", 7B 0.80 [" in cells[7]
+    low, high = (float(x) for x in cells[7].split("[")[1].split("]")[0].split(", "))
+    assert low <= 1.20 <= high
+    k1 = next(line for line in table.splitlines() if line.startswith("| k1 |"))
+    assert [c.strip() for c in k1.strip("|").split("|")][1:8] == ["2", "0", "0.00", "-", "-", "-", "-"]
+
+
+def test_the_shipped_sessions_count_their_first_pass_as_the_logs_say():
+    """agent_rows over logs/generated, against the logs read here as plain JSON lines: per task,
+    sessions and passes, and each pass's turn (its first PASSED evaluation's step + 1)."""
+    want: dict[str, list] = {}
+    for path in sorted(lb.SHIPPED_SESSIONS.glob("*.jsonl")):
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        task = events[0]["config"]["task"]
+        end = [e for e in events if e["event"] == "session_ended"][-1]
+        first = next((e for e in events if e["event"] == "evaluation" and e["outcome"] == "PASSED"), None)
+        if end["outcome"] == "backend_error" or (end["outcome"] == "budget_exhausted" and not end["totals"]["turns"]):
+            continue  # not counted in pass@k (agent/sessions.py counts_as_pass)
+        passed = end["outcome"] in ("passed", "passed_slow")
+        want.setdefault(task, []).append((passed, None if first is None else first["step"] + 1))
+    (row,) = [r for r in lb.agent_rows([lb.SHIPPED_SESSIONS]) if r.backend == "command"]
+    assert set(row.tasks) == set(want) and len(want) >= 14
+    for task, ends in want.items():
+        assert row.tasks[task] == (len(ends), sum(ok for ok, _ in ends)), task
+        assert sorted(t for t, _ in row.first_pass.get(task, [])) == sorted(t for ok, t in ends if ok), task

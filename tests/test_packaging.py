@@ -126,3 +126,22 @@ def test_primitives_loaded_under_its_bare_name_without_epiforge_is_refused():
     out = subprocess.run([sys.executable, "-c", BARE, str(REPO)], capture_output=True, text=True, timeout=120,
                          cwd=REPO / "tests")
     assert out.stdout.startswith("refused:") and "import epiforge first" in out.stdout, (out.stdout, out.stderr)
+
+
+def test_the_product_never_imports_the_lab_and_the_wheel_leaves_it_out(wheel):
+    """lab/ (studies and the quack patch) imports the product, never the other way round, and
+    it is not installed: no module of the package folders names `lab`, and no wheel file is
+    under it."""
+    import ast
+
+    offenders = []
+    for top in (*CODE, "epiforge"):
+        for path in (REPO / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                if any(n == "lab" or n.startswith("lab.") for n in names):
+                    offenders.append(str(path.relative_to(REPO)))
+    assert offenders == []
+    assert (REPO / "lab" / "quack_upstream" / "make_patch.py").is_file()
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith(("lab/", "epiforge/lab/"))]

@@ -2,7 +2,7 @@
 a patched copy of the installed quack, the way quack's suite would run it: on an SM90 GPU,
 every case of the file, flag on against flag off, bit for bit.
 
-    python -m epiforge.bench.quack_upstream.gpu_test --out $OUT [--shards 8]
+    python -m lab.quack_upstream.gpu_test --out $OUT [--shards 8]
 
 The copy lives in a temporary folder named site-packages (quack then treats its own sources as
 an installed package's); the installed quack is not touched. The cases run in --shards pytest
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from epiforge.bench.quack_upstream import make_patch
+from lab.quack_upstream import make_patch
 
 LOG_NAME = "pytest-gpu-quack-upstream.log"
 
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.shards < 1:
         ap.error("--shards must be at least 1")
-    command = "python -m epiforge.bench.quack_upstream.gpu_test " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m lab.quack_upstream.gpu_test " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
         code = run(args.out, args.shards, args.timeout, command)
     except (make_patch.PatchError, RuntimeError, OSError, subprocess.SubprocessError) as e:

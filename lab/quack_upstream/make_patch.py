@@ -2,7 +2,7 @@
 opt-in flag `c_load_warp` on quack's GemmSm90, a unified diff against the INSTALLED
 quack-kernels package, its GPU test and its description.
 
-    python -m epiforge.bench.quack_upstream.make_patch --out DIR
+    python -m lab.quack_upstream.make_patch --out DIR
 
 writes DIR/c-load-warp.patch (apply from the folder that holds `quack/`, i.e. quack's
 repository root or site-packages: `patch -p1 < c-load-warp.patch` or `git apply`),

@@ -1,4 +1,4 @@
-"""bench/quack_upstream (issue 16, section 3): the C-load warp as a patch that could be
+"""lab/quack_upstream (issue 16, section 3): the C-load warp as a patch that could be
 offered to quack. On a CPU, in about a minute: the generator writes the patch, its test and
 its description; a quack other than the one the edits expect fails in one line; the patch
 applies cleanly to a copy of the installed quack (the `patch` tool and make_patch's own
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from epiforge.bench.quack_upstream import make_patch
+from lab.quack_upstream import make_patch
 from epiforge.bench.sass import instructions, sass_of
 
-REPO = Path(__file__).resolve().parent.parent
-TEMPLATE_DIR = REPO / "bench" / "quack_upstream"
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE_DIR = REPO / "lab" / "quack_upstream"
 
 PP, COOP = (128, 128, 1, 2, True), (256, 128, 2, 1, False)
 #: (name, epilogue of the generated test, config, flag, extra gemm arguments)
@@ -102,7 +102,7 @@ def _places(sass: str) -> dict:
 
 
 def _generate(out: Path) -> dict[str, Path]:
-    run = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.make_patch", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "lab.quack_upstream.make_patch", "--out", str(out)],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert run.returncode == 0, run.stderr[-2000:]
     return {p.name: p for p in out.iterdir()}
@@ -153,7 +153,7 @@ def test_a_quack_that_is_not_the_expected_text_fails_in_one_line(tmp_path):
         make_patch.write(tmp_path / "out", root=fake.parent)
     assert "edit 3 (the A/B-load warp's gate flag)" in str(info.value) and "found 0 times" in str(info.value)
     assert not (tmp_path / "out").exists()
-    run = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.make_patch", "--out",
+    run = subprocess.run([sys.executable, "-m", "lab.quack_upstream.make_patch", "--out",
                           str(tmp_path / "out"), "--quack-root", str(fake.parent)],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
@@ -240,7 +240,7 @@ def test_the_patch_applies_and_cross_compiles_for_sm90a_with_the_flag_off_and_on
 
 
 def test_shards_keep_each_kernels_cases_together():
-    from epiforge.bench.quack_upstream.gpu_test import shard
+    from lab.quack_upstream.gpu_test import shard
 
     ids = [f"t.py::test_same_bits[{ep}-{cfg}-{shape}]" for ep in ("a", "b") for cfg in ("c1", "c2", "c3")
            for shape in ("s1", "s2")] + ["t.py::test_computes", "t.py::test_refusals[split_k]"]
@@ -254,12 +254,12 @@ def test_shards_keep_each_kernels_cases_together():
 
 
 def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path):
-    """bench/quack_upstream/gpu_test.py, off a GPU: it patches a copy of the installed quack,
+    """lab/quack_upstream/gpu_test.py, off a GPU: it patches a copy of the installed quack,
     the generated test imports that copy, every case is collected, sharded and (here) skipped
     by the test's own SM90 check; the log says so, and the installed quack is untouched."""
     installed = make_patch.quack_root() / "quack" / "gemm_sm90.py"
     before = installed.read_bytes()
-    out = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path),
+    out = subprocess.run([sys.executable, "-m", "lab.quack_upstream.gpu_test", "--out", str(tmp_path),
                           "--shards", "2"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     log = (tmp_path / "pytest-gpu-quack-upstream.log").read_text()
@@ -270,11 +270,11 @@ def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path)
     skipped = sum(int(x) for x in re.findall(r"^(\d+) skipped", log, flags=re.M))
     assert skipped == int(m[1]) and "needs an SM90 GPU" in log and "passed" not in log and "failed" not in log
     assert (tmp_path / "DESCRIPTION.md").is_file() and installed.read_bytes() == before
-    bad = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path),
+    bad = subprocess.run([sys.executable, "-m", "lab.quack_upstream.gpu_test", "--out", str(tmp_path),
                           "--shards", "0"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "--shards must be at least 1" in bad.stderr
     # one deadline for all the shards: past it the rest are killed and the log says so
-    cut = subprocess.run([sys.executable, "-m", "epiforge.bench.quack_upstream.gpu_test", "--out", str(tmp_path / "cut"),
+    cut = subprocess.run([sys.executable, "-m", "lab.quack_upstream.gpu_test", "--out", str(tmp_path / "cut"),
                           "--shards", "2", "--timeout", "0.5"], capture_output=True, text=True, cwd=REPO, timeout=600)
     cut_log = (tmp_path / "cut" / "pytest-gpu-quack-upstream.log").read_text()
     assert cut.returncode == 124 and cut_log.count("(killed after 0 s)") == 2 and "(running)" not in cut_log
