@@ -510,6 +510,7 @@ class _Driver:
         end = SessionEnded(session=self.session, outcome=outcome, reason=reason, best=self.toolbox.best,
                            generated_kernel=str(generated) if generated else None, totals=self.totals)
         self.log.write(end)
+        self.backend.ended(outcome, reason)
         cost = "unpriced" if self.totals.cost_usd is None else f"${self.totals.cost_usd:.4f}"
         if self.replayed_turns and self.totals.cost_usd is None:
             cost = "unpriced, nothing spent now"

@@ -95,6 +95,10 @@ class Backend:
         """What the session log records about this backend (no secrets)."""
         return {"backend": self.name, "model": self.model}
 
+    def ended(self, outcome: str, reason: str) -> None:
+        """Called once when the session ends (SessionEnded's outcome and reason): a backend
+        whose agent waits on files (command) tells it there."""
+
     def close(self) -> None:
         pass
 

@@ -106,6 +106,18 @@ class CommandBackend(Backend):
         check.chmod(check.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         self._probe_sandbox(ws)
 
+    def ended(self, outcome: str, reason: str) -> None:
+        """The session's end, in FEEDBACK.md: an agent that waits for feedback after its round
+        learns that no round follows (a pass ends the session, and so does a spent budget)."""
+        if self.ctx is None:
+            return
+        try:
+            (Path(self.ctx.workspace) / "FEEDBACK.md").write_text(
+                f"# The session is over: {outcome}\n\n{scrub(reason)}\n\nNo round follows: the harness runs the "
+                "agent command no more.\n", encoding="utf-8")
+        except OSError:  # a workspace removed under the harness: the log has the end
+            pass
+
     # ---- one turn -------------------------------------------------------------------------
 
     def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None) -> ModelTurn:

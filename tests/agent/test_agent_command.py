@@ -44,7 +44,11 @@ def test_the_agent_works_in_a_prepared_workspace(command_session):
     assert (ws / "examples" / "k2_gemm_rmsnorm_swiglu.py").exists()
     assert not (ws / "examples" / "k1_gemm_rmsnorm.py").exists()  # never its own expert kernel
     assert "k1_gemm_rmsnorm" in (ws / "PROMPT.md").read_text() and "./check" in (ws / "PROMPT.md").read_text()
-    assert "INCORRECT_NUMERICS" in (ws / "FEEDBACK.md").read_text()  # the verdict on round 0, for round 1
+    # round 1 acted on round 0's verdict in FEEDBACK.md; after the pass FEEDBACK.md says the session is over
+    responses = [e for e in read_events(log)[0] if isinstance(e, ModelResponse)]
+    assert "fake agent: the scale was off; fixed" in responses[1].notes["stdout_tail"]
+    over = (ws / "FEEDBACK.md").read_text()
+    assert over.startswith("# The session is over: passed\n") and "No round follows" in over
 
 
 def test_what_it_leaves_is_evaluated_and_logged_as_tool_calls(command_session):
