@@ -551,6 +551,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _task_folders(args) -> None:
+    """--task (and `tasks show`'s name) may be a path to a task folder anywhere: it becomes the
+    folder's task name, the folder findable by this process and the ones it starts."""
+    from epiforge.tasks import task_arg
+
+    for attr in ("task", "name") if args.func is cmd_tasks_show else ("task",):
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            setattr(args, attr, task_arg(value))
+        elif isinstance(value, list):
+            setattr(args, attr, [task_arg(v) for v in value])
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from epiforge.eval.kernel import KernelError
@@ -563,6 +576,7 @@ def main(argv=None) -> int:
             from epiforge.eval.timing import Lead
 
             Lead.parse(os.environ["EPIFORGE_TIMED_LEAD"])
+        _task_folders(args)
         code = args.func(args)
         sys.stdout.flush()  # inside the try: a reader that left shows here, not at the interpreter's exit
         return code

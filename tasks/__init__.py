@@ -4,11 +4,13 @@ tasks/AUTHORING.md. The ten CODA kernels k0-k9 are CODA_TASKS."""
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
 from epiforge.tasks.spec import (
     ENV_TASKS_PATH,
+    TASK_API,
     TASKS_DIR,
     ShapeSet,
     Task,
@@ -65,6 +67,30 @@ def _get_task(name: str, dirs: tuple[Path, ...]) -> Task:
     known = ", ".join(t.id for t in catalogue)
     broken = f" ({len(errors)} malformed spec(s) skipped: see `epiforge tasks list`)" if errors else ""
     raise TaskError(f"unknown task {name!r}; known: {known}{broken}")
+
+
+def task_arg(arg: str) -> str:
+    """A --task value as the catalogue names it. An id or name stays as it is; a path to a
+    task folder anywhere (it has a "/": `--task ./my_task`, `--task ~/tasks/x1_gemm_bias`)
+    puts the folder's parent on $EPIFORGE_TASKS_PATH, for this process and the judges and
+    runners it starts, and gives the folder's name. TaskError (one line) for a path that is
+    no task folder, a folder that does not load, or one whose id or name another task
+    folder has already."""
+    if "/" not in arg and os.sep not in arg:
+        return arg
+    folder = Path(arg).expanduser().resolve()
+    if not (folder / "task.toml").is_file():
+        raise TaskError(f"--task {arg}: not a task folder (no task.toml in {folder})")
+    task = load_task_file(folder / "task.toml")  # its own error, one line
+    dirs = [p for p in os.environ.get(ENV_TASKS_PATH, "").split(os.pathsep) if p]
+    if folder.parent != TASKS_DIR and str(folder.parent) not in dirs:
+        os.environ[ENV_TASKS_PATH] = os.pathsep.join([*dirs, str(folder.parent)])
+    clash = next((t for t in load_catalogue()[0] if t.folder.resolve() != folder
+                  and {t.id, t.name} & {task.id, task.name}), None)
+    if clash is not None:
+        raise TaskError(f"--task {arg}: its id {task.id!r} or name {task.name!r} is the task in {clash.folder}'s "
+                        "already: give the folder another id and name (task.toml, and the folder's name)")
+    return task.name
 
 
 def id_of(name: str) -> str:

@@ -28,6 +28,16 @@ def linear_weight(n_out: int, n_in: int, gen, device, dtype=torch.bfloat16) -> t
     return normal((n_out, n_in), gen, device, std=1.0 / math.sqrt(n_in), dtype=dtype)
 
 
+def down_projection_backward_inputs(dims, gen, device, saved: str, width: int, dtype=torch.bfloat16) -> dict:
+    """What a backward at an MLP's down projection starts from, drawn in this order: dout
+    (M, d), the gradient at the MLP's output (std 1e-2); w_down (d, F), nn.Linear layout; and
+    the saved pre-activation `saved` (M, width), standard normal."""
+    M, d, F = dims["M"], dims["d"], dims["F"]
+    return {"dout": normal((M, d), gen, device, std=1e-2, dtype=dtype),
+            "w_down": linear_weight(d, F, gen, device, dtype=dtype),
+            saved: normal((M, width), gen, device, dtype=dtype)}
+
+
 def norm_weight(n: int, gen, device, dtype=torch.bfloat16) -> torch.Tensor:
     return normal((n,), gen, device, std=0.1, dtype=torch.float32).add_(1.0).to(dtype)
 

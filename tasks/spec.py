@@ -30,6 +30,11 @@ from epiforge.tasks import common
 from epiforge.tasks import dims as dimexpr
 
 TASKS_DIR = Path(__file__).resolve().parent
+#: the task API this epiforge reads (tasks/AUTHORING.md, "Versions"). 2: reference(inputs, dims,
+#: mm=) computes the fused GEMM as mm(a, b), a task of several GEMMs takes store= too, and
+#: make_inputs(dims, gen, device, dtype=) draws the "precision" tensors in dtype. 1 (before
+#: 2026-12-05, no `api` key): reference(inputs, dims) and make_inputs(dims, gen, device).
+TASK_API = 2
 #: more folders of task folders, os.pathsep-separated (tasks written outside the repo, and tests)
 ENV_TASKS_PATH = "EPIFORGE_TASKS_PATH"
 DTYPES = {
@@ -257,6 +262,8 @@ class Task(_Strict):
     outputs: list[OutputSpec] = Field(min_length=1)
     launches: list[str] = Field(min_length=1, description="the fused GEMMs ('gemm', or 'gemm:<name>' for each of "
                                                           "gemms) and the named finishing steps, in order")
+    api: int | None = Field(None, ge=1, description="the task API the folder was written to (TASK_API; "
+                                                    "none: read from its functions' parameters)")
     reference_dtype: Literal["float64", "float32"] = "float64"
     dtypes: list[Precision] = Field(["bfloat16"], min_length=1,
                                     description="the precisions the task runs in, the first its default")
@@ -289,6 +296,14 @@ class Task(_Strict):
                 resolved.append(row)
             data[group] = resolved
         return data
+
+    @field_validator("api")
+    @classmethod
+    def _known_api(cls, api):
+        if api is not None and api > TASK_API:
+            raise ValueError(f"written to task API {api}; this epiforge reads API {TASK_API} and older: upgrade "
+                             "epiforge (pip install -U epiforge)")
+        return api
 
     @model_validator(mode="after")
     def _precisions(self):
@@ -658,7 +673,40 @@ def load_task_file(path: Path) -> Task:
     if not (path.parent / "reference.py").is_file():
         raise TaskError(f"{path.parent / 'reference.py'}: missing (a task needs make_inputs and reference there)")
     _check_sizes(task, path)
+    _check_api(task, path.parent / "reference.py")
     return task
+
+
+def _check_api(task: Task, file: Path) -> None:
+    """A folder written to an older task API loads when its functions take what this one
+    hands them; otherwise TaskError, one line saying what to change. Read from the source
+    (ast), not imported: listing the catalogue runs no task code."""
+    import ast
+
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), str(file))
+    except (OSError, SyntaxError, ValueError):
+        return  # the judge reports it as the task's error when it imports the file
+    params = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("reference", "make_inputs"):
+            a = node.args
+            params[node.name] = (None if a.kwarg is not None
+                                 else {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
+    wrote = f"task API {task.api or 1}" + ("" if task.api else " (it names no api)")
+    ref, make = params.get("reference"), params.get("make_inputs")
+    if ref is not None and "mm" not in ref:
+        raise TaskError(f"{file}: written to {wrote}: API {TASK_API} hands reference() the fused GEMM as mm: write "
+                        "reference(inputs, dims, mm=torch.matmul), compute the GEMM as mm(a, b), and put "
+                        f"api = {TASK_API} in task.toml (tasks/AUTHORING.md, Versions)")
+    if ref is not None and task.gemms and "store" not in ref:
+        raise TaskError(f"{file}: written to {wrote}: a task of several GEMMs gets reference(inputs, dims, mm=, "
+                        "store=): add store=None and call store() on each tensor a GEMM writes and a later one "
+                        f"reads, and put api = {TASK_API} in task.toml (tasks/AUTHORING.md, Versions)")
+    if make is not None and task.follows_precision and "dtype" not in make:
+        raise TaskError(f"{file}: written to {wrote}: make_inputs() gets dtype= for the \"precision\" tensors: write "
+                        "make_inputs(dims, gen, device, dtype=torch.bfloat16) and draw them in dtype, and put "
+                        f"api = {TASK_API} in task.toml (tasks/AUTHORING.md, Versions)")
 
 
 def _import_finishing(folder: Path) -> None:

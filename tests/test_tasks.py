@@ -262,18 +262,63 @@ def test_a_new_task_lists_shows_evaluates_and_has_an_empty_expert_track(tmp_path
     show = cli("tasks", "show", task.id, extra_tasks=root)
     assert show.returncode == 0 and task.title in show.stdout and "none (the expert track is empty)" in show.stdout
 
-    r = cli("eval", "--task", task.id, "--kernel", str(kernel), "--device", "cpu", "--shapes", "smoke", "--json",
-            extra_tasks=root)
+    # pointed at by its path, with no EPIFORGE_TASKS_PATH: the judge finds the folder too
+    r = cli("eval", "--task", str(root / name), "--kernel", str(kernel), "--device", "cpu", "--shapes", "smoke",
+            "--json")
     result = json.loads(r.stdout)
     assert result["outcome"] == "PASSED", result["message"] + result["stderr_tail"]
     assert result["task"] == name and result["track"] == "candidate" and result["provisional"]
     assert [s["hidden"] for s in result["per_shape"]] == [False, False, True, True]
 
-    expert = cli("compare", "--task", task.id, "--kernels", "expert", "--device", "cpu", extra_tasks=root)
+    expert = cli("compare", "--task", f"{root}/{name}/", "--kernels", "expert", "--device", "cpu")
     assert expert.returncode == 2 and expert.stderr.count("\n") == 1, expert.stderr
     assert "no expert kernel" in expert.stderr and "expert track is empty" in expert.stderr
     human = cli("eval", "--task", task.id, "--kernel", "human", extra_tasks=root)
     assert human.returncode == 2 and human.stderr.count("\n") == 1 and "no expert kernel" in human.stderr
+
+
+def test_a_task_path_that_is_no_task_folder_or_takes_a_catalogue_name_is_one_line(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv(tasks.ENV_TASKS_PATH, "")  # task_arg sets it: restored after the test
+    assert tasks.task_arg("k1") == "k1" and os.environ[tasks.ENV_TASKS_PATH] == ""  # an id is no path
+    with pytest.raises(TaskError, match="not a task folder"):
+        tasks.task_arg(str(tmp_path))
+    copy = tmp_path / "mine" / "k1_gemm_rmsnorm"
+    shutil.copytree(tasks.get_task("k1").folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.raises(TaskError, match="is the task in .* already") as err:
+        tasks.task_arg(str(copy))
+    assert "\n" not in str(err.value)
+    # the catalogue's own folder, named by its path, is itself
+    assert tasks.task_arg(str(tasks.get_task("k1").folder)) == "k1_gemm_rmsnorm"
+    shown = cli("tasks", "show", str(tmp_path / "nowhere" / "x1"))
+    assert shown.returncode == 2 and shown.stderr.count("\n") == 1 and "not a task folder" in shown.stderr
+
+
+def test_a_folder_of_an_older_task_api_loads_when_it_fits_else_says_what_to_change(tmp_path):
+    # the guide's example names api = 2 and loads; without the key its functions decide
+    spec = write_task(tmp_path / "a", "x1_gemm_bias", lambda t: t.replace("api = 2\n", ""))
+    assert "api" not in spec.read_text() and load_task_file(spec).api is None
+    # API 1's reference(inputs, dims): refused, one line, saying what to change
+    ref = spec.parent / "reference.py"
+    ref.write_text(ref.read_text().replace("def reference(inputs, dims, mm=torch.matmul):", "def reference(inputs, dims):")
+                   .replace("mm(inputs[\"a\"], inputs[\"w\"].T)", "inputs[\"a\"] @ inputs[\"w\"].T"))
+    assert "def reference(inputs, dims):" in ref.read_text()
+    with pytest.raises(TaskError) as err:
+        load_task_file(spec)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{ref}: written to task API 1 (it names no api)")
+    assert "reference(inputs, dims, mm=torch.matmul)" in msg and "api = 2" in msg
+    # a "precision" tensor handed to a make_inputs without dtype=
+    spec = write_task(tmp_path / "b", "x1_gemm_bias", lambda t: t.replace('dtype = "bfloat16"', 'dtype = "precision"'))
+    with pytest.raises(TaskError, match="make_inputs\\(\\) gets dtype="):
+        load_task_file(spec)
+    # a newer API than this epiforge reads
+    spec = write_task(tmp_path / "c", "x1_gemm_bias", lambda t: t.replace("api = 2", f"api = {tasks.TASK_API + 1}"))
+    with pytest.raises(TaskError, match="upgrade epiforge"):
+        load_task_file(spec)
+    # every catalogue folder names the API it is written to
+    assert all(t.api == tasks.TASK_API for t in CATALOGUE)
 
 
 def test_the_leaderboard_shows_an_empty_expert_track():

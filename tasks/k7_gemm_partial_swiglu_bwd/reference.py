@@ -4,12 +4,7 @@ from epiforge.tasks import common
 
 
 def make_inputs(dims, gen, device, dtype=torch.bfloat16):
-    M, d, F = dims["M"], dims["d"], dims["F"]
-    return {
-        "dout": common.normal((M, d), gen, device, std=1e-2, dtype=dtype),
-        "w_down": common.linear_weight(d, F, gen, device, dtype=dtype),
-        "z": common.normal((M, 2 * F), gen, device, dtype=dtype),
-    }
+    return common.down_projection_backward_inputs(dims, gen, device, "z", 2 * dims["F"], dtype=dtype)
 
 
 def reference(inputs, dims, mm=torch.matmul):
