@@ -346,7 +346,8 @@ class _Driver:
     def _loop(self) -> SessionEnded:
         while True:
             if self.toolbox.finished:
-                return self._end("passed", "the submitted kernel passed")
+                how = self.toolbox.passed_how
+                return self._end("passed", "the submitted kernel passed" + (f": {how}" if how else ""))
             if self.idle >= _MAX_IDLE:
                 return self._end("gave_up", f"{_MAX_IDLE} turns in a row without a tool call")
             stop = self._budget_stop(self._estimate(self.messages))

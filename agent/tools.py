@@ -138,6 +138,7 @@ class ToolBox:
     current: str | None = None  # sha256 of the kernel in the workspace
     best: BestKernel | None = None
     finished: str | None = None  # "passed" once a submitted kernel passed and was fast enough
+    passed_how: str = ""  # how it passed: on the CPU only (provisional), or on the GPU and how fast
     slow_pass: str | None = None  # sha256 of a correct kernel that missed the speed target
     evaluations: int = 0
     last: Evaluation | None = None  # the latest evaluation event (progress lines)
@@ -259,9 +260,10 @@ class ToolBox:
             return "not accepted.\n" + text
         if not self.gpu():
             self.finished = "passed"
-            return ("accepted, provisionally: correct on the CPU emulator"
-                    + (" and compiles for sm_90a" if self.config.compile else "")
-                    + "; not yet run on a GPU, so neither final nor timed (no GPU on this machine).\n" + text)
+            self.passed_how = ("provisionally: correct on the CPU emulator" + (" and compiles for sm_90a" if self.config.compile
+                                                                              else "")
+                               + "; not yet run on a GPU, so neither final nor timed (no GPU on this machine)")
+            return f"accepted, {self.passed_how}.\n" + text
         result, gpu_text = self._evaluate(sha, "submit", "cuda", "paper", False, step, call_id)
         text += "\n\n" + gpu_text
         if not result.passed:
@@ -273,7 +275,8 @@ class ToolBox:
                     "make the epilogue cheaper and submit again.\n" + text)
         self.finished = "passed"
         timed = f"{ratio:.3f} x GEMM-only" if ratio is not None else "no timing reported"
-        return f"accepted: correct on CPU and GPU; {timed}.\n" + text
+        self.passed_how = f"correct on CPU and GPU; {timed}"
+        return f"accepted: {self.passed_how}.\n" + text
 
     # ---- evaluation ----------------------------------------------------------------------
 

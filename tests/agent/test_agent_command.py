@@ -49,6 +49,7 @@ def test_the_agent_works_in_a_prepared_workspace(command_session):
     assert "fake agent: the scale was off; fixed" in responses[1].notes["stdout_tail"]
     over = (ws / "FEEDBACK.md").read_text()
     assert over.startswith("# The session is over: passed\n") and "No round follows" in over
+    assert "the submitted kernel passed: provisionally: correct on the CPU emulator" in over  # no GPU: not timed
 
 
 def test_what_it_leaves_is_evaluated_and_logged_as_tool_calls(command_session):
