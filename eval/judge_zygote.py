@@ -60,6 +60,9 @@ def start_judge(args: list[str], *, env: dict, cwd: str, stderr_fd: int, pass_fd
     caller then starts the judge the plain way."""
     if not _enabled or module != JUDGE_MODULE:
         return None
+    # an audit event (sys.audit), as subprocess.Popen raises one: a judge process starts here
+    # too, though this process does not fork it (the test suite's `spawns` marker counts both)
+    sys.audit("epiforge.judge_zygote.fork", module)
     key = (sys.executable, tuple(sorted((k, v) for k, v in env.items() if k not in LATE_ENV)))
     with _lock:  # through the fork: a zygote is closed only while no thread is forking or waiting on it
         zygote = _zygotes.get(key)

@@ -1,6 +1,8 @@
 """Shared test setup: the `gpu` marker skips without a Hopper GPU; the `sandbox` marker
 skips where the machine forbids the runner's namespaces (then the runner says so in every
-Result, and these tests have nothing to test). Every test gets its own data directory;
+Result, and these tests have nothing to test); a test that starts a process must carry the
+`spawns` marker (seen through Python's audit hooks; GPU tests carry it by default), so that
+`-m "not spawns"` is the suite's quick part. Every test gets its own data directory;
 Ctrl-C tests take `ctrl_c_reaches_children`."""
 
 import functools
@@ -56,6 +58,64 @@ def ctrl_c_reaches_children():
     signal.signal(signal.SIGINT, inherited)
 
 
+#: the audit events (sys.addaudithook) of a process starting: CPython's, and the warm judges'
+#: (eval/judge_zygote.py: this process asks a zygote to fork one)
+SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system",
+                          "os.exec", "pty.spawn", "epiforge.judge_zygote.fork"})
+#: EPIFORGE_TEST_SPAWNS_RECORD=FILE: each test that started a process is a line of FILE
+#: ("nodeid<TAB>phases"), and none fails for it (how the markers were first placed)
+RECORD_ENV = "EPIFORGE_TEST_SPAWNS_RECORD"
+_phase: list = [None]
+_spawned_in: set = set()
+
+
+def _audit(event, args):
+    if _phase[0] is not None and event in SPAWN_EVENTS:
+        _spawned_in.add(_phase[0])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    _spawned_in.clear()
+    _phase[0] = "setup"
+    yield
+    _phase[0] = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    _phase[0] = "call"
+    yield
+    _phase[0] = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    _phase[0] = "teardown"
+    yield
+    _phase[0] = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that starts a process (a judge, the CLI, a cross-compile) carries the `spawns`
+    marker, so that `-m "not spawns"` is the suite's quick part: one that does not fails here,
+    at its teardown, saying so."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "teardown" or not _spawned_in:
+        return
+    phases = ",".join(sorted(_spawned_in))
+    record = os.environ.get(RECORD_ENV)
+    if record:
+        with open(record, "a") as f:
+            f.write(f"{item.nodeid}\t{phases}\n")
+    elif item.get_closest_marker("spawns") is None and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} started a process (in its {phases}) and carries no `spawns` marker: "
+                           "mark it, or its module (pytestmark = pytest.mark.spawns)")
+
+
 def pytest_configure(config):
     """In each of pytest-xdist's workers (before any test module imports torch): the CPU math
     libraries' threads for the worker and everything it starts are the cores shared out among
@@ -66,6 +126,7 @@ def pytest_configure(config):
     # the suite's thousands of in-process evaluations: each judge forked by a warm zygote
     # (eval/judge_zygote.py) instead of a new Python importing torch (CLIs the tests start
     # judge the plain way)
+    sys.addaudithook(_audit)  # for the `spawns` marker (pytest_runtest_makereport)
     from epiforge.eval.judge_zygote import warm_judges
 
     warm_judges(os.environ.get("EPIFORGE_TEST_WARM_JUDGES") != "0")  # 0: each judge a new process
@@ -87,6 +148,9 @@ def _hopper() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # a GPU test runs judges or the GPU's own processes: it spawns wherever it runs
+        if "gpu" in item.keywords and item.get_closest_marker("spawns") is None:
+            item.add_marker(pytest.mark.spawns)
     if any("sandbox" in item.keywords for item in items) and runner_sandbox() != FULL_SANDBOX:
         skip_sandbox = pytest.mark.skip(reason=f"this machine gives the runner less than its sandbox: {runner_sandbox()}")
         for item in items:

@@ -10,6 +10,7 @@ import torch
 from epiforge.bench import training as bt
 
 
+@pytest.mark.spawns
 def test_tiny_run_writes_a_report_whose_contenders_agree(tmp_path):
     out = tmp_path / "training.json"
     assert bt.main(["--tiny", "--device", "cpu", "--out", str(out)]) == 0

@@ -158,6 +158,7 @@ ENV = {k: "x" for k in ("gpu", "command", "date", "torch", "cuda", "nvidia-cutla
                         "driver", "python")}
 
 
+@pytest.mark.spawns
 def test_rederive_recomputes_ratios_from_samples_and_refuses_files_without(tmp_path):
     from epiforge.bench.report import main as report_main
 
@@ -193,6 +194,7 @@ def test_diagnostics_are_reported_against_the_same_speed_of_light():
     assert "| 128x128_c1x2_pp | 1.300 (1.300-1.300) |" in text  # the per-repetition ratios' quartiles
 
 
+@pytest.mark.spawns
 def test_results_name_the_commit_they_came_from(monkeypatch, tmp_path):
     import re
 
@@ -233,6 +235,7 @@ def test_library_pick_names_the_config_the_library_ran_at(tmp_path):
     assert fused[0] == "128x128_c1x2_pp" and fused[1] == pytest.approx(99.0 / 95.0)
 
 
+@pytest.mark.spawns
 def test_h200_pipeline_script_parses_and_refuses_unknown_steps():
     import subprocess
 

@@ -118,6 +118,7 @@ C_LOAD_RUNS = ["k7:128x128_c1x2_pp_cs2", "k7:128x128_c1x2_pp_cs2_cl", "k7:128x19
                "k0:128x128_c1x2_pp_cl", "k6:128x128_c1x2_pp_cs1_cl", "k6:256x192_c1x2_cs1_cl"]
 
 
+@pytest.mark.spawns
 def test_c_load_warp_cross_compiles_with_the_c_loads_on_the_producer_warp(tmp_path):
     """k7, k0 and k6 compile for sm_90a with the flag (pingpong and cooperative), with the
     stage split of the flag-less kernel. In the SASS, the flag-less kernel's consumers issue

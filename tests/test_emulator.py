@@ -166,6 +166,7 @@ def test_pair_outputs_errors_are_one_line():
         P.epilogue(pair_outputs=("o",), mode="acc_pair")(lambda acc: {})(A, W)
 
 
+@pytest.mark.spawns
 def test_pair_outputs_cross_compile_for_sm90a(sm90a_compile_log):
     log = sm90a_compile_log(PAIR_OUTPUTS, "a, w = torch.randn(256, 64).bfloat16(), torch.randn(192, 64).bfloat16()\n"
                                           "pair_outs(a, w, r=torch.rand(256), config=P.GemmConfig(tile_n=64))\n")
@@ -315,6 +316,7 @@ def test_what_the_gpu_refuses_is_refused_here_too():
             P.epilogue(outputs=("o",), reductions={"t": P.RowSelect(index=idx)})(lambda acc: {})
 
 
+@pytest.mark.spawns
 def test_importing_primitives_does_not_import_quack():
     code = "import sys, epiforge, primitives, primitives.emulator; print('quack' in sys.modules or 'cutlass' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -217,6 +217,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.spawns
 def test_replayed_graphs_compile_to_the_same_sm90a_machine_code(tmp_path):
     """The GPU side of replaying: the expert kernels with epilogues of their own (acc_pair
     SwiGLU after the norm: k2; RoPE pairs with a float-float table and D stored: k4d;

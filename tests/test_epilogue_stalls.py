@@ -15,6 +15,8 @@ import pytest
 from epiforge.bench import epilogue_stalls as E
 from epiforge.eval.machine import REPO
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 REASONS = ["stall_barrier", "stall_long_sb", "stall_wait"]
 
 

@@ -15,6 +15,8 @@ from epiforge import tasks
 from epiforge.eval import evaluate
 from epiforge.eval.machine import expert_kernel
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = [t.name for t in tasks.load_catalogue()[0]]
 TASKS = [t for t in CATALOGUE if expert_kernel(t)]  # the expert track (a task may have no expert kernel)

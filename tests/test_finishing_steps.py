@@ -12,6 +12,8 @@ from epiforge import tasks
 from epiforge.eval import evaluate
 from epiforge.eval.launches import Launch, classify
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 FINISHING = '''
 import primitives as P
 

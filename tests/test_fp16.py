@@ -134,6 +134,7 @@ def test_an_output_computed_in_bf16_fails_the_fp16_rule():
     assert check_output(spec, lowprec.to(torch.bfloat16), exact, lowprec).problem == "dtype"
 
 
+@pytest.mark.spawns
 def test_an_expert_kernel_passes_in_fp16_through_the_judge_and_builds_for_sm90a():
     """k7 (a packed-pair epilogue, two outputs) as a user runs it in fp16 only: the judge's
     numerics at every shape, hidden ones too, and its GEMMs cross-compiled for fp16 operands.
@@ -163,6 +164,7 @@ CHEATS = {
 }
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("name", CHEATS)
 def test_a_kernel_that_works_in_bf16_when_asked_for_fp16_is_rejected(tmp_path, name):
     task, edit, outcome = CHEATS[name]
@@ -199,6 +201,7 @@ def test_a_kernel_stopped_before_the_judge_is_keyed_on_the_precision_asked_for(t
     assert r.outcome.value == "COMPILE_ERROR" and r.stage == "static" and r.dtypes == ["float16"]
 
 
+@pytest.mark.spawns
 def test_a_precision_the_task_does_not_list_is_one_line():
     out = subprocess.run([sys.executable, "-m", "epiforge", "eval", "--task", "k1", "--kernel", "human",
                           "--dtype", "float32"], capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -85,6 +85,7 @@ def test_pick_config_takes_the_exact_entry_else_the_nearest_measured_shape():
     assert pick(0, 8192, 2048) == P.DEFAULT_CONFIG.key()  # an empty GEMM
 
 
+@pytest.mark.spawns
 def test_epi_c_stages_moves_shared_memory_between_mainloop_and_epilogue(tmp_path):
     """k6 (C + a tile load) on a cooperative 256x192 tile: quack's default split leaves the
     mainloop 2 A/B stages; epi_c_stages=1 makes room for 3 (what the plain GEMM gets). The
@@ -100,6 +101,7 @@ def test_epi_c_stages_moves_shared_memory_between_mainloop_and_epilogue(tmp_path
     assert eight[0] < default[0]  # paid for with A/B stages
 
 
+@pytest.mark.spawns
 def test_epi_tile_n_widens_the_epilogue_sub_tile(tmp_path):
     """k0 on 128x128 pingpong: quack's sub-tile is 64x32, 8 per tile, each stored by its own
     TMA stores (D and the residual sum: 16 in the SASS); at epi_tile_n=64 there are 4 (8
@@ -205,6 +207,7 @@ print(json.dumps({"stages": lowering.STAGES, "errors": errors}))
 """
 
 
+@pytest.mark.spawns
 def test_early_c_loads_cross_compile_for_k7_and_k0(tmp_path):
     """k7's and k0's expert epilogues compile for sm_90a with the flag at 128x128 pingpong,
     with the same stage split as without it; where quack gives a tile's 8 sub-tiles only 4
@@ -296,6 +299,7 @@ def test_epi_tile_n_stores_the_same_values_on_the_gpu(tid):
                     assert torch.equal(got[k], want[k]), f"{tid} {dims} {cfg.key()}: {k} differs"
 
 
+@pytest.mark.spawns
 def test_precompile_builds_the_expert_kernels_in_fp16_too(tmp_path):
     """bench.precompile --dtypes: the fp16 objects are cross-compiled on the CPU like the bf16
     ones (a compiled kernel depends on its operands' dtype), one line per kernel and config,
@@ -335,6 +339,7 @@ def test_precompile_builds_the_gemm_only_baseline_without_the_c_load_flags():
     assert "128x128_c1x2_pp_cs1" in plain and "128x128_c1x2_pp_cs1_cl" not in plain
 
 
+@pytest.mark.spawns
 def test_importing_precompile_leaves_the_environment_alone():
     """Only precompile's main() sets the cross-compile variables: a process that imports the
     module (for plain_gemm_configs) and had the DSL built for another arch must not be told
@@ -347,6 +352,7 @@ def test_importing_precompile_leaves_the_environment_alone():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.spawns
 def test_tuned_builds_each_config_of_the_kernels_table_and_names_one_that_does_not_fit(tmp_path):
     """evaluate(tuned=True) (`epiforge compile --tuned`, `./check --tuned`, issue 43 point 3):
     every fused GEMM is also built with each config of the kernel's TUNED table, which the

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = """

@@ -110,6 +110,7 @@ head_norm_rope(a, w, w=g, pos=torch.arange(256.0), freq=table, config=cfg)
 """
 
 
+@pytest.mark.spawns
 def test_head_rms_cross_compiles_for_sm90a(sm90a_compile_log):
     log = sm90a_compile_log(KERNEL, CALLS)
     assert [(e["epilogue"], e["ok"]) for e in log] == [("head_norm", True), ("head_norm_rope", True)]

@@ -181,6 +181,7 @@ def test_spec_errors_of_a_task_of_several_gemms_are_one_line(tmp_path, edit, fra
     assert fragment in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
+@pytest.mark.spawns
 def test_a_kernel_that_rotates_back_the_wrong_way_fails(tmp_path):
     """The expert kernel with RoPE's backward in the forward's direction (the rotation not
     undone): INCORRECT_NUMERICS, the forward outputs still right."""
@@ -195,6 +196,7 @@ def test_a_kernel_that_rotates_back_the_wrong_way_fails(tmp_path):
     assert checks["y"] and checks["qkv"] and not checks["dw_qkv"]
 
 
+@pytest.mark.spawns
 def test_a_weight_gradient_left_to_torch_is_caught(tmp_path):
     """One weight gradient as torch.matmul instead of a fused GEMM: the static rules reject
     it; behind them (rules off) the CPU's launch check sees 11 fused GEMMs and a torch
@@ -209,6 +211,7 @@ def test_a_weight_gradient_left_to_torch_is_caught(tmp_path):
     assert r.outcome.value == "EXTRA_LAUNCHES", r.message
 
 
+@pytest.mark.spawns
 def test_the_timed_stages_time_the_gemm_only_sequence(tmp_path):
     """The judge's timed phase driven on a CPU for the task of 12 GEMMs: the launch check
     counts 12, and the speed of light is the fastest whole sequence of plain GEMMs (cuBLAS for

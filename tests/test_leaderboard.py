@@ -196,6 +196,7 @@ def test_the_shipped_results_are_compares_of_every_task():
                                                         for x in lines)
 
 
+@pytest.mark.spawns
 def test_the_cli_shows_the_h200_numbers_on_a_cpu_in_under_5_s(tmp_path):
     ResultStore(tmp_path / "none.sqlite")  # an empty store of one's own
     t0 = time.monotonic()
@@ -241,6 +242,7 @@ def test_the_html_page_embeds_three_plots_and_the_tables(tmp_path):
     assert empty.read_text().count("Nothing to plot yet") == 3
 
 
+@pytest.mark.spawns
 def test_the_html_page_renders_in_headless_chromium(tmp_path):
     import shutil
 
@@ -298,6 +300,7 @@ def test_generated_over_expert_is_the_one_runs_ratio_where_compare_timed_both():
     assert row.endswith("(each run's speed of light) |")
 
 
+@pytest.mark.spawns
 def test_by_default_the_agents_table_reads_the_users_own_sessions(tmp_path):
     import shutil
 
@@ -323,6 +326,7 @@ def test_by_default_the_agents_table_reads_the_users_own_sessions(tmp_path):
     assert out.returncode == 0 and lb.SHIPPED_SESSIONS_SOURCE not in out.stdout and "| command |" not in out.stdout
 
 
+@pytest.mark.spawns
 def test_the_leaderboard_reads_a_store_and_never_writes_one(tmp_path):
     """A typo'd --store is an error, not a new empty store; a file that is no store is left as
     it was; an existing store is read without a write (its bytes unchanged); --html is checked
@@ -353,6 +357,7 @@ def test_the_leaderboard_reads_a_store_and_never_writes_one(tmp_path):
     assert unset.returncode == 0 and "no results store at" in unset.stderr and not (tmp_path / "later.sqlite").exists()
 
 
+@pytest.mark.spawns
 def test_the_agents_table_counts_tokens_as_the_sessions_list_does():
     """One count of a session's tokens everywhere (cache reads and writes included): the
     leaderboard's tokens / solved is `sessions list`'s tokens over the solved sessions."""

@@ -116,6 +116,7 @@ def test_the_static_checks_accept_the_new_math_in_an_epilogue_body():
     assert check_source(source) == []
 
 
+@pytest.mark.spawns
 def test_the_new_math_cross_compiles_for_sm90a(sm90a_compile_log):
     log = sm90a_compile_log(KERNEL, "a, w, t = torch.randn(256, 64).bfloat16(), torch.randn(192, 64).bfloat16(), "
                                     "torch.randn(192)\nnew_math(a, w, t=t)\n")

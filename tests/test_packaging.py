@@ -14,6 +14,8 @@ import pytest
 
 from epiforge.eval.machine import REPO
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels", "bench")
 DATA = ("primitive_docs", "generated_kernels", "logs")
 

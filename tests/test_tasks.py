@@ -246,6 +246,7 @@ def test_the_guides_example_loads_and_its_reference_matches_its_spec(tmp_path):
     assert torch.allclose(exact[out.name], want)
 
 
+@pytest.mark.spawns
 def test_a_new_task_lists_shows_evaluates_and_has_an_empty_expert_track(tmp_path):
     root = tmp_path / "more_tasks"
     name = spec_name(guide_blocks()["task.toml"])
@@ -277,6 +278,7 @@ def test_a_new_task_lists_shows_evaluates_and_has_an_empty_expert_track(tmp_path
     assert human.returncode == 2 and human.stderr.count("\n") == 1 and "no expert kernel" in human.stderr
 
 
+@pytest.mark.spawns
 def test_a_task_path_that_is_no_task_folder_or_takes_a_catalogue_name_is_one_line(tmp_path, monkeypatch):
     import shutil
 
@@ -363,6 +365,7 @@ def test_spec_ids_names_and_dimensions(tmp_path):
         assert "\n" not in msg and f"{folder}/task.toml: {field}:" in msg, msg
 
 
+@pytest.mark.spawns
 def test_broken_specs_are_one_line_each_and_the_others_still_list(tmp_path):
     root = tmp_path / "more_tasks"
     write_task(root, "x1_gemm_bias")
@@ -387,6 +390,7 @@ def test_broken_specs_are_one_line_each_and_the_others_still_list(tmp_path):
     assert shown.returncode == 2 and shown.stderr.count("\n") == 1 and "gemm.n" in shown.stderr
 
 
+@pytest.mark.spawns
 def test_task_show_prints_brackets_literally():
     k3 = tasks.get_task("k3")
     bracketed = [f"[{', '.join(t.shape)}]" for t in k3.inputs]
@@ -394,6 +398,7 @@ def test_task_show_prints_brackets_literally():
     assert out.returncode == 0 and all(b in out.stdout for b in bracketed), out.stdout
 
 
+@pytest.mark.spawns
 def test_a_raising_reference_is_the_tasks_error_not_the_kernels(tmp_path):
     root = tmp_path / "more_tasks"
     spec = write_task(root, "x1_gemm_bias")
@@ -418,6 +423,7 @@ def test_a_raising_reference_is_the_tasks_error_not_the_kernels(tmp_path):
     assert "not the kernel" in row and "no (TASK_ERROR)" not in board.stdout  # listed apart, not a failed cell
 
 
+@pytest.mark.spawns
 def test_a_reference_failing_at_a_hidden_shape_keeps_its_dims_withheld(tmp_path):
     root = tmp_path / "more_tasks"
     spec = write_task(root, "x1_gemm_bias")
@@ -474,6 +480,7 @@ def test_k3_and_k4_rotate_as_coda_does_and_their_hf_pairs_as_hugging_face_does()
         assert torch.allclose(task.reference(inputs, dims, exact=True)["qkv"], want)
 
 
+@pytest.mark.spawns
 def test_a_kernel_that_rotates_the_wrong_way_fails(tmp_path):
     """The Hugging Face direction's expert kernel, submitted for k3 (CODA's direction)."""
     from epiforge.eval import evaluate
@@ -532,6 +539,7 @@ def test_k5l_and_k9l_add_the_logits_to_k5_and_k9(lean, full):
     assert torch.allclose(got["loss"].double(), lse - target, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("tid,kernel,honest,wrong,output", [
     ("k3d", "k3d_gemm_rope_store_d", '"qkv_pre": out["D"]', '"qkv_pre": out["rotated"]', "qkv_pre"),  # rotated twice
     ("k5l", "k5l_gemm_rmsnorm_cross_entropy_store_logits", 'return {"D": logits,', 'return {"D": acc,', "logits"),
@@ -555,6 +563,7 @@ def test_a_kernel_that_stores_the_added_output_wrong_fails_on_that_output_alone(
     assert bad == {output}, (bad, r.message, [c.detail for s in r.per_shape for c in s.outputs])
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("args", [("tasks", "list", "--json"), ("tasks", "show", "k0")])
 def test_a_reader_that_leaves_early_gets_no_error_text(args):
     """`epiforge ... | head`: the reader closes the pipe before the output is written; the
@@ -566,6 +575,7 @@ def test_a_reader_that_leaves_early_gets_no_error_text(args):
     assert proc.wait(timeout=120) == 1 and err == ""
 
 
+@pytest.mark.spawns
 def test_a_piped_table_keeps_whole_names():
     """Into a pipe rich drew 80 columns and cut names with an ellipsis (k0_gemm_residu…)."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}

@@ -234,6 +234,7 @@ def test_the_element_rule_catches_wrong_small_values_that_the_global_rules_let_t
     assert check_output(off, flushed, exact, unrounded).ok  # the element rule alone rejected it
 
 
+@pytest.mark.spawns
 def test_margins_script_writes_its_report(tmp_path):
     out = tmp_path / "m.json"
     assert tolerance_margins.main(["--shapes", "smoke", "--device", "cpu", "--tasks", "k1", "--seeds", "0", "--out", str(out)]) == 0
@@ -278,6 +279,7 @@ def test_the_rule_by_blocks_of_rows_is_the_rule():
         [None, "tolerance", "rms", "nonfinite"]
 
 
+@pytest.mark.spawns
 def test_margins_by_blocks_of_rows_match_the_whole(tmp_path):
     out = tmp_path / "m.json"
     args = ["--shapes", "smoke", "--device", "cpu", "--tasks", "k7", "k6", "--seeds", "0"]
@@ -352,6 +354,7 @@ def test_sum_over_rows_is_declared_only_where_no_dimension_is_m():
     assert all(tolerance_margins.rows_separable(t) for t in tasks.load_catalogue()[0])
 
 
+@pytest.mark.spawns
 def test_margins_resume_keeps_finished_cases_and_runs_the_rest(tmp_path, capsys):
     out = tmp_path / "m.json"
     args = ["--shapes", "smoke", "--device", "cpu", "--seeds", "0", "--dtype", "bf16", "--out", str(out)]
@@ -388,6 +391,7 @@ def test_margins_resume_keeps_finished_cases_and_runs_the_rest(tmp_path, capsys)
     assert "not a margins report" in str(e.value)
 
 
+@pytest.mark.spawns
 def test_a_case_out_of_memory_is_recorded_and_the_run_goes_on(tmp_path):
     """--max-gib caps the process: the paper shapes' references do not fit 1.5 GiB, so each
     case is an error in the report (raised in the task's reference or in the check), and the

@@ -617,6 +617,7 @@ def test_loss_and_every_gradient_match_the_float32_reference_on_the_gpu(store_lo
     _against_float32_reference(GPU_CONFIG, GPU_BATCH, GPU_SEQ, "cuda", store_logits, padded, keep_act)
 
 
+@pytest.mark.spawns
 def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):
     """The LM head's logits recomputed with the softmax gradient in the epilogue (a training
     op's own epilogue, no task's): it must build for the H200 too."""
@@ -627,6 +628,7 @@ def test_the_cross_entropy_backward_epilogue_cross_compiles_for_sm90a(sm90a_comp
     assert [(e["epilogue"], e["ok"]) for e in log] == [("lm_head_ce_backward", True)], log
 
 
+@pytest.mark.spawns
 def test_the_kept_act_swiglu_backward_epilogue_cross_compiles_for_sm90a(sm90a_compile_log):
     """keep_act's down-projection dgrad (k7's epilogue without its act output) at the tile
     config k7's TUNED table picks at LLaMA-3.2-1B's MLP (16384 x 8192 x 2048), the shape the

@@ -32,6 +32,7 @@ def docs(tmp_path):
     return d
 
 
+@pytest.mark.spawns
 def test_ablation_runs_and_reports_each_condition(tmp_path, docs, anthropic_key, fast_retry, capsys):
     config = SessionConfig(task="k1", backend="anthropic", model="claude-haiku-4-5-loopback", compile=False,
                            device="cpu", budget=Budget(max_turns=4))
@@ -66,6 +67,7 @@ def test_an_unknown_page_fails_before_any_session(tmp_path, docs):
     assert made == [] and not list(tmp_path.glob("*.jsonl"))
 
 
+@pytest.mark.spawns
 def test_ablate_runs_its_conditions_side_by_side_into_the_data_directory(tmp_path, docs, anthropic_key, capsys):
     """--concurrency C: the conditions' sessions run through agent/runs.py's pool, C at a time;
     with no --log-dir the logs go to the data directory's ablations/<time>/."""

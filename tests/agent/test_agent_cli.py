@@ -3,10 +3,13 @@
 import subprocess
 import sys
 
+import pytest
+
 from epiforge import cli as epiforge
 from epiforge.eval.kernel import REPO
 
 
+@pytest.mark.spawns
 def test_help_imports_no_sdk_and_no_gpu_stack():
     code = ("import sys, epiforge, contextlib, io\n"
             "for argv in (['--help'], ['generate', '--help'], ['replay', '--help'], ['ablate', '--help']):\n"
@@ -43,6 +46,7 @@ def test_fork_needs_a_backend_and_an_unknown_task_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("epiforge: unknown task 'k99'")
 
 
+@pytest.mark.spawns
 def test_a_replay_refuses_a_forks_flags_and_says_when_its_recording_has_no_end(tmp_path, capsys):
     """Flags that only a fork uses were silently ignored by a replay (--out), or cut it short
     and called it DIVERGED (--max-turns); a log without its end said 'recorded None'."""

@@ -57,6 +57,7 @@ def test_kernels_and_workspaces_go_beside_a_log_folder_never_into_the_repo(tmp_p
     assert beside(tmp_path / "runs", "workspaces") == (tmp_path / "runs" / "workspaces").resolve()
 
 
+@pytest.mark.spawns
 def test_a_session_with_no_folder_flags_writes_only_into_the_data_directory(tmp_path, monkeypatch, anthropic_key,
                                                                               capsys):
     data = tmp_path / "elsewhere"
@@ -108,6 +109,7 @@ def test_sessions_list_before_any_session_says_so(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"no sessions in {tmp_path / 'data' / 'sessions'}"
 
 
+@pytest.mark.spawns
 def test_an_unfinished_run_is_not_counted_in_pass_at_k_here_or_on_the_leaderboard(tmp_path, anthropic_key, capsys):
     logs = tmp_path / "runs"
     script = [Reply("writing and submitting", [("write_kernel", {"source": K1_GOOD}), ("submit", {})]),

@@ -7,6 +7,10 @@ from epiforge.agent.feedback import describe
 from epiforge.eval import evaluate
 from epiforge.eval.secret_shapes import hidden_shapes
 
+import pytest
+
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 SEED = 918273645
 PUBLIC_ONLY = '''"""Right on the public smoke shapes only."""
 import primitives as P

@@ -9,6 +9,10 @@ from loopback import Loopback, Reply
 from epiforge import cli as epiforge
 from epiforge.eval.machine import REPO
 
+import pytest
+
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 PRICED = "claude-sonnet-4-5-loopback"
 EXPERT = (REPO / "human_kernels" / "layer_non_attention_fwd_bwd.py").read_text()
 

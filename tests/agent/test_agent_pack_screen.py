@@ -108,6 +108,7 @@ def test_every_verdict_is_shipped(name):
         assert screen.shipped(task, "example", src)
 
 
+@pytest.mark.spawns
 def test_a_renamed_answer_is_withheld_by_its_content(tmp_path, user_cache):
     """No name gives it away: an epilogue called mul_rows(acc, r) on a page called
     'scaling' is k1's answer once r is bound to rstd; the evaluator says so. (Written r * acc,

@@ -13,6 +13,8 @@ import pytest
 from epiforge import IMPORT_ROOT, ROOT
 from epiforge.agent.sandbox import CANNOT, available
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 SANDBOX, WHY_NOT = available()
 #: a machine whose kernel lacks unprivileged user namespaces or Linux 5.12's mount API cannot
 #: run the sandbox at all (the product then stops in one line: the last test here)

@@ -68,6 +68,7 @@ def _start_worker(env_dir: Path):
     return proc, mine
 
 
+@pytest.mark.spawns
 def test_a_worker_whose_coda_does_not_import_says_so_in_one_line(tmp_path):
     """The worker itself, started as the judge starts it, with an environment lacking CODA."""
     proc, mine = _start_worker(tmp_path)
@@ -83,6 +84,7 @@ def test_a_worker_whose_coda_does_not_import_says_so_in_one_line(tmp_path):
 CODA_ENV = os.environ.get(ENV_VAR) or str(Path(__file__).resolve().parents[2] / ".venv" / "coda")
 
 
+@pytest.mark.spawns
 @pytest.mark.skipif(not (Path(CODA_ENV) / "coda").is_dir(),
                     reason=f"CODA's environment is not installed ({ENV_VAR}, or .ci/setup-venv's .venv/coda)")
 def test_the_worker_imports_codas_own_quack_beside_ours():

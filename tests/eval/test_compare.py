@@ -18,6 +18,8 @@ from epiforge.eval.kernel import resolve_kernel
 from epiforge.eval.plausibility import Ceilings
 from epiforge.eval.remote import KernelProcess
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 #: the scripted k8 replay (backend anthropic; the real sessions' kernels are the command backend's)
 GENERATED = REPO / "generated_kernels" / "k8_gemm_swiglu" / "20261130T184615Z-k8-a840f4.py"

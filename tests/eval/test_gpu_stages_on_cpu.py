@@ -16,6 +16,8 @@ from epiforge.eval import gpu_stages, numerics
 from epiforge.eval.plausibility import Ceilings
 from epiforge.eval.remote import KernelProcess
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 ROW_SCALE = ("import torch\nimport primitives as P\nTASK = 'k1_gemm_rmsnorm'\ncalls = [0]\n\n"
              "@P.epilogue(operands={'rstd': P.PerRow()})\ndef row_scale(acc, rstd):\n    return {'D': acc * rstd}\n\n"

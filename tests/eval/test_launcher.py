@@ -13,6 +13,8 @@ import pytest
 
 from epiforge.eval import evaluate
 
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 EXPLOITS = Path(__file__).resolve().parents[1] / "exploits"
 REPO = Path(__file__).resolve().parents[2]
 #: honest kernels in varied styles and the committed generated ones (the newest of each task:

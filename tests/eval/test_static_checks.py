@@ -596,6 +596,7 @@ def test_an_encoding_other_than_utf8_is_refused(head, rejected):
 
 
 
+@pytest.mark.spawns
 def test_the_checkers_own_list_of_finishing_steps_is_the_built_in_ones():
     """Where primitives.finish is not loaded the checker reads its own list (it imports no
     torch): the built-in steps. The layer's expert kernel uses rope_backward, and a checker in

@@ -127,6 +127,7 @@ for i in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.spawns
 def test_several_writer_processes_at_once(tmp_path):
     path = tmp_path / "shared.sqlite"
     ResultStore(path)

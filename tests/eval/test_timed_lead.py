@@ -27,6 +27,7 @@ def test_each_lead_says_what_the_gpu_does():
     assert "7 ms" in Lead("heat", 7.0).describe() and "GEMM" in Lead("heat", 7.0).describe()
 
 
+@pytest.mark.spawns
 def test_a_bad_lead_in_the_environment_is_one_line_from_the_cli(tmp_path):
     env = {**os.environ, "EPIFORGE_TIMED_LEAD": "heat:lots", "EPIFORGE_DATA_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "epiforge", "tasks", "list"], capture_output=True, text=True,
@@ -36,6 +37,7 @@ def test_a_bad_lead_in_the_environment_is_one_line_from_the_cli(tmp_path):
     assert len(lines) == 1 and "EPIFORGE_TIMED_LEAD" in lines[0] and "heat:lots" in lines[0]
 
 
+@pytest.mark.spawns
 def test_the_lead_is_read_once_when_the_timer_loads():
     """A child whose environment names a lead gets that lead (the judge and its runners
     inherit it), and the default otherwise."""

@@ -3,6 +3,10 @@ the judge's environment; a task that cannot be warmed says why in one line."""
 
 from epiforge.eval.warm import warm_all
 
+import pytest
+
+pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+
 
 def test_each_task_is_warmed_in_its_own_process_and_a_bad_one_says_why():
     seen = []
