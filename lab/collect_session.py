@@ -17,33 +17,34 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LOGS = REPO / "logs" / "generated"
 
 
-def collect(log: Path) -> str:
-    """Copy one session; returns a line saying what was copied."""
+def collect(log: Path, repo: Path = REPO) -> str:
+    """Copy one session into `repo` (logs/generated/, generated_kernels/); returns a line
+    saying what was copied."""
     lines = log.read_bytes().splitlines(keepends=True)
     ends = [i for i, line in enumerate(lines) if b'"event":"session_ended"' in line.replace(b" ", b"")]
     if not ends:
         raise ValueError(f"{log}: no session_ended event (the session has not finished)")
     end = json.loads(lines[ends[-1]])
-    out = LOGS / log.name
+    out = repo / "logs" / "generated" / log.name
     if out.exists():
-        raise ValueError(f"{out.relative_to(REPO)} exists already")
+        raise ValueError(f"{out.relative_to(repo)} exists already")
     kernel = end.get("generated_kernel")
     said = f"{log.name}: {end['outcome']}"
     if kernel:
         src = Path(kernel)
         task = src.parent.name
-        dest = REPO / "generated_kernels" / task / src.name
+        dest = repo / "generated_kernels" / task / src.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
         origin = src.with_suffix(".origin.json")
         if origin.is_file():
             shutil.copyfile(origin, dest.with_suffix(".origin.json"))
         for i in ends:
-            lines[i] = lines[i].replace(json.dumps(kernel).encode(), json.dumps(dest.relative_to(REPO).as_posix()).encode())
-        said += f", kernel -> {dest.relative_to(REPO)}"
+            lines[i] = lines[i].replace(json.dumps(kernel).encode(), json.dumps(dest.relative_to(repo).as_posix()).encode())
+        said += f", kernel -> {dest.relative_to(repo)}"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(b"".join(lines))
     return said
 
