@@ -80,7 +80,7 @@ def task_arg(arg: str) -> str:
         return arg
     folder = Path(arg).expanduser().resolve()
     if not (folder / "task.toml").is_file():
-        raise TaskError(f"--task {arg}: not a task folder (no task.toml in {folder})")
+        raise TaskError(f"{arg}: not a task folder (no task.toml in {folder})")
     task = load_task_file(folder / "task.toml")  # its own error, one line
     dirs = [p for p in os.environ.get(ENV_TASKS_PATH, "").split(os.pathsep) if p]
     if folder.parent != TASKS_DIR and str(folder.parent) not in dirs:
@@ -88,8 +88,8 @@ def task_arg(arg: str) -> str:
     clash = next((t for t in load_catalogue()[0] if t.folder.resolve() != folder
                   and {t.id, t.name} & {task.id, task.name}), None)
     if clash is not None:
-        raise TaskError(f"--task {arg}: its id {task.id!r} or name {task.name!r} is the task in {clash.folder}'s "
-                        "already: give the folder another id and name (task.toml, and the folder's name)")
+        raise TaskError(f"{arg}: id {task.id!r} / name {task.name!r} is already taken by the task in {clash.folder}: "
+                        "give this folder another id and name (in task.toml, and the folder's own name)")
     return task.name
 
 
