@@ -459,8 +459,9 @@ def _generated_tasks_table(board: Board) -> list[str]:
         out.append("")
     out += ["pass@k: the unbiased estimator over the task's sessions ('-': fewer than k). generated / expert: at "
             "each timed shape, the median of per-repetition ratios of one interleaved run, with its 95% bootstrap "
-            "interval (below 1: the generated kernel is faster); '-': not timed beside the expert on that GPU (a task "
-            "without an expert kernel has none).", ""]
+            "interval (below 1: the generated kernel is faster), for the best of the agent's kernels of the task timed on "
+            "that GPU (the one the tasks table shows: a best of several, as pass@k is); '-': not timed beside the "
+            "expert on that GPU (a task without an expert kernel has none).", ""]
     return out
 
 
