@@ -235,6 +235,7 @@ def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
     from epiforge.agent.sessions import counts_as_pass, last_end
 
     rows: dict[tuple[str, str], AgentRow] = {}
+    seen: set[str] = set()  # a session's log in two folders (the user's, and a copy shipped) counts once
     for d in log_dirs:
         for path in sorted(Path(d).glob("*.jsonl")):
             try:
@@ -244,8 +245,9 @@ def agent_rows(log_dirs: list[Path]) -> list[AgentRow]:
             start = next((e for e in events if isinstance(e, SessionStarted)), None)
             end = last_end(events)  # a resumed session: its last end
             ok = None if start is None else counts_as_pass(end)  # None: unfinished, not counted (the rule is there)
-            if ok is None or start.replay_of is not None:
+            if ok is None or start.replay_of is not None or start.session in seen:
                 continue
+            seen.add(start.session)
             key = (start.config.backend, start.config.model)
             row = rows.setdefault(key, AgentRow(backend=key[0], model=key[1], tasks={}))
             n, c = row.tasks.get(start.config.task, (0, 0))

@@ -33,16 +33,20 @@ def collect(log: Path, repo: Path = REPO) -> str:
     kernel = end.get("generated_kernel")
     said = f"{log.name}: {end['outcome']}"
     if kernel:
-        src = Path(kernel)
+        src = Path(kernel) if Path(kernel).is_absolute() else repo / kernel  # inside the repo, logged relative to it
         task = src.parent.name
         dest = repo / "generated_kernels" / task / src.name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
-        origin = src.with_suffix(".origin.json")
-        if origin.is_file():
-            shutil.copyfile(origin, dest.with_suffix(".origin.json"))
+        old_path = json.dumps(kernel, ensure_ascii=False).encode()  # as the log wrote it: UTF-8, not \u escapes
+        if not any(old_path in lines[i] for i in ends):
+            raise ValueError(f"{log}: its session_ended does not name {kernel!r} as written; nothing copied")
+        if src.resolve() != dest.resolve():  # a session that wrote into the repository already is there
+            shutil.copyfile(src, dest)
+            origin = src.with_suffix(".origin.json")
+            if origin.is_file():
+                shutil.copyfile(origin, dest.with_suffix(".origin.json"))
         for i in ends:
-            lines[i] = lines[i].replace(json.dumps(kernel).encode(), json.dumps(dest.relative_to(repo).as_posix()).encode())
+            lines[i] = lines[i].replace(old_path, json.dumps(dest.relative_to(repo).as_posix(), ensure_ascii=False).encode())
         said += f", kernel -> {dest.relative_to(repo)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(b"".join(lines))

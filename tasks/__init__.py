@@ -71,19 +71,23 @@ def _get_task(name: str, dirs: tuple[Path, ...]) -> Task:
 
 def task_arg(arg: str) -> str:
     """A --task value as the catalogue names it. An id or name stays as it is; a path to a
-    task folder anywhere (it has a "/": `--task ./my_task`, `--task ~/tasks/x1_gemm_bias`)
+    task folder anywhere (it has a "/", or is "." or "..": `--task ./my_task`, `--task ~/tasks/x1_gemm_bias`)
     puts the folder's parent on $EPIFORGE_TASKS_PATH, for this process and the judges and
     runners it starts, and gives the folder's name. TaskError (one line) for a path that is
     no task folder, a folder that does not load, or one whose id or name another task
     folder has already."""
-    if "/" not in arg and os.sep not in arg:
+    if "/" not in arg and os.sep not in arg and arg not in (".", ".."):
         return arg
-    folder = Path(arg).expanduser().resolve()
+    try:
+        folder = Path(arg).expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # ~nosuchuser, a symlink loop
+        raise TaskError(f"{arg}: not a task folder ({e})") from None
     if not (folder / "task.toml").is_file():
         raise TaskError(f"{arg}: not a task folder (no task.toml in {folder})")
     task = load_task_file(folder / "task.toml")  # its own error, one line
     dirs = [p for p in os.environ.get(ENV_TASKS_PATH, "").split(os.pathsep) if p]
-    if folder.parent != TASKS_DIR and str(folder.parent) not in dirs:
+    known = {TASKS_DIR.resolve(), *(Path(p).expanduser().resolve() for p in dirs)}
+    if folder.parent not in known:
         os.environ[ENV_TASKS_PATH] = os.pathsep.join([*dirs, str(folder.parent)])
     clash = next((t for t in load_catalogue()[0] if t.folder.resolve() != folder
                   and {t.id, t.name} & {task.id, task.name}), None)

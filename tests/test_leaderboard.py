@@ -403,7 +403,7 @@ def test_the_generated_track_per_task_gives_pass_at_k_first_pass_and_generated_o
     assert [c.strip() for c in k1.strip("|").split("|")][1:8] == ["2", "0", "0.00", "-", "-", "-", "-"]
 
 
-def test_the_shipped_sessions_count_their_first_pass_as_the_logs_say():
+def test_the_shipped_sessions_count_their_first_pass_as_the_logs_say(tmp_path):
     """agent_rows over logs/generated, against the logs read here as plain JSON lines: per task,
     sessions and passes, and each pass's turn (its first PASSED evaluation's step + 1)."""
     want: dict[str, list] = {}
@@ -421,3 +421,10 @@ def test_the_shipped_sessions_count_their_first_pass_as_the_logs_say():
     for task, ends in want.items():
         assert row.tasks[task] == (len(ends), sum(ok for ok, _ in ends)), task
         assert sorted(t for t, _ in row.first_pass.get(task, [])) == sorted(t for ok, t in ends if ok), task
+    # a session's log in two folders (the user's data directory, and the copy shipped) counts once
+    import shutil
+
+    for log in sorted(lb.SHIPPED_SESSIONS.glob("*.jsonl"))[:3]:
+        shutil.copy(log, tmp_path / log.name)
+    (twice,) = [r for r in lb.agent_rows([lb.SHIPPED_SESSIONS, tmp_path]) if r.backend == "command"]
+    assert twice.tasks == row.tasks and twice.first_pass == row.first_pass

@@ -313,11 +313,11 @@ def test_a_folder_of_an_older_task_api_loads_when_it_fits_else_says_what_to_chan
     assert "reference(inputs, dims, mm=torch.matmul)" in msg and "api = 2" in msg
     # a "precision" tensor handed to a make_inputs without dtype=
     spec = write_task(tmp_path / "b", "x1_gemm_bias", lambda t: t.replace('dtype = "bfloat16"', 'dtype = "precision"'))
-    with pytest.raises(TaskError, match="make_inputs\\(\\) gets dtype="):
+    with pytest.raises(TaskError, match="make_inputs\\(\\) gets the keyword dtype="):
         load_task_file(spec)
     # a newer API than this epiforge reads
     spec = write_task(tmp_path / "c", "x1_gemm_bias", lambda t: t.replace("api = 2", f"api = {tasks.TASK_API + 1}"))
-    with pytest.raises(TaskError, match="upgrade epiforge"):
+    with pytest.raises(TaskError, match="update epiforge"):
         load_task_file(spec)
     # every catalogue folder names the API it is written to
     assert all(t.api == tasks.TASK_API for t in CATALOGUE)

@@ -108,8 +108,9 @@ class CommandBackend(Backend):
 
     def ended(self, outcome: str, reason: str) -> None:
         """The session's end, in FEEDBACK.md: an agent that waits for feedback after its round
-        learns that no round follows (a pass ends the session, and so does a spent budget)."""
-        if self.ctx is None:
+        learns that no round follows (a pass ends the session, and so does a spent budget). Not
+        after a backend error: `generate --resume` continues that session."""
+        if self.ctx is None or outcome == "backend_error":
             return
         try:
             (Path(self.ctx.workspace) / "FEEDBACK.md").write_text(

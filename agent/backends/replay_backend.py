@@ -46,6 +46,9 @@ class ForkBackend(Backend):
     def start(self, ctx) -> None:
         self.live.start(ctx)
 
+    def ended(self, outcome: str, reason: str) -> None:
+        self.live.ended(outcome, reason)
+
     def complete(self, system, messages, tools, *, step, on_retry=None, time_left=None) -> ModelTurn:
         if step < self.fork_at:
             return self.replay.complete(system, messages, tools, step=step, on_retry=on_retry)
