@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -406,8 +407,7 @@ def _agents_table(board: Board) -> list[str]:
         n = sum(x for x, _ in a.tasks.values())
         per = (lambda v, fmt="{:.1f}": _f(v / a.solved, fmt) if a.solved else "-")
         usd = "-" if a.usd is None or not a.solved else f"{a.usd / a.solved:.3f}"
-        first = sorted(a.first_correct_s)
-        med = f"{first[len(first) // 2]:.0f} s" if first else "-"
+        med = _f(_median(a.first_correct_s), "{:.0f} s")
         out.append(f"| {a.backend} | {a.model} | {len(a.tasks)} | {n} | {_f(a.pass_at(1))} | {_f(a.pass_at(5))} | "
                    f"{per(a.turns)} | {per(a.tokens, '{:.0f}')} | {usd} | {med} |")
     out += ["", "pass@k: the unbiased estimator over each task's sessions, averaged over tasks ('-': fewer than k "
@@ -416,11 +416,7 @@ def _agents_table(board: Board) -> list[str]:
 
 
 def _median(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    if not xs:
-        return None
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return statistics.median(xs) if xs else None
 
 
 def _over_expert_per_shape(c: Cell) -> str:
