@@ -554,10 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _task_folders(args) -> None:
     """--task (and `tasks show`'s name) may be a path to a task folder anywhere: it becomes the
     folder's task name, the folder findable by this process and the ones it starts."""
-    from epiforge.tasks import task_arg
-
     for attr in ("task", "name") if args.func is cmd_tasks_show else ("task",):
         value = getattr(args, attr, None)
+        if not value:  # a command without --task imports no tasks (and no torch) here
+            continue
+        from epiforge.tasks import task_arg
+
         if isinstance(value, str):
             setattr(args, attr, task_arg(value))
         elif isinstance(value, list):
