@@ -358,16 +358,21 @@ case "${1:-}" in
     # precompiled kernels, every default baseline, one judge for all the tasks; how long it
     # took goes beside its tables (compare-all.md, compare-all.sqlite, compare-all.log)
     # COMPARE_TASKS: these tasks (one judge) instead of --all, for a run split over two calls
-    # into one store; KERNELS: compare's --kernels (default: its own, expert generated)
+    # into one store; KERNELS: compare's --kernels (default: its own, expert generated);
+    # BASELINES (set, even empty): compare's --baselines; DTYPE: its --dtype; REPS: its --reps
     mkdir -p "$OUT"
     install_objects
     start=$(date +%s)
     rc=0
     which=(--all); [ -n "${COMPARE_TASKS:-}" ] && read -ra which <<< "--task $COMPARE_TASKS"
     kernels=(); [ -n "${KERNELS:-}" ] && read -ra kernels <<< "--kernels $KERNELS"
-    timeout "${COMPARE_ALL_TIMEOUT_S:-580}" $PY -m epiforge compare "${which[@]}" "${kernels[@]}" --shapes paper \
+    more=(); [ -n "${BASELINES+set}" ] && read -ra more <<< "--baselines $BASELINES"
+    [ -n "${DTYPE:-}" ] && more+=(--dtype "$DTYPE")
+    [ -n "${REPS:-}" ] && more+=(--reps "$REPS")
+    [ -s "$OUT/compare-all.log" ] || fingerprint_line "compare ${which[*]} ${kernels[*]} ${more[*]} --shapes paper" > "$OUT/compare-all.log"
+    timeout "${COMPARE_ALL_TIMEOUT_S:-580}" $PY -m epiforge compare "${which[@]}" "${kernels[@]}" "${more[@]}" --shapes paper \
       --device gpu --store "$OUT/compare-all.sqlite" >> "$OUT/compare-all.md" 2>> "$OUT/compare-all.log" || rc=$?
-    echo "compare ${which[*]} ${kernels[*]} --shapes paper: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/compare-all.log"
+    echo "compare ${which[*]} ${kernels[*]} ${more[*]} --shapes paper: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/compare-all.log"
     echo "$(grep -c "^## " "$OUT/compare-all.md" || true) tasks judged"
     grep -E "^Judged in" "$OUT/compare-all.md" | head -20 || true
     ;;
