@@ -59,13 +59,13 @@ def results_from(report, check: dict | None, source: str) -> list:
     for task, shapes in by_task.items():
         kernel = REPO / "human_kernels" / f"{task}.py"
         ok = passed.get(task, check is None)
-        out.append(Result(
-            task=task, kernel="human", kernel_sha256=hashlib.sha256(kernel.read_bytes()).hexdigest(), track="expert",
-            author="epiforge expert track", device="cuda", shapes="paper",
-            outcome=Outcome.PASSED if ok else Outcome.INCORRECT_NUMERICS,
-            message=("timed by bench/run.py; correct at every paper shape through the evaluator (check file)" if ok
-                     else "timed by bench/run.py; the check file does not pass it at every paper shape"),
-            stage="done", per_shape=shapes, environment=env, started_at=report.environment["date"]))
+        base = dict(task=task, kernel="human", kernel_sha256=hashlib.sha256(kernel.read_bytes()).hexdigest(),
+                    track="expert", author="epiforge expert track", device="cuda", shapes="paper", environment=env,
+                    started_at=report.environment["date"])
+        out.append(Result.judged(
+            base, Outcome.PASSED if ok else Outcome.INCORRECT_NUMERICS, "done" if ok else "numerics",
+            ("timed by bench/run.py; correct at every paper shape through the evaluator (check file)" if ok
+             else "timed by bench/run.py; the check file does not pass it at every paper shape"), shapes))
     return out
 
 

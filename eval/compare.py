@@ -133,10 +133,10 @@ class _Plan:
         """A failure Result per judged kernel: the judge ended without this task's verdict."""
         why = "timed out" if run.timed_out else (run.broken or run.signal_name or f"exit code {run.returncode}")
         for k in self.judged:
-            self.results[k["label"]] = Result(**{**k["base"], "device": self.device, "shapes": self.shapes}, outcome=(
-                Outcome.TIMEOUT if run.timed_out else Outcome.RUNTIME_ERROR), stage=stage,
-                message=f"the judge ended without a verdict ({why}) during {stage}",
-                stderr_tail=run.stderr_tail, wall_s=wall_s)
+            self.results[k["label"]] = Result.stopped(
+                {**k["base"], "device": self.device, "shapes": self.shapes},
+                Outcome.TIMEOUT if run.timed_out else Outcome.RUNTIME_ERROR, stage,
+                f"the judge ended without a verdict ({why}) during {stage}", stderr_tail=run.stderr_tail, wall_s=wall_s)
 
     def comparison(self) -> Comparison:
         labels = [label for label, _ in self.kernels]

@@ -153,40 +153,37 @@ def static_stage(task, path: Path, text: str, base: dict, static_checks: bool) -
     try:
         parse_bounded(text, str(path))
     except SyntaxError as e:
-        return Result(**base, track="candidate", outcome=Outcome.COMPILE_ERROR, stage="static",
-                      message=syntax_error_line(e))
+        return Result.stopped(base, Outcome.COMPILE_ERROR, "static", syntax_error_line(e), track="candidate")
     except SourceTooComplex as e:
-        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
-                      message=f"static checks: {e} [size]", violations=[f"line {e.line}: {e} [size]"])
+        return Result.stopped(base, Outcome.STATIC_REJECTED, "static", f"static checks: {e} [size]",
+                              track="candidate", violations=[f"line {e.line}: {e} [size]"])
     except Exception as e:  # noqa: BLE001 - a source the reader cannot take is never run
         return _undecided(base, "parser", e, track="candidate")
     try:
         meta = read_kernel(path, source=text)
     except KernelError as e:
-        return Result(**base, track="candidate", outcome=Outcome.STATIC_REJECTED, stage="static",
-                      message=str(e).splitlines()[0])
+        return Result.stopped(base, Outcome.STATIC_REJECTED, "static", str(e).splitlines()[0], track="candidate")
     except Exception as e:  # noqa: BLE001
         return _undecided(base, "metadata reader", e, track="candidate")
     base = {**base, "track": meta.track, "author": meta.author, "backend": meta.backend, "model": meta.model,
             "session": meta.session}
     if meta.task != task.name:
-        return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
-                      message=f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
+        return Result.stopped(base, Outcome.STATIC_REJECTED, "static",
+                              f"the kernel's TASK is {meta.task!r}, not {task.name!r}")
     if static_checks:
         try:
             violations = check_source(text, str(path))
         except SyntaxError as e:
-            return Result(**base, outcome=Outcome.COMPILE_ERROR, stage="static",
-                          message=syntax_error_line(e))
+            return Result.stopped(base, Outcome.COMPILE_ERROR, "static", syntax_error_line(e))
         except (RecursionError, MemoryError, ValueError) as e:
-            return Result(**base, outcome=Outcome.STATIC_REJECTED, stage="static",
-                          message=f"the source is too large or too deeply nested to check ({type(e).__name__})")
+            return Result.stopped(base, Outcome.STATIC_REJECTED, "static",
+                                  f"the source is too large or too deeply nested to check ({type(e).__name__})")
         except Exception as e:  # noqa: BLE001
             return _undecided(base, "static checker", e)
         if violations:
             outcome = Outcome.COMPILE_ERROR if only_compile_errors(violations) else Outcome.STATIC_REJECTED
-            return Result(**base, outcome=outcome, stage="static", message=summarize(violations),
-                          violations=[str(v) for v in violations])
+            return Result.stopped(base, outcome, "static", summarize(violations),
+                                  violations=[str(v) for v in violations])
     return base
 
 
@@ -195,9 +192,9 @@ def _undecided(base: dict, who: str, e: Exception, **extra) -> Result:
     checker, not named by any rule): rejected, never run, in one line that says so, instead
     of a traceback that would take the CLI or the agent's session down with it."""
     first = (str(e).strip().splitlines() or [""])[0][:200]
-    return Result(**{**base, **extra}, outcome=Outcome.STATIC_REJECTED, stage="static",
-                  message=f"the {who} failed on this source ({type(e).__name__}: {first}); it is not run. "
-                          "This is an evaluator fault: please report it with the kernel file")
+    return Result.stopped(base, Outcome.STATIC_REJECTED, "static",
+                          f"the {who} failed on this source ({type(e).__name__}: {first}); it is not run. "
+                          "This is an evaluator fault: please report it with the kernel file", **extra)
 
 
 def _from_judge(run, base: dict, timeout: float) -> Result:
@@ -207,11 +204,11 @@ def _from_judge(run, base: dict, timeout: float) -> Result:
                                  else {})
     base = {**base, "stderr_tail": run.stderr_tail, "wall_s": run.wall_s}
     if run.timed_out:
-        return Result(**base, outcome=Outcome.TIMEOUT, stage=run.stage,
-                      message=f"no result within {timeout:g} s (during {run.stage}); the evaluation was killed")
+        return Result.stopped(base, Outcome.TIMEOUT, run.stage,
+                              f"no result within {timeout:g} s (during {run.stage}); the evaluation was killed")
     why = run.broken or run.signal_name or f"exit code {run.returncode}"
-    return Result(**base, outcome=Outcome.RUNTIME_ERROR, stage=run.stage,
-                  message=f"the judge ended without a verdict ({why}) during {run.stage}")
+    return Result.stopped(base, Outcome.RUNTIME_ERROR, run.stage,
+                          f"the judge ended without a verdict ({why}) during {run.stage}")
 
 
 __all__ = ["evaluate", "pick_dtypes", "KernelError", "TaskError"]

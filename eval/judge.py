@@ -47,7 +47,7 @@ if __name__ == "__main__" and os.environ.get("EPIFORGE_RUNNER_SPARES") != "0":
 
 from epiforge.eval.isolation import make_undumpable, setup_child  # noqa: E402
 from epiforge.eval.machine import fingerprint  # noqa: E402
-from epiforge.eval.result import Outcome, Result, ShapeResult, worst_element  # noqa: E402
+from epiforge.eval.result import Outcome, Result, ShapeResult  # noqa: E402
 
 #: this module's import (or, in a judge forked by a warm zygote, its fork): the judge's own
 #: startup counts in its first stage
@@ -113,9 +113,9 @@ class Candidate:
         if self.per_shape and self.per_shape[-1].hidden and outcome != Outcome.PASSED:
             # what the kernel's process wrote may spell the hidden shape's sizes, in digits or not
             stderr = "(withheld: the kernel's process wrote this at a hidden shape)"
-        self.result = Result(**self.base, outcome=outcome, message=message, stage=self.stage, per_shape=self.per_shape,
-                             worst=worst_element(self.per_shape), compiled=self.kp.compiled if self.kp else [],
-                             stderr_tail=stderr, stage_s=self.clock.so_far())
+        self.result = Result.judged(self.base, outcome, self.stage, message, self.per_shape,
+                                    compiled=self.kp.compiled if self.kp else [], stderr_tail=stderr,
+                                    stage_s=self.clock.so_far())
 
 
 def judge(request: dict, channel: Channel, tmp: Path, started: float | None = None) -> list[Result]:

@@ -1,11 +1,19 @@
-"""Result: one evaluation of one kernel on one task's shape set on one machine."""
+"""Result: one evaluation of one kernel on one task's shape set on one machine.
+
+Built through its two factories, never field by field: `Result.stopped` (a verdict reached
+before or outside the judge's per-shape stages: the static stage, a judge that ended
+without one) and `Result.judged` (the judge's verdict after its shapes). Read back from a
+file or a store with `Result.model_validate`. Its validator holds the invariants every
+Result keeps, however it was made: a verdict other than PASSED says why, a PASSED one ended
+at stage "done", and only a shape that passed its checks (or whose timing was quarantined
+as IMPLAUSIBLE) carries a timing."""
 
 from __future__ import annotations
 
 import datetime as _dt
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from epiforge.eval.stats import Timing, paired_ratio
 from epiforge.tasks.spec import Precision
@@ -137,6 +145,34 @@ class Result(BaseModel):
     stage_s: dict[str, float] = Field({}, description="seconds the judge spent in each stage of this evaluation, "
                                                       "its own startup counted in \"load\"; in a compare, a stage "
                                                       "shared by the kernels counts for each")
+
+    @classmethod
+    def stopped(cls, base: dict, outcome: Outcome, stage: str | None, message: str, **fields) -> "Result":
+        """A kernel that did not pass, stopped at `stage` before any shape was judged or where
+        the judge ended without a verdict. base: the Result fields known before judging
+        (task, kernel, its metadata, device, shapes, ...); fields: any others (they override base)."""
+        if outcome == Outcome.PASSED:
+            raise ValueError("Result.stopped is for a kernel that did not pass")
+        return cls(**{**base, **fields}, outcome=outcome, stage=stage, message=message)
+
+    @classmethod
+    def judged(cls, base: dict, outcome: Outcome, stage: str, message: str, per_shape: list[ShapeResult],
+               **fields) -> "Result":
+        """The judge's verdict after its shapes: per_shape as judged, the worst element of a
+        failed check found in them (worst_element) unless fields name one."""
+        return cls(**{"worst": worst_element(per_shape), **base, **fields}, outcome=outcome, stage=stage,
+                   message=message, per_shape=per_shape)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Result":
+        if self.outcome != Outcome.PASSED and not self.message:
+            raise ValueError(f"a {self.outcome.value} Result says why: its message is empty")
+        if self.outcome == Outcome.PASSED and self.stage not in (None, "done"):
+            raise ValueError(f"a PASSED Result ended at stage done, not {self.stage!r}")
+        for s in self.per_shape:
+            if s.timing is not None and s.outcome not in (Outcome.PASSED, Outcome.IMPLAUSIBLE):
+                raise ValueError(f"{s.shape}: a shape whose checks failed ({s.outcome.value}) carries no timing")
+        return self
 
     @property
     def passed(self) -> bool:

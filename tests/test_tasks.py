@@ -334,9 +334,9 @@ def test_the_leaderboard_shows_an_empty_expert_track():
     def ranked(task, track, **kw):
         path = lb.expert_kernel(task)  # as if timed with today's expert kernel (else "earlier version")
         sha = hashlib.sha256(path.read_bytes()).hexdigest() if path and track == "expert" else "0"
-        return Result(task=task, kernel="k.py", kernel_sha256=sha, track=track, device="cuda", shapes="paper",
-                      outcome=Outcome.PASSED, per_shape=[ShapeResult(shape="1B", dims={}, outcome=Outcome.PASSED,
-                                                                     timing=timed(125.0))], **kw)
+        base = dict(task=task, kernel="k.py", kernel_sha256=sha, track=track, device="cuda", shapes="paper", **kw)
+        return Result.judged(base, Outcome.PASSED, "done", "passed",
+                             [ShapeResult(shape="1B", dims={}, outcome=Outcome.PASSED, timing=timed(125.0))])
 
     no_expert = "x9_not_a_shipped_task"  # no human_kernels/ file of that name
     board = lb.build([ranked(no_expert, "generated", backend="b", model="m"), ranked("k1_gemm_rmsnorm", "expert")])

@@ -87,9 +87,9 @@ def test_a_dsl_compile_error_reaches_the_model_as_plain_text_without_dsl_only_hi
     assert any("\x1b[" in line for line in lines)  # the DSL's own output is coloured
     error = "DSLRuntimeError: " + " | ".join(lines)
     message = f"smoke-a: CompileError: epilogue scale_rows [128x192_c2x1_pp] does not compile for sm_90a: {error}"
-    r = Result(task="k1_gemm_rmsnorm", kernel="kernel.py", kernel_sha256="0" * 64, track="candidate", device="cpu",
-               shapes="smoke", outcome=Outcome.COMPILE_ERROR, stage="numerics", message=message,
-               compiled=[{"epilogue": "scale_rows", "config": "128x192_c2x1_pp", "ok": False, "error": error,
+    base = dict(task="k1_gemm_rmsnorm", kernel="kernel.py", kernel_sha256="0" * 64, track="candidate", device="cpu",
+                shapes="smoke")
+    r = Result.judged(base, Outcome.COMPILE_ERROR, "numerics", message, [], compiled=[{"epilogue": "scale_rows", "config": "128x192_c2x1_pp", "ok": False, "error": error,
                           "seconds": 4.2}])
     text = describe(r, what="check")
     assert "\x1b" not in text and "@jit" not in text and "dynamic_expr" not in text

@@ -20,8 +20,9 @@ def _timing(kernel_us, gemm_us, eager_us, drift=(1.0, 1.02, 0.98, 1.01, 0.99)):
 def test_speed_ratio_from_the_evaluators_timing():
     shapes = [ShapeResult(shape=s, dims={}, outcome=Outcome.PASSED, timing=_timing(k, g, e))
               for s, k, g, e in (("1B", 110.0, 100.0, 150.0), ("7B", 404.0, 400.0, 500.0))]
-    r = Result(task="k1_gemm_rmsnorm", kernel="x.py", kernel_sha256="0", track="candidate", device="cuda",
-               shapes="paper", outcome=Outcome.PASSED, per_shape=shapes)
+    base = dict(task="k1_gemm_rmsnorm", kernel="x.py", kernel_sha256="0", track="candidate", device="cuda",
+                shapes="paper")
+    r = Result.judged(base, Outcome.PASSED, "done", "passed", shapes)
     t = shapes[0].timing
     assert abs(t.fused_over_gemm_only.median - 1.10) < 1e-9 and abs(t.speedup["eager"].median - 150 / 110) < 1e-9
     assert t.kernel.samples_us == [] and t.fraction_of_speed_of_light == 1 / t.fused_over_gemm_only.median

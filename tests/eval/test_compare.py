@@ -134,8 +134,9 @@ def test_a_kernel_that_fails_in_the_timed_phase_is_dropped_and_the_others_timed(
 def _as_result(shape_result):
     from epiforge.eval.result import Outcome, Result
 
-    return Result(task="k8_gemm_swiglu", kernel="k.py", kernel_sha256="0", track="candidate", device="cuda",
-                  shapes="smoke", outcome=Outcome.PASSED, per_shape=[shape_result])
+    base = dict(task="k8_gemm_swiglu", kernel="k.py", kernel_sha256="0", track="candidate", device="cuda",
+                shapes="smoke")
+    return Result.judged(base, Outcome.PASSED, "done", "passed", [shape_result])
 
 
 def test_the_cli_compares_and_stores(tmp_path):

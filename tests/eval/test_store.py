@@ -24,9 +24,9 @@ def timing(median, gemm):
 def result(outcome="PASSED", kernel="k.py", sha="a" * 64, medians=(110.0, 220.0), track="generated", **kw):
     shapes = [ShapeResult(shape=f"s{i}", dims={"M": 1}, outcome=Outcome(outcome) if outcome in ("PASSED", "IMPLAUSIBLE") else Outcome.PASSED,
                           timing=timing(m, 100.0 * (i + 1)) if m else None) for i, m in enumerate(medians)]
-    return Result(task="k1_gemm_rmsnorm", kernel=kernel, kernel_sha256=sha, track=track, backend="anthropic",
-                  model="m", device="cuda", shapes="paper", outcome=Outcome(outcome), message="x", per_shape=shapes,
-                  environment={"gpu": "H200"}, **kw)
+    base = dict(task="k1_gemm_rmsnorm", kernel=kernel, kernel_sha256=sha, track=track, backend="anthropic",
+                model="m", device="cuda", shapes="paper", environment={"gpu": "H200"})
+    return Result.judged(base, Outcome(outcome), "done" if outcome == "PASSED" else "plausibility", "x", shapes, **kw)
 
 
 def test_add_and_read_back(tmp_path):
