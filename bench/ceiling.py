@@ -3,7 +3,7 @@ warp, and the floors its diagnostics measure, all as time / GEMM-only from bench
 made with --diagnostics (one interleaved run per row; `bash bench/h200.sh c-load-ceiling`).
 
 A floor is the fastest config's time of a kernel that does less than the task
-(bench/quack_library.py DIAGNOSTICS), so no epilogue that does the whole task beats it on
+(eval/quack_library.py DIAGNOSTICS), so no epilogue that does the whole task beats it on
 this mainloop:
 - `stores only + reduction`: the task's store bytes without loading C, plus what the row
   reduction costs (the kernel against itself without it) at the config where it costs

@@ -93,7 +93,7 @@ case "${1:-}" in
     fi
     # shellcheck disable=SC2086
     $PY -m epiforge.bench.tuning $picks --write > "$OUT/tuning.txt"
-    tar cf "$OUT/tuned.tar" human_kernels/k*.py bench/quack_library.py  # one file: the device returns few
+    tar cf "$OUT/tuned.tar" human_kernels/k*.py eval/quack_library.py  # one file: the device returns few
     $PY -m epiforge.bench.check_gpu --out "$OUT/check.json" | tail -2
     # shellcheck disable=SC2086
     $PY -m epiforge.bench.run --tuned --sol-from $SWEEPS --compile --liger --library --diagnostics --reps "$REPS" \

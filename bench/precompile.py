@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                          "(early-c: the early C loads beside the same kernels without them)")
     ap.add_argument("--parts", nargs="*", default=["kernels", "library", "diagnostics", "gemm", "training"],
                     help="what to compile: the expert kernels, quack's library alternatives and the diagnostics "
-                         "(bench.quack_library), the GEMM-only baseline, the training ops' own epilogues; "
+                         "(eval.quack_library), the GEMM-only baseline, the training ops' own epilogues; "
                          "'described' (not by default): the expert kernels' epilogues rebuilt from their graphs, "
                          "as the judge's launcher mode builds them (primitives/graph.py)")
     ap.add_argument("--tuned", action="store_true",
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
 
     from epiforge import tasks
     from epiforge.eval.baselines import identity_gemm as gemm_only
-    from epiforge.bench.quack_library import DIAGNOSTICS, alternatives
+    from epiforge.eval.quack_library import DIAGNOSTICS, alternatives
     from epiforge.eval.kernel import expert_kernel, load_kernel_module
     from epiforge.primitives import graph, lowering
 

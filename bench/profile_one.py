@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("task", help="task id, e.g. k7")
     ap.add_argument("scale", help="paper shape name: 1B, 7B or 70B")
-    ap.add_argument("what", help="fused, gemm, or a diagnostic's name (bench/quack_library.py DIAGNOSTICS)")
+    ap.add_argument("what", help="fused, gemm, or a diagnostic's name (eval/quack_library.py DIAGNOSTICS)")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--c-load-warp", action="store_true", help="the TUNED pick with c_load_warp set (its _cl twin)")
     ap.add_argument("--lineinfo", action="store_true",
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     shape = next((s for s in tasks.shape_sets()["paper"] if s.name == args.scale), None)
     if shape is None:
         ap.error(f"no paper shape {args.scale}")
-    from epiforge.bench.quack_library import DIAGNOSTICS
+    from epiforge.eval.quack_library import DIAGNOSTICS
 
     diags = DIAGNOSTICS.get(task.name, {})
     if args.what not in ("fused", "gemm", *diags):

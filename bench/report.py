@@ -79,7 +79,7 @@ def rederive(report) -> int:
     """Recompute every bench.run row's ratios from its samples (BenchRow.rederived); returns
     how many rows. Every timing of a row must hold its samples, else ValueError: ratios from
     medians and from samples are not mixed in one file."""
-    from epiforge.bench.quack_library import LIKE_FOR_LIKE
+    from epiforge.eval.quack_library import LIKE_FOR_LIKE
 
     again = [r.rederived(LIKE_FOR_LIKE.get(r.task)) if r.fused is not None else r for r in report.rows]
     report.rows = again

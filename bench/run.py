@@ -9,9 +9,9 @@ For each task and paper scale (d = 2048/4096/8192, M = 16384, bf16):
   gemm_cublas     torch.matmul of the same GEMM shape and operand layouts (cuBLAS)
   torch_compile   cuBLAS + torch.compile (Inductor) of the task's unfused torch reference
                   (--compile; compiling costs ~20-60 s per task on the GPU machine)
-  liger           cuBLAS + Liger-Kernel's Triton kernels (--liger, bench/liger.py)
+  liger           cuBLAS + Liger-Kernel's Triton kernels (--liger, eval/liger.py)
   quack_library   quack's own library epilogue where the expert kernel is ours (--library,
-                  bench/quack_library.py)
+                  eval/quack_library.py)
 GEMM-only, the speed of light, is the fastest of gemm_cublas, gemm_quack and gemm_quack_best.
 Timing: eval/timing.py (CUDA events on the current stream, L2 flushed, a GPU spin so host
 overhead stays out, warm-up, rotating inputs, median of many); everything of one row, every
@@ -122,11 +122,11 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     library_config, or (--tuned) at its own tuned config. sol_configs: the configs where the
     identity-epilogue GEMM ran fastest in a sweep; they are timed too, as part of GEMM-only
     (several: the sweep's own ranking of close configs is noisy). diagnostics: {name: (fn,
-    note)}, the kernel minus one piece of its work (bench/quack_library.py DIAGNOSTICS),
+    note)}, the kernel minus one piece of its work (eval/quack_library.py DIAGNOSTICS),
     timed at every config the fused kernel runs at. gemm_k: the GEMM's K where it is not the
     task's own (inputs_at_gemm_k; main's --gemm-k)."""
     from epiforge import primitives as P
-    from epiforge.bench.quack_library import LIKE_FOR_LIKE
+    from epiforge.eval.quack_library import LIKE_FOR_LIKE
     from epiforge.eval.baselines import identity_gemm as gemm_only
     from epiforge.eval.bench_rows import BenchRow, ConfigTimings
     from epiforge.eval.timing import time_cuda_interleaved
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--liger", action="store_true", help="also time Liger-Kernel composites where Liger has the op")
     ap.add_argument("--library", action="store_true", help="also time quack's library epilogue where the expert kernel is ours")
     ap.add_argument("--diagnostics", action="store_true",
-                    help="also time the kernel minus one piece of its work where bench/quack_library.py has one")
+                    help="also time the kernel minus one piece of its work where eval/quack_library.py has one")
     ap.add_argument("--configs-from", nargs="*", default=None,
                     help="sweeps' JSON (a later file's row overrides an earlier one's): time each row at the best "
                          "configs it found, and the identity-epilogue GEMM at its own best config")
@@ -304,8 +304,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = BenchReport(environment=fingerprint(command_line("bench.run", argv)), reps=args.reps, rows=[])
-    from epiforge.bench.liger import composites
-    from epiforge.bench.quack_library import DIAGNOSTICS, alternatives
+    from epiforge.eval.liger import composites
+    from epiforge.eval.quack_library import DIAGNOSTICS, alternatives
 
     liger = composites() if args.liger else {}
     library = alternatives() if args.library else {}

@@ -1,7 +1,7 @@
 """The best measured config of each expert kernel per GEMM shape, from bench/run.py result
 files, as the TUNED table a kernel file carries (so a rerun does not retune: the kernel
 picks its config itself with primitives.pick_config); likewise for the quack library
-alternatives (bench/quack_library.py). Only sweeps timed in one interleaved run compare
+alternatives (eval/quack_library.py). Only sweeps timed in one interleaved run compare
 configs fairly: pass those.
 
     python -m epiforge.bench.tuning bench/results/h200/sweep.json [--write]
@@ -201,7 +201,7 @@ def write_library_table(path: Path, task: str, shapes, files: list[str] | None =
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
-    ap.add_argument("--write", action="store_true", help="rewrite the TUNED tables in human_kernels/ and bench/quack_library.py")
+    ap.add_argument("--write", action="store_true", help="rewrite the TUNED tables in human_kernels/ and eval/quack_library.py")
     ap.add_argument("--check", action="store_true",
                     help="only say where the kernels' TUNED tables differ from these files' picks, and by how much")
     ap.add_argument("--ratios", action="store_true", help="only list every config's time / GEMM-only, fastest first")
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     for task, shapes in sorted(library.items()):
         print(f"# quack library for {task}\n{table(shapes)}")
         if args.write:
-            write_library_table(REPO / "bench" / "quack_library.py", task, shapes, args.files)
+            write_library_table(REPO / "eval" / "quack_library.py", task, shapes, args.files)
     return 0
 
 

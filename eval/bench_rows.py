@@ -52,7 +52,7 @@ class ConfigTimings(BaseModel):
     quack_library_config: str | None = Field(None, description="the config the library ran at (its own, with "
                                                                "--tuned or a confirmation run)")
     diagnostics: dict[str, Timing] = Field({}, description="the kernel minus one piece of its work, by name "
-                                                           "(bench/quack_library.py DIAGNOSTICS)")
+                                                           "(eval/quack_library.py DIAGNOSTICS)")
     errors: dict[str, str] = Field({}, description="what did not run at this config: its exception's first line")
 
     @model_validator(mode="before")
@@ -102,7 +102,7 @@ class BenchRow(BaseModel):
     configs: dict[str, ConfigTimings] = Field(description="by config key (primitives.config.GemmConfig.key)")
     gemm_cublas: Timing = Field(description="torch.matmul of the same GEMM shape and operand layouts: the "
                                             "reference every config is ranked against, repetition by repetition")
-    liger: Timing | None = Field(None, description="cuBLAS + Liger-Kernel's composite (bench/liger.py)")
+    liger: Timing | None = Field(None, description="cuBLAS + Liger-Kernel's composite (eval/liger.py)")
     liger_note: str | None = None
     torch_compile: Timing | None = Field(None, description="cuBLAS + torch.compile of the unfused reference")
     gemm_quack_candidates: dict[str, Timing] = Field({}, description="quack's identity GEMM at a sweep's fastest "

@@ -49,7 +49,7 @@ def test_every_committed_file_loads_with_its_numbers(name):
 def test_the_factory_derives_the_rederived_files_ratios_again(name):
     """final.json and final-2.json (what the README and the leaderboard's import quote) were
     rederived from their samples: the factory, run again on them, gives every ratio back."""
-    from epiforge.bench.quack_library import LIKE_FOR_LIKE
+    from epiforge.eval.quack_library import LIKE_FOR_LIKE
 
     report = load_report(RESULTS / name)
     assert report.rederived and all(r.fused is not None for r in report.rows)

@@ -67,7 +67,7 @@ def test_written_tables_are_what_pick_config_reads(tmp_path):
     kernel = tmp_path / "k8.py"
     shutil.copy(REPO / "human_kernels" / "k8_gemm_swiglu.py", kernel)
     library = tmp_path / "quack_library.py"
-    shutil.copy(REPO / "bench" / "quack_library.py", library)
+    shutil.copy(REPO / "eval" / "quack_library.py", library)
     sweep = _sweep(tmp_path)
     tuning.write_kernel_table(kernel, tuning.best_configs([sweep])["k8_gemm_swiglu"], ["runs/a.json", "runs/b.json"])
     tuning.write_library_table(library, "k2_gemm_rmsnorm_swiglu",
@@ -83,7 +83,7 @@ def test_written_tables_are_what_pick_config_reads(tmp_path):
     a, w = torch.empty(16384, 2048, device="meta"), torch.empty(11264, 2048, device="meta")
     assert P.pick_config(ns["TUNED"], a, w).key() == "128x128_c1x2_pp"
     assert P.pick_config(lib_ns["TUNED"]["k2_gemm_rmsnorm_swiglu"], a, w).key() == "128x96_c2x1_pp"
-    from epiforge.bench.quack_library import TUNED as before
+    from epiforge.eval.quack_library import TUNED as before
 
     k6 = "k6_gemm_residual_partial_rmsnorm_bwd"
     assert lib_ns["TUNED"][k6] == before[k6]  # the other entries untouched

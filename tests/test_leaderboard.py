@@ -145,7 +145,7 @@ def test_the_shipped_results_are_compares_of_every_task():
     it has the op, no machine path; each file one run of the judge at one commit, on one GPU.
     eval/data/h100-compare.jsonl: the same on the H100, of every task but k7 (out of the
     judge's memory at 70B there) and the layer."""
-    from epiforge.bench.flashinfer import ROPE_TASKS
+    from epiforge.eval.flashinfer import ROPE_TASKS
     from epiforge.eval.timing import DEFAULT_LEAD, Lead
 
     everything = lb.load_shipped()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from epiforge.bench.memo import once
+from epiforge.eval.memo import once
 
 
 

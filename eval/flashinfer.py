@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from epiforge.bench.memo import once
+from epiforge.eval.memo import once
 
 ROPE_TASKS = ("k3_gemm_rope", "k3hf_gemm_rope", "k4_gemm_rmsnorm_rope", "k4hf_gemm_rmsnorm_rope")
 

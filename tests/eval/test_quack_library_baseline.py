@@ -1,12 +1,12 @@
-"""quack's library alternatives that bench/run.py times beside our own expert kernels
-compute what their notes say: checked on the CPU through the emulator (torch twins of the
-library's own epilogue functions) at a smoke shape."""
+"""quack's library alternatives (eval/quack_library.py, the quack_library baseline) compute
+what their notes say: checked on the CPU through the emulator (torch twins of the library's
+own epilogue functions) at a smoke shape."""
 
 import pytest
 import torch
 
 from epiforge import tasks
-from epiforge.bench.quack_library import alternatives
+from epiforge.eval.quack_library import alternatives
 from epiforge.eval.numerics import references
 from epiforge.tasks.tolerance import check_output
 
@@ -60,7 +60,7 @@ def test_diagnostics_do_the_task_minus_one_piece():
     """k7 without ZdZ gives k7's dz and out, without postact its dz; k0 without the sum of
     squares gives k0's h (and y * w where k0 stores y); k6 without h gives k6's dx and dw: on
     the CPU, through the torch twins of quack's own functions."""
-    from epiforge.bench.quack_library import DIAGNOSTICS
+    from epiforge.eval.quack_library import DIAGNOSTICS
 
     for name, diag, expect in (("k7_gemm_partial_swiglu_bwd", "without_zdz", {"dz": "dz", "out": "out"}),
                                ("k7_gemm_partial_swiglu_bwd", "without_postact", {"dz": "dz"}),
@@ -87,7 +87,7 @@ def test_diagnostics_do_the_task_minus_one_piece():
 def test_stores_only_diagnostics_store_the_kernels_bytes_without_c():
     """k7's stores are three (M, F) bf16 tensors (dz is (M, 2F)), k0's two (M, d): the
     synthetic stand-ins write exactly that many bytes, each a multiple of the GEMM."""
-    from epiforge.bench.quack_library import DIAGNOSTICS
+    from epiforge.eval.quack_library import DIAGNOSTICS
 
     for name, got_names, ref in (("k7_gemm_partial_swiglu_bwd", ("D", "a", "b"), ("dz", "out")),
                                  ("k0_gemm_residual_partial_rmsnorm", ("D", "a"), ("h", "x"))):
@@ -107,7 +107,7 @@ def test_stores_only_diagnostics_store_the_kernels_bytes_without_c():
 def test_c_and_stores_diagnostic_moves_k7s_bytes_with_the_lightest_math():
     """k7's floor at fixed I/O: it reads the packed (gate, up) C and writes dz's shape and
     dtype plus postact's, each value one product (acc * up, acc * gate, gate * up)."""
-    from epiforge.bench.quack_library import DIAGNOSTICS
+    from epiforge.eval.quack_library import DIAGNOSTICS
 
     task, dims, inputs = _inputs("k7_gemm_partial_swiglu_bwd")
     exact, _ = references(task, inputs, dims)

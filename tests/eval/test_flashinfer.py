@@ -1,4 +1,4 @@
-"""FlashInfer composites (bench/flashinfer.py): what each computes, checked on the H200 against
+"""FlashInfer composites (eval/flashinfer.py): what each computes, checked on the H200 against
 torch formulas of the same work (FlashInfer needs CUDA and a JIT build); on a CPU only their
 absence and the theta helper are checked."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from epiforge import tasks
-from epiforge.bench.flashinfer import ROPE_TASKS, composites, rope_theta
+from epiforge.eval.flashinfer import ROPE_TASKS, composites, rope_theta
 from epiforge.tasks import common
 
 

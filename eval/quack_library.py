@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from epiforge import primitives as P
-from epiforge.bench.memo import once
+from epiforge.eval.memo import once
 
 
 # measured best tile configs on the H200 by GEMM m x n x k, written by
