@@ -136,14 +136,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
-    from epiforge.bench.gpu_env import command_line, fingerprint, report_json
+    from epiforge.bench.gpu_env import fingerprint, report_json
+    from epiforge.eval.machine import command_line
     from epiforge.tasks import load_catalogue, shape_sets
 
     if args.shapes not in shape_sets():
         print(f"unknown shape set {args.shapes!r}; known: {', '.join(shape_sets())}", file=sys.stderr)
         return 2
     names = [t.name for t in load_catalogue()[0]] if args.tasks == ["all"] else args.tasks
-    command = command_line("bench.build_costs", argv)
+    command = command_line("epiforge.bench.build_costs", argv)
     before = _since_process_start()  # python, torch and epiforge imported
     measured = measure(names, args.shapes, args.baselines, args.device)
     measured["startup_s"]["process_start_to_imports_done"] = before

@@ -106,7 +106,9 @@ def main(argv=None) -> int:
         ap.error(str(e))
 
     from epiforge import tasks
-    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
+    from epiforge.bench.gpu_env import fingerprint, write_report
+    from epiforge.eval.machine import command_line
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
     from epiforge.eval.timing import time_cuda_interleaved
 
@@ -125,7 +127,7 @@ def main(argv=None) -> int:
                     swept[r.task[:2], r.shape] = GemmConfig.parse(r.best_config)
                 sol[r.task[:2], r.shape] = [GemmConfig.parse(k) for k in fastest_gemms(r)]
     compiled = torch.compile(unfused_chain, dynamic=True)
-    report = ChainReport(environment=fingerprint(command_line("bench.chain", argv)), rows=[])
+    report = ChainReport(environment=fingerprint(command_line("epiforge.bench.chain", argv)), rows=[])
     for shape in tasks.shape_sets()["paper"]:
         if args.scales and shape.name not in args.scales:
             continue

@@ -26,7 +26,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from epiforge import tasks
-    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled
+    from epiforge.bench.gpu_env import fingerprint
+    from epiforge.eval.machine import command_line
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval import evaluate
     from epiforge.eval.bench_rows import CheckReport, CheckRow
 
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
         if not r.passed:
             print(f"{task.id} {set_name}: {r.outcome.value} ({r.stage}): {r.message}\n{r.stderr_tail[-1500:]}", flush=True)
         print(f"{task.id} {set_name}: {seconds} s; runner sandbox: {r.environment.get('runner_sandbox')}", flush=True)
-    report = CheckReport(environment=fingerprint(command_line("bench.check_gpu", argv)), all_passed=ok_all, rows=rows)
+    report = CheckReport(environment=fingerprint(command_line("epiforge.bench.check_gpu", argv)), all_passed=ok_all, rows=rows)
     if args.out:
         with open(args.out, "w") as f:
             f.write(report.model_dump_json(indent=1))

@@ -191,7 +191,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e).splitlines()[0])
     from epiforge import tasks
-    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
+    from epiforge.bench.gpu_env import fingerprint, write_report
+    from epiforge.eval.machine import command_line
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.kernel import expert_kernel, load_kernel_module
 
     catalogue = {t.id: t for t in tasks.load_catalogue()[0]}
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = ClockStateReport(environment=fingerprint(command_line("bench.clock_state", argv)), reps=args.reps, rows=[])
+    report = ClockStateReport(environment=fingerprint(command_line("epiforge.bench.clock_state", argv)), reps=args.reps, rows=[])
     for tid in args.tasks:
         task = catalogue[tid]
         module = load_kernel_module(expert_kernel(task.name))

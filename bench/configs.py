@@ -1,5 +1,6 @@
 """The SM90 tile configurations the bench tries (a subset of quack 0.6.5's own autotune
-space, gemm_config._get_sm90_configs) and where compiled kernels are cached."""
+space, gemm_config._get_sm90_configs) and where the objects with line info are cached (the
+carried cache itself: eval.precompiled.CACHE_DIR)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from __future__ import annotations
 from epiforge.primitives.config import GemmConfig
 from epiforge.eval.machine import REPO
 
-#: quack's object cache, filled on a CPU by bench/precompile.py and carried to the GPU
-CACHE_DIR = REPO / ".epiforge" / "quack-cache"
-#: the same objects built with line info (precompile --lineinfo) for per-instruction profiles:
-#: quack's cache key does not hold the option, so they keep a folder of their own
+#: the carried objects (eval.precompiled.CACHE_DIR) built with line info (precompile
+#: --lineinfo) for per-instruction profiles: quack's cache key does not hold the option, so
+#: they keep a folder of their own
 LINEINFO_CACHE_DIR = REPO / ".epiforge" / "quack-cache-lineinfo"
 
 CANDIDATES = [

@@ -367,9 +367,9 @@ def main(argv=None) -> int:
             print(f"epilogue_stalls: {name}: no object matches its SASS (best {score:.2f}); skipped", file=sys.stderr)
             continue
         out.append(summarize(name, rows, obj, sass, score))
-    from epiforge.bench.gpu_env import command_line
+    from epiforge.eval.machine import command_line
 
-    report = {"runs": out, "command": command_line("bench.epilogue_stalls", argv)}
+    report = {"runs": out, "command": command_line("epiforge.bench.epilogue_stalls", argv)}
     if environment is not None:
         report["environment"] = environment
     if args.out:

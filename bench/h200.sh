@@ -47,9 +47,9 @@ SWEEPS="$R/sweep.json $R/sweep-cs.json $R/sweep-c8.json"
 PY=${PYTHON:-python3}
 # the carried precompiled objects (bench.precompile) into this machine's quack cache: from
 # $PRECOMPILED where set (a smaller folder built with --cache-dir, to fit a call's carry), else
-# from the default folder (bench.configs.CACHE_DIR)
+# from the default folder (eval.precompiled.CACHE_DIR)
 install_objects() {
-  $PY -c "import sys; from pathlib import Path; from epiforge.bench.gpu_env import CACHE_DIR, install_precompiled as i
+  $PY -c "import sys; from pathlib import Path; from epiforge.eval.precompiled import CACHE_DIR, install_precompiled as i
 src = Path(sys.argv[1]) if sys.argv[1] else CACHE_DIR
 print(i(src), 'precompiled objects installed from', src.name)" "${PRECOMPILED:-}"
 }

@@ -29,7 +29,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from epiforge import tasks
-    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled, report_json
+    from epiforge.bench.gpu_env import fingerprint, report_json
+    from epiforge.eval.machine import command_line
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.bench_rows import LauncherReport, LauncherRow
     from epiforge.eval.compare import compare_all
     from epiforge.bench.compare_export import scrub_paths
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
     results = [r.model_copy(update={"kernel": str(Path(r.kernel).resolve().relative_to(REPO)),
                                     "stderr_tail": scrub_paths(r.stderr_tail)})  # no machine path in the file
                for c in comparisons for r in c.results]
-    report = LauncherReport(environment=fingerprint(command_line("bench.launcher_overhead", argv)), reps=args.reps,
+    report = LauncherReport(environment=fingerprint(command_line("epiforge.bench.launcher_overhead", argv)), reps=args.reps,
                             rows=rows, results=results)
     Path(args.out).write_text(report_json(report.model_dump(mode="json")))
     return 0 if ok else 1

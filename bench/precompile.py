@@ -1,5 +1,5 @@
 """Cross-compile every expert kernel (and the GEMM-only baseline) for sm_90a on a CPU, for
-every candidate config, into bench.configs.CACHE_DIR; a GPU session then loads the objects
+every candidate config, into eval.precompiled.CACHE_DIR; a GPU session then loads the objects
 instead of compiling (10-40 s each there). Compiled kernels do not depend on M, N, K, so
 smoke-shaped inputs describe them fully.
 
@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from epiforge.bench.configs import CACHE_DIR, CANDIDATES, LINEINFO_CACHE_DIR, config_args
+from epiforge.bench.configs import CANDIDATES, LINEINFO_CACHE_DIR, config_args
+from epiforge.eval.precompiled import CACHE_DIR
 
 
 def _cross_compile_environment() -> None:
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float16"],
                     help="precisions of the expert kernels and the GEMM-only baseline (default: bfloat16)")
     ap.add_argument("--cache-dir", type=Path, default=None,
-                    help="where the objects go (default: the folder a GPU session carries, bench.configs.CACHE_DIR; "
+                    help="where the objects go (default: the folder a GPU session carries, eval.precompiled.CACHE_DIR; "
                          "with --lineinfo, LINEINFO_CACHE_DIR)")
     ap.add_argument("--lineinfo", action="store_true",
                     help="build with line info (CUTE_DSL_LINEINFO=1): each SASS instruction names its quack source "
@@ -238,7 +239,7 @@ def main(argv=None) -> int:
     if "training" in args.parts:
         failures += _training_epilogues()
     _drop_stale(cache)
-    from epiforge.bench.gpu_env import SOURCES_FILE, sources_digest
+    from epiforge.eval.precompiled import SOURCES_FILE, sources_digest
 
     # what install_precompiled checks: these objects were built from this checkout's sources
     (cache / SOURCES_FILE).write_text(json.dumps({"digest": sources_digest()}) + "\n")

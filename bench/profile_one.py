@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         ap.error("needs a CUDA GPU: it is the process Nsight Compute profiles")
     from epiforge import primitives as P
     from epiforge.eval.baselines import identity_gemm as gemm_only
-    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.kernel import load_kernel_module
 
     if args.lineinfo:

@@ -292,7 +292,9 @@ def main(argv=None) -> int:
         ap.error(f"--scales {' '.join(sorted(unknown))}: not in the {args.shape_set} set "
                  f"({' '.join(x.name for x in shape_rows)})")
     from epiforge.bench.configs import CANDIDATES, config_args
-    from epiforge.bench.gpu_env import command_line, fingerprint, install_precompiled, write_report
+    from epiforge.bench.gpu_env import fingerprint, write_report
+    from epiforge.eval.machine import command_line
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.baselines import unfused_fn
     from epiforge.eval.kernel import expert_kernel, load_kernel_module
 
@@ -303,7 +305,7 @@ def main(argv=None) -> int:
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = BenchReport(environment=fingerprint(command_line("bench.run", argv)), reps=args.reps, rows=[])
+    report = BenchReport(environment=fingerprint(command_line("epiforge.bench.run", argv)), reps=args.reps, rows=[])
     from epiforge.eval.liger import composites
     from epiforge.eval.quack_library import DIAGNOSTICS, alternatives
 

@@ -88,10 +88,10 @@ def main(argv=None) -> int:
         if not made:
             print(f"{run}: nothing new compiled (an earlier run built the same kernel)", flush=True)
     if args.json:
-        from epiforge.bench.gpu_env import command_line
+        from epiforge.eval.machine import command_line
         from epiforge.eval.machine import fingerprint
 
-        report = {"environment": fingerprint(None, command_line("bench.sass_stats", argv)), "runs": out}
+        report = {"environment": fingerprint(None, command_line("epiforge.bench.sass_stats", argv)), "runs": out}
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -974,10 +974,11 @@ def main(argv=None) -> int:
     if args.device == "cpu" and not args.tiny:
         print("bench.training: on a CPU only --tiny runs (the emulator is not timed)", file=sys.stderr)
         return 2
-    from epiforge.bench.gpu_env import command_line, report_json
+    from epiforge.bench.gpu_env import report_json
+    from epiforge.eval.machine import command_line
     from epiforge.eval import machine
 
-    environment = machine.fingerprint(args.device, command_line("bench.training", argv))
+    environment = machine.fingerprint(args.device, command_line("epiforge.bench.training", argv))
     rows: list[Row] = []
 
     def write(row: Row) -> None:  # after every row: a run cut short keeps what it finished

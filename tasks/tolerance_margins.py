@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         limit = int(args.max_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if args.device.startswith("cuda"):
-        try:  # the carried compiled kernels, so that the run does not compile (bench/README)
-            from epiforge.bench.gpu_env import install_precompiled
+        try:  # the carried compiled kernels, so that the run does not compile (eval/precompiled.py)
+            from epiforge.eval.precompiled import install_precompiled
 
             install_precompiled()
         except Exception as e:  # noqa: BLE001 - without them it compiles, slower but the same

@@ -256,7 +256,7 @@ def test_load_timing_flags_give_the_same_bits_on_the_gpu(flag, tid):
     call (a C stage overwritten early or a wait passing on a stale phase would show as
     differing bits, or hang). Was test_early_c_loads_gives_the_same_bits_on_the_gpu."""
     from epiforge import tasks
-    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 
     install_precompiled()
@@ -281,7 +281,7 @@ def test_epi_tile_n_stores_the_same_values_on_the_gpu(tid):
     every 16-bit output is bit for bit the twin's; a float32 row reduction may add its
     partials in another order (within 1e-5)."""
     from epiforge import tasks
-    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 
     install_precompiled()

@@ -157,7 +157,7 @@ def _plot(path: Path, fused: list[float], ref: list[float], ref_bf16w: list[floa
 
 
 def main(argv=None) -> dict:
-    from epiforge.bench.gpu_env import command_line
+    from epiforge.eval.machine import command_line
     from epiforge.eval.machine import fingerprint
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -207,7 +207,7 @@ def main(argv=None) -> dict:
         "deviation_fused_vs_reference_bf16_weights": deviation(fused_losses, ref_bf16w_losses),
         "deviation_reference_bf16_weights_vs_reference": deviation(ref_bf16w_losses, ref_losses),
         "seconds": {"fused": fused_seconds, "reference": ref_seconds, "reference_bf16_weights": ref_bf16w_seconds},
-        "environment": fingerprint(args.device, command_line("training.loss_curve", argv)),
+        "environment": fingerprint(args.device, command_line("epiforge.training.loss_curve", argv)),
         "uncommitted_tracked_files": uncommitted_tracked_files(),
     }
     args.out.mkdir(parents=True, exist_ok=True)

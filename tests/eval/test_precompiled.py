@@ -1,6 +1,6 @@
-"""bench.gpu_env.install_precompiled installs only objects built from this checkout's sources
-(the digest bench.precompile writes beside them); anything else compiles on the GPU instead
-of running stale code."""
+"""eval.precompiled.install_precompiled installs only objects built from this checkout's
+sources (the digest bench.precompile writes beside them); anything else compiles on the GPU
+instead of running stale code."""
 
 import json
 import os
@@ -12,12 +12,12 @@ import pytest
 
 pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import json, sys
 from pathlib import Path
-from epiforge.bench.gpu_env import install_precompiled
+from epiforge.eval.precompiled import install_precompiled
 from quack.cache.jit import _compute_source_fingerprint, get_cache_path
 n = install_precompiled(Path(sys.argv[1]))
 print(json.dumps({"installed": n, "there": sorted(p.name for p in (get_cache_path() / _compute_source_fingerprint()).glob("*.o"))}))
@@ -38,7 +38,7 @@ def _install(tmp_path, digest):
 
 
 def test_only_objects_built_from_these_sources_are_installed(tmp_path):
-    from epiforge.bench.gpu_env import sources_digest
+    from epiforge.eval.precompiled import sources_digest
 
     got, err = _install(tmp_path, "0" * 64)
     assert got == {"installed": 0, "there": []} and "built from other sources" in err
@@ -49,7 +49,7 @@ def test_only_objects_built_from_these_sources_are_installed(tmp_path):
 
 
 def test_the_digest_follows_the_primitives(tmp_path):
-    from epiforge.bench.gpu_env import sources_digest
+    from epiforge.eval.precompiled import sources_digest
 
     copy = tmp_path / "primitives"
     copy.mkdir()
