@@ -7,7 +7,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 #: folders with Python code: installed as epiforge.<name>, with their subpackages
-CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels", "bench")
+CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels")
 #: data folders the code reads at run time (epiforge.ROOT / name)
 DATA = ("primitive_docs", "generated_kernels", "logs")
 #: what the code folders carry besides Python

@@ -5,7 +5,7 @@ the same interleaved run as the kernel).
 The speed of light ("gemm_only"): the fastest of cuBLAS and quack's identity-epilogue GEMM
 (the same mainloop as the fused kernel, nothing fused), at the fused kernel's own tile
 config and at the configs that ran fastest for the shape on the H200 (eval/data/
-sol-configs.json, written by bench/sol_table.py from bench/results/h200's sweeps).
+sol-configs.json, written by lab/bench/sol_table.py from lab/results/h200's sweeps).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _sequence_candidates(task, dims, operand_sets, device, built_s):
     return fns, skipped
 
 
-#: the composite baselines: registry name -> (the bench module whose composites() has them, the library)
+#: the composite baselines: registry name -> (the eval module whose composites() has them, the library)
 COMPOSITES = {"liger": ("epiforge.eval.liger", "Liger"), "flashinfer": ("epiforge.eval.flashinfer", "FlashInfer")}
 
 #: the baselines that reports (compare's tables, the leaderboard) give a speedup column, in

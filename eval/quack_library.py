@@ -4,7 +4,7 @@ library where it has the op. k0, k3, k4, k7, k8, k9's expert kernels ARE library
 
 Each entry: (fn(inputs, config) -> outputs, note, TUNED). The note says how the library's
 work differs from the task's where it does; TUNED holds the library epilogue's own best
-configs (bench.tuning fills it from a sweep), so it is not timed at a config tuned for ours.
+configs (lab.bench.tuning fills it from a sweep), so it is not timed at a config tuned for ours.
 k1 has no entry: no library epilogue applies a row scale alone (norm_act_mod with a colvec
 stores its output twice, as D and as the activation output)."""
 
@@ -17,9 +17,9 @@ from epiforge.eval.memo import once
 
 
 # measured best tile configs on the H200 by GEMM m x n x k, written by
-# python -m epiforge.bench.tuning --write from:
-#   bench/results/h200/sweep.json bench/results/h200/sweep-cs.json
-#   bench/results/h200/sweep-c8.json bench/results/h200/confirm.json
+# python -m lab.bench.tuning --write from:
+#   lab/results/h200/sweep.json lab/results/h200/sweep-cs.json
+#   lab/results/h200/sweep-c8.json lab/results/h200/confirm.json
 TUNED = {
     "k2_gemm_rmsnorm_swiglu": {
         "16384x11264x2048": "128x128_c2x1_pp",  # 1.007 of GEMM-only

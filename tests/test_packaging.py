@@ -14,9 +14,9 @@ import pytest
 
 from epiforge.eval.machine import REPO
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
-CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels", "bench")
+CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels")
 DATA = ("primitive_docs", "generated_kernels", "logs")
 
 
@@ -47,8 +47,8 @@ BUILD_OUTPUT: list[str] = []
 
 
 def test_the_build_prints_no_warning_of_ours(wheel):
-    """setuptools warned once per data folder named like a package that setup.py did not list
-    (23 of them: bench/results/h200, agent/data, ...); setup.py lists them now."""
+    """setuptools warns once per data folder named like a package that setup.py does not list
+    (e.g. agent/data); setup.py lists them."""
     (printed,) = BUILD_OUTPUT
     assert "absent from the `packages` configuration" not in printed and "Warning" not in printed, printed[-3000:]
 
@@ -68,7 +68,7 @@ def test_the_wheel_has_one_top_level_name_and_every_file_the_code_reads(wheel):
     wanted += ["cli.py", "__init__.py", "__main__.py"]
     missing = [f for f in wanted if f not in inside]
     assert not missing, missing[:20]
-    assert "tests/conftest.py" not in inside and not any(n.startswith("pending/") for n in inside)
+    assert "conftest.py" not in inside and not any(n.startswith(("pending/", "tests/")) for n in inside)
 
 
 def test_installed_elsewhere_it_lists_tasks_and_judges_a_kernel(wheel, tmp_path):

@@ -9,9 +9,9 @@ calls; the refused combinations fail with their one-line messages. Beside it the
 unpatched quack builds the same GEMMs (epiforge's C-load warp, primitives/c_load_warp.py,
 for the flag): with the flag off the patched quack's object is byte-identical to
 unpatched quack's, and with it on its SASS is the instruction stream of the kernel measured
-on the H200 (bench/results/h200/c-load-warp.md). The GPU test itself (flag on against off,
+on the H200 (lab/results/h200/c-load-warp.md). The GPU test itself (flag on against off,
 bit for bit) needs an SM90 GPU: off one, its runner (gpu_test.py) is tested here with every
-case skipped, and on the H200 its log is checked (bench/results/h200/quack-upstream/)."""
+case skipped, and on the H200 its log is checked (lab/results/h200/quack-upstream/)."""
 
 import json
 import os
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from lab.quack_upstream import make_patch
-from epiforge.bench.sass import instructions, sass_of
+from lab.bench.sass import instructions, sass_of
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE_DIR = REPO / "lab" / "quack_upstream"
@@ -130,8 +130,8 @@ def test_every_number_in_the_description_comes_from_a_named_results_file():
     """Each table row of the description is a row of a committed results file it names, and
     every decimal number in it occurs in one of those files."""
     text = (TEMPLATE_DIR / "template_DESCRIPTION.md").read_text()
-    named = sorted(set(re.findall(r"bench/results/h200/[\w./-]+\.md", text)))
-    assert "bench/results/h200/c-load-warp.md" in named and "bench/results/h200/k7-cl-pick.md" in named
+    named = sorted(set(re.findall(r"lab/results/h200/[\w./-]+\.md", text)))
+    assert "lab/results/h200/c-load-warp.md" in named and "lab/results/h200/k7-cl-pick.md" in named
     sources = {n: (REPO / n).read_text() for n in named}
     rows = [ln for ln in text.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
     assert len(rows) >= 36
@@ -281,9 +281,9 @@ def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path)
 
 
 def test_the_generated_test_passed_on_the_h200_against_the_patched_quack():
-    """bench/h200.sh quack-upstream: every case of the generated test, on a patched copy of
+    """lab/bench/h200.sh quack-upstream: every case of the generated test, on a patched copy of
     quack-kernels 0.6.5, on an H200; none failed or skipped, and the count is the file's."""
-    log = (REPO / "bench" / "results" / "h200" / "quack-upstream" / "pytest-gpu-quack-upstream.log").read_text()
+    log = (REPO / "lab" / "results" / "h200" / "quack-upstream" / "pytest-gpu-quack-upstream.log").read_text()
     env = json.loads(log.splitlines()[0][len("environment: "):])
     assert env["gpu"] == "NVIDIA H200" and env["quack-kernels"] == "0.6.5" and env["commit"]
     m = re.search(r"quack imported from the patched copy \(its c_load_warp default False\); (\d+) cases in (\d+) shards", log)
