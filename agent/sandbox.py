@@ -45,7 +45,7 @@ PACKAGE_TREES = ("epiforge", "agent", "eval", "primitives", "tasks", "training",
                  "pyproject.toml")
 #: under the package's root (checkout or installed): never readable from the sandbox
 SECRET_IN_PACKAGE = ("human_kernels", "generated_kernels", "logs", "tests", ".git",
-                     "eval/data", "eval/logs", "tasks/results", "agent/data")
+                     "eval/data", "agent/data")
 #: the exit code of a sandbox that could not be set up (the shell's "cannot execute")
 CANNOT = 126
 

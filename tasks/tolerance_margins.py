@@ -4,7 +4,7 @@ and low-precision references) and their ratio, the margin (at most 1 passes), on
 error, on the RMS error and element by element (the largest excess over an element's own
 allowance, over what the floor allows it).
 
-    python -m epiforge.tasks.tolerance_margins --shapes smoke --device cpu --out tasks/results/tolerance-margins-cpu-smoke.json
+    python -m epiforge.tasks.tolerance_margins --shapes smoke --device cpu --out lab/results/tolerance-margins/tolerance-margins-cpu-smoke.json
     python -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --dtype all --out margins.json
 
 The expert kernels are trusted, so they run in this process (on a CPU through the

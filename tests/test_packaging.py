@@ -131,9 +131,10 @@ def test_primitives_loaded_under_its_bare_name_without_epiforge_is_refused():
 
 
 def test_the_product_never_imports_the_lab_and_the_wheel_leaves_it_out(wheel):
-    """lab/ (studies and the quack patch) imports the product, never the other way round, and
-    it is not installed: no module of the package folders names `lab`, and no wheel file is
-    under it."""
+    """lab/ (the bench scripts, studies, the quack patch, every result) imports the product,
+    never the other way round, and it is not installed: no module of the package folders
+    names `lab`, no wheel file is under it or the old bench/, and no folder of the wheel is a
+    results folder."""
     import ast
 
     offenders = []
@@ -146,4 +147,7 @@ def test_the_product_never_imports_the_lab_and_the_wheel_leaves_it_out(wheel):
                     offenders.append(str(path.relative_to(REPO)))
     assert offenders == []
     assert (REPO / "lab" / "quack_upstream" / "make_patch.py").is_file()
-    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith(("lab/", "epiforge/lab/"))]
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith(("lab/", "epiforge/lab/", "epiforge/bench/"))]
+    folders = {part for n in names if n.startswith("epiforge/") for part in n.split("/")[1:-1]}
+    assert "results" not in folders

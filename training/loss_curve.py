@@ -1,6 +1,6 @@
 """Train the fused model (training/model.py) and its unfused float32 reference side by side
 from the same initial weights on the same synthetic token stream, and record both loss
-curves: python -m epiforge.training.loss_curve [--steps 200] [--device cpu|cuda] [--out DIR].
+curves: python -m epiforge.training.loss_curve [--steps 200] [--device cpu|cuda] --out DIR.
 
 The data: sequences from a fixed random Markov chain over the vocabulary (each token has
 --successors likely next tokens, Dirichlet weights), so there is structure to learn and the
@@ -33,9 +33,6 @@ import torch
 
 from epiforge.training.layer import LlamaLayerConfig
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
-
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-
 
 def markov_chain(vocab: int, successors: int, gen: torch.Generator) -> torch.Tensor:
     """A (V, V) row-stochastic transition matrix: each token's `successors` next tokens
@@ -98,7 +95,7 @@ def parse_args(argv):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--ffn", type=int, default=768)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON and PNG (default training/results)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the JSON and PNG")
     return p.parse_args(argv)
 
 

@@ -218,7 +218,7 @@ case "${1:-}" in
   training-check)
     # issue 15 section 3 on the GPU, again after the model's code changed (the H200's last
     # run was at 4d850f3): the gradient tests of tests/test_training_*.py marked gpu, then
-    # the loss curve against the unfused float32 model (training/results holds the last ones)
+    # the loss curve against the unfused float32 model (lab/results/training-check holds the last ones)
     mkdir -p "$OUT"
     install_objects
     { fingerprint_line "python -m pytest -m gpu tests/test_training_ops.py tests/test_training_layer.py tests/test_training_model.py tests/test_training_qk_norm.py -q"
