@@ -108,6 +108,7 @@ def _generate(out: Path) -> dict[str, Path]:
     return {p.name: p for p in out.iterdir()}
 
 
+@pytest.mark.spawns
 def test_the_generator_writes_the_patch_its_test_and_its_description(tmp_path):
     files = _generate(tmp_path)
     assert set(files) == {"c-load-warp.patch", "test_gemm_sm90_c_load_warp.py", "DESCRIPTION.md"}
@@ -143,6 +144,7 @@ def test_every_number_in_the_description_comes_from_a_named_results_file():
     assert not unknown, unknown
 
 
+@pytest.mark.spawns
 def test_a_quack_that_is_not_the_expected_text_fails_in_one_line(tmp_path):
     installed = make_patch.quack_root()
     fake = tmp_path / "checkout" / "quack"
@@ -165,6 +167,7 @@ def test_a_quack_that_is_not_the_expected_text_fails_in_one_line(tmp_path):
         make_patch.write(tmp_path / "out", root=fake.parent)
 
 
+@pytest.mark.spawns
 def test_the_patch_applies_and_cross_compiles_for_sm90a_with_the_flag_off_and_on(tmp_path):
     files = _generate(tmp_path / "out")
     installed = make_patch.quack_root() / "quack"
@@ -253,6 +256,7 @@ def test_shards_keep_each_kernels_cases_together():
     assert shard(ids[:2], 8) == [ids[:2]]
 
 
+@pytest.mark.spawns
 def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path):
     """lab/quack_upstream/gpu_test.py, off a GPU: it patches a copy of the installed quack,
     the generated test imports that copy, every case is collected, sharded and (here) skipped
