@@ -45,10 +45,9 @@ def sources_digest(roots: list[Path] | None = None) -> str:
 def install_precompiled(source: Path = CACHE_DIR) -> int:
     """Copy carried .o files (from `source`, default the carried cache;
     lab.bench.configs.LINEINFO_CACHE_DIR for the objects with line info, into a
-    QUACK_CACHE_DIR of their own) into quack's cache for
-    this machine; returns how many. Objects built from other sources (SOURCES_FILE's digest
-    is not this checkout's) are not installed: one line on stderr says so, and the kernels
-    compile here instead."""
+    QUACK_CACHE_DIR of their own) into quack's cache for this machine; returns how many.
+    Objects built from other sources (SOURCES_FILE's digest is not this checkout's) are not
+    installed: one line on stderr says so, and the kernels compile here instead."""
     from epiforge.primitives.lowering import _import_quack
 
     if not any(Path(source).glob("*/*.o")):
@@ -59,7 +58,8 @@ def install_precompiled(source: Path = CACHE_DIR) -> int:
         built_from = None
     if built_from != sources_digest():
         print(f"precompiled objects in {Path(source).name} were built from other sources than this checkout's "
-              f"(run python -m lab.bench.precompile again): none installed, kernels compile here", file=sys.stderr, flush=True)
+              f"(run python -m lab.bench.precompile again): none installed, kernels compile here",
+              file=sys.stderr, flush=True)
         return 0
     _import_quack()  # registers primitives/ in the fingerprint before it is computed
     from quack.cache.jit import _compute_source_fingerprint, get_cache_path
