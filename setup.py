@@ -7,19 +7,19 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 #: folders with Python code: installed as epiforge.<name>, with their subpackages
-CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels", "bench")
+CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels")
 #: data folders the code reads at run time (epiforge.ROOT / name)
 DATA = ("primitive_docs", "generated_kernels", "logs")
 #: what the code folders carry besides Python
-CODE_DATA = ["*.toml", "*.md", "*.j2", "*.jsonl", "*.json", "*.sh"]
+CODE_DATA = ["*.toml", "*.md", "*.j2", "*.jsonl", "*.json"]
 
 
 def _data_tree(folder: Path, name: str) -> list[str]:
     """The folders under package `folder` (named `name`) that are no package themselves
-    (data/, results/, logs/, templates/ and theirs), all their files travelling. One whose
-    path is named like modules becomes a package of data files itself, listed, since
-    setuptools warns of an unlisted data folder that looks like a package; the others (e.g.
-    sweep-llama3) travel as "<folder>/*" globs of the nearest package. Returns the globs."""
+    (data/, templates/ and theirs), all their files travelling. One whose path is named like
+    modules becomes a package of data files itself, listed, since setuptools warns of an
+    unlisted data folder that looks like a package; the others (a name with a hyphen) travel
+    as "<folder>/*" globs of the nearest package. Returns the globs."""
     globs = []
     for d in sorted(c for c in folder.iterdir() if c.is_dir()):
         if d.name == "__pycache__" or (d / "__init__.py").is_file():

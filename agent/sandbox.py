@@ -44,8 +44,8 @@ from epiforge.eval.isolation import (_AT_FDCWD, _AT_RECURSIVE, _CLONE_NEWNS, _CL
 PACKAGE_TREES = ("epiforge", "agent", "eval", "primitives", "tasks", "training", "primitive_docs",
                  "pyproject.toml")
 #: under the package's root (checkout or installed): never readable from the sandbox
-SECRET_IN_PACKAGE = ("human_kernels", "generated_kernels", "logs", "tests", ".git", "bench/results",
-                     "eval/data", "eval/logs", "tasks/results", "agent/data")
+SECRET_IN_PACKAGE = ("human_kernels", "generated_kernels", "logs", "tests", ".git",
+                     "eval/data", "agent/data")
 #: the exit code of a sandbox that could not be set up (the shell's "cannot execute")
 CANNOT = 126
 

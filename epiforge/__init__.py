@@ -5,10 +5,10 @@ evaluator proves them right and fast. Everything lives under this one name:
     epiforge.text           wording shared by the commands' output (counted: '1 turn', '2 turns')
     epiforge.primitives     the epilogue contract: CPU emulator and lowering onto quack
     epiforge.tasks          the task specs, references and tolerance rule
-    epiforge.eval           the judge: static checks, isolation, numerics, timing, the store
+    epiforge.eval           the judge: static checks, isolation, numerics, timing, the store,
+                            the compare baselines
     epiforge.agent          the agent loop, its backends, replay and ablations
     epiforge.training       the fused layer and model as torch custom ops
-    epiforge.bench          GPU sweeps, tuning, profiling and result exports (scripts on eval/)
     epiforge.human_kernels  the expert kernels (data: kernel files)
     primitive_docs, generated_kernels, logs   shipped data (ROOT / name)
 

@@ -508,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto (default): a Hopper GPU when there is one, else the CPU")
     p.add_argument("--reps", type=int, default=30,
-                   help="timed repetitions per shape on a GPU (default: 30, as bench/run.py; each repetition "
+                   help="timed repetitions per shape on a GPU (default: 30, as lab/bench/run.py; each repetition "
                         "times every kernel and baseline once, in a fresh random order)")
     p.add_argument("--baselines", nargs="*", default=["coda", "torch_compile", "liger", "flashinfer", "quack_library"],
                    help="baselines timed beside cuBLAS, quack's plain GEMM (the speed of light) and eager PyTorch, "

@@ -5,7 +5,7 @@ the same interleaved run as the kernel).
 The speed of light ("gemm_only"): the fastest of cuBLAS and quack's identity-epilogue GEMM
 (the same mainloop as the fused kernel, nothing fused), at the fused kernel's own tile
 config and at the configs that ran fastest for the shape on the H200 (eval/data/
-sol-configs.json, written by bench/sol_table.py from bench/results/h200's sweeps).
+sol-configs.json, written by lab/bench/sol_table.py from lab/results/h200's sweeps).
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ REGISTRY = {b.name: b for b in (
              "shape's fastest known configs", "cuBLAS, quack", "all", "judge"),
     Baseline("eager", "the task's unfused PyTorch reference, eager, in the inputs' precision", "PyTorch", "all", "judge"),
     Baseline("torch_compile", "cuBLAS + torch.compile (Inductor) of the unfused reference", "PyTorch", "all", "judge"),
-    Baseline("liger", "cuBLAS + Liger-Kernel's Triton kernels (bench/liger.py)", "liger-kernel 0.8.5",
+    Baseline("liger", "cuBLAS + Liger-Kernel's Triton kernels (eval/liger.py)", "liger-kernel 0.8.5",
              "where Liger has the op", "judge"),
-    Baseline("quack_library", "quack's own library epilogue where the expert kernel is ours (bench/quack_library.py)",
+    Baseline("quack_library", "quack's own library epilogue where the expert kernel is ours (eval/quack_library.py)",
              "quack 0.6.5", "k2 k5 k6", "judge"),
     Baseline("coda", "CODA's own kernels (coda-kernels 0.2), in a worker of their own with their quack (eval/coda.py)",
              "coda-kernels 0.2 (quack 0.6.1)", "k3 k3hf k8 k9 k9l qkn", "judge"),
-    Baseline("flashinfer", "cuBLAS + FlashInfer's norm / activation / rope kernels (bench/flashinfer.py)",
+    Baseline("flashinfer", "cuBLAS + FlashInfer's norm / activation / rope kernels (eval/flashinfer.py)",
              "flashinfer-python 0.7.2.post1", "k0 k1 k2 k3 k3hf k4 k4hf k8 (no cross-entropy or backward kernels)",
              "judge"),
 )}
@@ -159,8 +159,8 @@ def _sequence_candidates(task, dims, operand_sets, device, built_s):
     return fns, skipped
 
 
-#: the composite baselines: registry name -> (the bench module whose composites() has them, the library)
-COMPOSITES = {"liger": ("epiforge.bench.liger", "Liger"), "flashinfer": ("epiforge.bench.flashinfer", "FlashInfer")}
+#: the composite baselines: registry name -> (the eval module whose composites() has them, the library)
+COMPOSITES = {"liger": ("epiforge.eval.liger", "Liger"), "flashinfer": ("epiforge.eval.flashinfer", "FlashInfer")}
 
 #: the baselines that reports (compare's tables, the leaderboard) give a speedup column, in
 #: this order, where a Result has them
@@ -244,7 +244,7 @@ def extra_baselines(names, task, dims: dict, input_sets: list, device: str,
             fns[name], notes[name] = fn, fn.note
             continue
         elif name == "quack_library":
-            from epiforge.bench.quack_library import alternatives
+            from epiforge.eval.quack_library import alternatives
 
             found = alternatives().get(task.name)
             if found is None:

@@ -1,6 +1,6 @@
-"""bench/'s result files as models: a BenchRow per task and paper scale (bench/run.py), a
-ChainRow per scale (bench/chain.py), a CheckRow per task and shape (bench/check_gpu.py), and
-a LauncherRow per task and shape (bench/launcher_overhead.py), and the report holding them with
+"""lab/bench/'s result files as models: a BenchRow per task and paper scale (lab/bench/run.py), a
+ChainRow per scale (lab/bench/chain.py), a CheckRow per task and shape (lab/bench/check_gpu.py), and
+a LauncherRow per task and shape (lab/bench/launcher_overhead.py), and the report holding them with
 its environment.
 Each row is made by one factory, `measured`, from the Timings of one interleaved run, every
 ratio taken repetition by repetition (eval.stats.paired_ratio) and the speed of light picked
@@ -52,7 +52,7 @@ class ConfigTimings(BaseModel):
     quack_library_config: str | None = Field(None, description="the config the library ran at (its own, with "
                                                                "--tuned or a confirmation run)")
     diagnostics: dict[str, Timing] = Field({}, description="the kernel minus one piece of its work, by name "
-                                                           "(bench/quack_library.py DIAGNOSTICS)")
+                                                           "(eval/quack_library.py DIAGNOSTICS)")
     errors: dict[str, str] = Field({}, description="what did not run at this config: its exception's first line")
 
     @model_validator(mode="before")
@@ -85,7 +85,7 @@ class Diagnostic(Timing):
 
 
 class BenchRow(BaseModel):
-    """One task at one paper scale, everything timed in ONE interleaved run (bench/run.py):
+    """One task at one paper scale, everything timed in ONE interleaved run (lab/bench/run.py):
     the fused kernel at every config it ran at, quack's identity GEMM at those configs and at
     the sweep's best ones, and the baselines; then the best config and every ratio, taken
     repetition by repetition. Made by BenchRow.measured; the fields from best_config on are
@@ -102,7 +102,7 @@ class BenchRow(BaseModel):
     configs: dict[str, ConfigTimings] = Field(description="by config key (primitives.config.GemmConfig.key)")
     gemm_cublas: Timing = Field(description="torch.matmul of the same GEMM shape and operand layouts: the "
                                             "reference every config is ranked against, repetition by repetition")
-    liger: Timing | None = Field(None, description="cuBLAS + Liger-Kernel's composite (bench/liger.py)")
+    liger: Timing | None = Field(None, description="cuBLAS + Liger-Kernel's composite (eval/liger.py)")
     liger_note: str | None = None
     torch_compile: Timing | None = Field(None, description="cuBLAS + torch.compile of the unfused reference")
     gemm_quack_candidates: dict[str, Timing] = Field({}, description="quack's identity GEMM at a sweep's fastest "
@@ -286,7 +286,7 @@ def _ratios(timed: dict, picked: dict, notes: dict[str, str], like_for_like: str
 
 
 class ChainRow(BaseModel):
-    """The backward chain of one layer boundary at one paper scale (bench/chain.py), everything
+    """The backward chain of one layer boundary at one paper scale (lab/bench/chain.py), everything
     timed in one interleaved run; made by ChainRow.measured."""
 
     model_config = ConfigDict(extra="forbid")
@@ -340,7 +340,7 @@ class ChainRow(BaseModel):
 
 
 class BenchReport(BaseModel):
-    """A bench/run.py result file."""
+    """A lab/bench/run.py result file."""
 
     environment: dict = Field(description="the machine, versions, date, command and commit (eval.machine.fingerprint)")
     reps: int | None = Field(None, ge=1, description="timed repetitions of each function")
@@ -349,14 +349,14 @@ class BenchReport(BaseModel):
 
 
 class ChainReport(BaseModel):
-    """A bench/chain.py result file."""
+    """A lab/bench/chain.py result file."""
 
     environment: dict
     rows: list[ChainRow]
 
 
 class CheckRow(BaseModel):
-    """One shape of one expert kernel's GPU check (bench/check_gpu.py): the evaluator's
+    """One shape of one expert kernel's GPU check (lab/bench/check_gpu.py): the evaluator's
     verdict with timing off, its output checks and the kernels one run() launched."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
@@ -381,7 +381,7 @@ class CheckRow(BaseModel):
 
 
 class CheckReport(BaseModel):
-    """A bench/check_gpu.py result file."""
+    """A lab/bench/check_gpu.py result file."""
 
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
@@ -403,7 +403,7 @@ class CheckReport(BaseModel):
 
 
 class LauncherRow(BaseModel):
-    """One task and shape of bench/launcher_overhead.py: the same kernel judged in ONE
+    """One task and shape of lab/bench/launcher_overhead.py: the same kernel judged in ONE
     interleaved run as its own process runs it ("one-process") and from its description, by
     a process without kernel code (the judge's launcher mode)."""
 
@@ -430,7 +430,7 @@ class LauncherRow(BaseModel):
 
 
 class LauncherReport(BaseModel):
-    """A bench/launcher_overhead.py result file: the rows and every Result they came from."""
+    """A lab/bench/launcher_overhead.py result file: the rows and every Result they came from."""
 
     environment: dict
     reps: int = Field(ge=1)

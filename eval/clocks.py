@@ -4,7 +4,7 @@ that phase carry (eval.stats.Timing.clocks).
 
 Why: on the H200 at its power cap the SM clock wanders by several percent, and two harnesses
 that time the same kernels (compare's judge, with idle gaps between repetitions, and
-bench/run.py, which queues them back to back) disagreed by up to 6% on the same ratios in one
+lab/bench/run.py, which queues them back to back) disagreed by up to 6% on the same ratios in one
 session. The summary says which clocks each run saw.
 
 NVML is reached through ctypes on libnvidia-ml.so.1 (the driver's own library; no pynvml).

@@ -166,7 +166,7 @@ def compare_all(plans: list[tuple[str, list[tuple[str, Path]]]], *, device: str 
     the order given. launcher: True (the default) judges every kernel in the launcher mode
     (eval.evaluation.evaluate's), False every kernel in its own process, a set of labels
     only those kernels in the launcher mode (one kernel under both modes in one
-    interleaved run: bench/launcher_overhead.py). A judge that ends without a verdict (it crashed, or ran out of time)
+    interleaved run: lab/bench/launcher_overhead.py). A judge that ends without a verdict (it crashed, or ran out of time)
     costs that one task its verdict: the tasks after it go to a new judge."""
     from epiforge.eval.baselines import REGISTRY
 

@@ -19,7 +19,7 @@ The channel to the harness: newline-delimited JSON frames on an inherited pipe, 
 with the nonce the harness sent (and, for several jobs, the job's index); progress
 {"stage": ...} and one {"result": ...} per job ({"results": [eval.result.Result, ...]},
 one per kernel). The runners never hold this pipe. Several jobs in one process pay once
-what each process pays on its first task: on the H200 (bench/results/h200/build-costs/)
+what each process pays on its first task: on the H200 (lab/results/h200/build-costs/)
 the first references, Liger, FlashInfer and torch.compile builds of a process took ~19 s,
 the same builds for a later task well under 1 s each.
 """

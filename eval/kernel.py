@@ -120,14 +120,14 @@ def read_origin(kernel: Path, sha256: str) -> Origin | None:
 
 
 #: the module name every kernel is loaded under. quack keys compiled kernels by the
-#: epilogue function's module and name, so the evaluator worker, bench/ and the
+#: epilogue function's module and name, so the evaluator worker, lab/bench/ and the
 #: precompile step must all load kernels under this same name to share compiled objects
 KERNEL_MODULE_NAME = "candidate_kernel"
 
 
 def load_kernel_module(path: Path):
     """Import a kernel file as a fresh module (NOT for the harness process: only inside
-    an evaluation worker, or for trusted expert kernels in bench/). Its bytes are read as
+    an evaluation worker, or for trusted expert kernels in lab/bench/). Its bytes are read as
     UTF-8 text, as the harness read them for the static checks, and that text is what
     runs: compiled as a str, whose PEP 263 declaration Python ignores, never re-decoded
     by one (eval/static_checks.py coding_declaration)."""

@@ -8,7 +8,7 @@ times (a side stream escapes the CUDA events). Pure logic: the GPU stage collect
 names and streams with the torch profiler (eval/gpu_stages.py); tests feed it lists.
 
 The names, pinned from quack 0.6.5 and nvidia-cutlass-dsl 4.7.1 (seen on the H200 in
-bench/results/h200/check.json):
+lab/results/h200/check.json):
   fused GEMM   "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<epilogue>_<digest>..."
                (CuTe-DSL names a kernel "kernel_cutlass_" + the mangled qualified name of
                its class; quack.epilogue.frontend mints "GemmMod_<fn name>_<digest>_...")

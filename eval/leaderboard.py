@@ -36,13 +36,13 @@ from epiforge.eval.machine import DATA_DIR, REPO, expert_kernel  # noqa: F401 (R
 from epiforge.text import counted
 
 #: the H200 Results shipped with the repo, one file per run of the judge (each at one commit):
-#: `epiforge compare --all --shapes paper` (bench/results/h200/compare-paper.md says how it was
-#: made), then the tasks added after it, compared on their own (bench/results/h200/layer/);
-#: bench/compare_export.py writes them
+#: `epiforge compare --all --shapes paper` (lab/results/h200/compare-paper.md says how it was
+#: made), then the tasks added after it, compared on their own (lab/results/h200/layer/);
+#: lab/bench/compare_export.py writes them
 SHIPPED = DATA_DIR / "h200-compare.jsonl"
 SHIPPED_LATER = (DATA_DIR / "h200-compare-layer.jsonl",)
 #: the H100's: `epiforge compare` of every task but the layer at the paper shapes, in two calls
-#: into one store (bench/results/h100/compare-all/README.md)
+#: into one store (lab/results/h100/compare-all/README.md)
 SHIPPED_H100 = DATA_DIR / "h100-compare.jsonl"
 SHIPPED_FILES = (SHIPPED, *SHIPPED_LATER, SHIPPED_H100)
 #: the logs of the real LLM sessions whose kernels are in generated_kernels/ (logs/generated/README.md)

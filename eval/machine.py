@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from epiforge import ROOT as REPO  # the one root: the checkout, or the installed package
@@ -93,6 +94,14 @@ def name_output_folder(command: str) -> str:
     if len(out) < 2:
         return command
     return re.sub(r"(?<![^\s='\"])" + re.escape(out) + r"(?=/|\s|['\"]|$)", "$OUT", command)
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """How to rerun this: `python -m <module> <args>` (module: its full name), with the output
+    folder as $OUT and no machine path; the command a result file's fingerprint records."""
+    out = os.environ.get("OUT")
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python -m", module, *((a.replace(out, "$OUT") if out else a) for a in args)])
 
 
 def fingerprint(device: str | None = None, command: str | None = None, *, commit: bool = True) -> dict:

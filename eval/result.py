@@ -71,7 +71,7 @@ class ShapeTiming(BaseModel):
     roofline: dict | None = Field(None, description="floor_us and the ceilings it came from (eval/plausibility.py)")
     wall_check: dict | None = Field(None, description="the judge's wall clock against the claimed times")
     checked_calls: int | None = Field(None, description="timed calls whose outputs were checked against references")
-    source: str = Field("eval", description="eval: the evaluator's timed phase; bench: imported from bench/results")
+    source: str = Field("eval", description="eval: the evaluator's timed phase; bench: imported from lab/results")
 
     @property
     def fraction_of_speed_of_light(self) -> float:

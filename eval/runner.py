@@ -565,9 +565,9 @@ SPARES_PER_JUDGE = 2
 
 #: torch modules that quack's epilogue library imports (quack.epilogue.quantize_out ->
 #: torch._inductor.compile_fx, torch._dynamo) in every runner that describes or launches a
-#: library epilogue: ~2 s of a CPU runner's ~3 s of imports (bench/results/cpu/test-suite.md),
+#: library epilogue: ~2 s of a CPU runner's ~3 s of imports (lab/results/cpu/test-suite.md),
 #: paid instead once by a warm zygote (eval/judge_zygote.py) for all its judges' spares (not
-#: by each judge: measured slower there, bench/results/cpu/test-suite.md). Only torch's: quack
+#: by each judge: measured slower there, lab/results/cpu/test-suite.md). Only torch's: quack
 #: and the CuTe DSL read the runner's own caches and compile target (remote.LATE_ENV) when
 #: they import.
 RUNNER_IMPORTS = ("torch._dynamo", "torch._inductor.compile_fx")
@@ -597,7 +597,7 @@ def fork_spares(n: int = SPARES_PER_JUDGE) -> None:
     this module's imports (torch's included; RUNNER_IMPORTS too where a warm zygote forked the
     judge) and nothing of the judge's own: no task, no reference, no request (it has not been
     read). A spare saves a runner's start-up (Python's and torch's import;
-    bench/results/cpu/runner-spares.json). In it the judge's
+    lab/results/cpu/runner-spares.json). In it the judge's
     pipes are closed and stdin is /dev/null; it is a session of its own, dumpable as a new
     process is, and dies with the judge."""
     from epiforge.eval.isolation import make_dumpable, setup_child

@@ -86,7 +86,7 @@ def speed(t: Timing, reference: Timing | None) -> float:
 def fastest(timings: dict[str, Timing], reference: Timing | None) -> str:
     """The name of the fastest of `timings` (one interleaved run), by speed() against
     `reference`: how the speed of light is picked among the plain GEMMs (cuBLAS the
-    reference), in the evaluator and in bench/ alike."""
+    reference), in the evaluator and in lab/bench/ alike."""
     return min(timings, key=lambda name: speed(timings[name], reference))
 
 

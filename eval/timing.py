@@ -1,4 +1,4 @@
-"""GPU timing, done one way everywhere (the evaluator and bench/ both use it).
+"""GPU timing, done one way everywhere (the evaluator and lab/bench/ both use it).
 
 CUDA events recorded on the stream the work runs on (the current stream), the L2 cache
 flushed before every repetition (outside the timed region), warm-up runs first (compiles,
@@ -8,7 +8,7 @@ each repetition the GPU is also given a lead (outside the timed region) so that 
 has queued the timed work before the GPU reaches it: the events then time the GPU's work,
 not the host's launch overhead (Python wrappers of ~10-100 us would otherwise leave the GPU
 idle inside the timed region for short kernels, and unevenly so between a fused kernel and
-cuBLAS). Back-to-back repetitions (time_cuda*, bench/) get a short sleep; a synchronized
+cuBLAS). Back-to-back repetitions (time_cuda*, lab/bench/) get a short sleep; a synchronized
 call (timed_call, the judge) gets `LEAD`, by default a few ms of GEMMs that keep the GPU in
 the loaded state back-to-back work runs in. The GPU's clocks are sampled through every
 timed phase (gpu_clocks, eval/clocks.py) and every Timing of the phase carries their summary.
@@ -39,8 +39,8 @@ class Lead(NamedTuple):
     kind "heat": it runs bf16 GEMMs of random 4096^2 operands for `ms` milliseconds instead,
     which the host outpaces the same way. A GPU that idles between calls (the judge's IPC,
     input refreshes and checks) is at its boost clock when a call starts; back-to-back work
-    (bench/, a training step) runs it at its power cap: on the H200 the same cuBLAS GEMM took
-    up to 1.22x as long in bench/ as in the judge (bench/results/h200/compare-all-3.md). Heating puts each call in the loaded state.
+    (lab/bench/, a training step) runs it at its power cap: on the H200 the same cuBLAS GEMM took
+    up to 1.22x as long in lab/bench/ as in the judge (lab/results/h200/compare-all-3.md). Heating puts each call in the loaded state.
     EPIFORGE_TIMED_LEAD ("spin" or "heat:<ms>") chooses, read once when this module loads."""
 
     kind: str
@@ -145,7 +145,7 @@ def timed_call(fn: Callable[[], object], *, flush: bool = True, clock: str = "cu
     """One timed call on the current stream, synchronized: L2 flushed and the lead (`lead`,
     by default LEAD) queued first (outside the events), CUDA events around fn(). Returns
     microseconds. The judge times its baselines and the kernel runner times the kernel with
-    this same procedure (bench/clock_state.py with each lead).
+    this same procedure (lab/bench/clock_state.py with each lead).
     clock="wall": the same call timed by the host's clock, no CUDA (the timed stages run
     this way on a CPU in the evaluator's own tests; no CPU time is ever reported)."""
     import time

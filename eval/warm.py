@@ -11,10 +11,10 @@ that follow find what they would have built. Nothing is timed here, and all of i
 before the first judge starts: no timed phase ever shares the GPU with this work. A task
 that fails to warm is only slower to judge; its judge builds, and reports, the same thing.
 
-Opt-in (`compare --all --warm`): on the H200 (2026-12-02, bench/results/h200/compare-all-3.md)
+Opt-in (`compare --all --warm`): on the H200 (2026-12-02, lab/results/h200/compare-all-3.md)
 warming 17 tasks with FlashInfer took about 200 s, and each judge's warmup stage still took
 8-18 s, so it did not shorten the run. What that stage spent was mostly each process's own
-first builds, which no disk cache saves (bench/results/h200/build-costs/: ~19 s for a
+first builds, which no disk cache saves (lab/results/h200/build-costs/: ~19 s for a
 process's first task, cold or warm); compare --all now judges every task in one judge
 process instead. What warming still saves is the cold builds of a new machine: quack's
 library epilogues (2-4 s per shape) and qkn's torch.compile (8-13 s per shape).

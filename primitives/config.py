@@ -145,7 +145,7 @@ def pick_config(tuned: dict[str, str], a, w) -> GemmConfig:
     measured at a neighbouring shape keeps its reasons (short K makes the epilogue dominate;
     C-loading epilogues want narrow pingpong tiles), where the default can be far off (on the
     H200, k7 at 16384x8192x2048 took 1.69x as long at the default as at 128x128 pingpong
-    with a 1x2 cluster, bench/results/h200/sweep-llama1b.json). An empty GEMM gets the default."""
+    with a 1x2 cluster, lab/results/h200/sweep-llama1b.json). An empty GEMM gets the default."""
     m, n, k = int(a.shape[0]), int(w.shape[0]), int(a.shape[1])
     key = f"{m}x{n}x{k}"
     if key in tuned:

@@ -41,7 +41,7 @@ from epiforge.primitives.spec import (
 _HALF = (torch.bfloat16, torch.float16)
 #: while torch.profiler runs, each fused GEMM call is a range named
 #: "<PROFILE_LABEL> <m>x<n>x<k> <epilogue>", so that a profile can tell its kernels' GEMM
-#: shape (bench/training.py attributes GEMM time by shape)
+#: shape (lab/bench/training.py attributes GEMM time by shape)
 PROFILE_LABEL = "epiforge.gemm"
 
 

@@ -180,7 +180,7 @@ class Tolerance(_Strict):
     ref_i (the rounding an honest kernel may land on the other side of) and s the RMS of the
     low-precision reference's error before its rounding to the output's dtype (the float32
     arithmetic's own error, which an honest kernel's differs from in order, not in size).
-    The margins every expert and honest kernel keeps under it: tasks/results/ (README)."""
+    The margins every expert and honest kernel keeps under it: lab/results/tolerance-margins/ (README)."""
 
     factor: float = Field(2.0, gt=0)
     atol: float = Field(1e-6, ge=0)

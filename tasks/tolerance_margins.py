@@ -4,7 +4,7 @@ and low-precision references) and their ratio, the margin (at most 1 passes), on
 error, on the RMS error and element by element (the largest excess over an element's own
 allowance, over what the floor allows it).
 
-    python -m epiforge.tasks.tolerance_margins --shapes smoke --device cpu --out tasks/results/tolerance-margins-cpu-smoke.json
+    python -m epiforge.tasks.tolerance_margins --shapes smoke --device cpu --out lab/results/tolerance-margins/tolerance-margins-cpu-smoke.json
     python -m epiforge.tasks.tolerance_margins --shapes paper --device cuda --dtype all --out margins.json
 
 The expert kernels are trusted, so they run in this process (on a CPU through the
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         limit = int(args.max_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if args.device.startswith("cuda"):
-        try:  # the carried compiled kernels, so that the run does not compile (bench/README)
-            from epiforge.bench.gpu_env import install_precompiled
+        try:  # the carried compiled kernels, so that the run does not compile (eval/precompiled.py)
+            from epiforge.eval.precompiled import install_precompiled
 
             install_precompiled()
         except Exception as e:  # noqa: BLE001 - without them it compiles, slower but the same

@@ -1,5 +1,5 @@
-"""eval/bench_rows.py: bench/'s result rows as models. Every committed bench.run and bench.chain
-file under bench/results/h200 loads (earlier layouts migrated), keeps its numbers, and the
+"""eval/bench_rows.py: lab/bench/'s result rows as models. Every committed bench.run and bench.chain
+file under lab/results/h200 loads (earlier layouts migrated), keeps its numbers, and the
 factory derives the rederived files' ratios again from their samples; the schema refuses rows
 whose parts disagree."""
 
@@ -11,12 +11,12 @@ from pydantic import ValidationError
 
 from epiforge.eval.bench_rows import BenchReport, BenchRow, ChainReport, CheckReport, load_report
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200"
+RESULTS = Path(__file__).resolve().parents[1] / "lab" / "results" / "h200"
 
 
 def _made_by(raw: dict) -> str:
     """The module a result file says made it (its environment's command)."""
-    return ((raw.get("environment") or {}).get("command") or "").removeprefix("python -m ").removeprefix("epiforge.").split(" ")[0]
+    return ((raw.get("environment") or {}).get("command") or "").removeprefix("python -m ").removeprefix("epiforge.").removeprefix("lab.").split(" ")[0]
 
 
 COMMITTED = {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
@@ -49,7 +49,7 @@ def test_every_committed_file_loads_with_its_numbers(name):
 def test_the_factory_derives_the_rederived_files_ratios_again(name):
     """final.json and final-2.json (what the README and the leaderboard's import quote) were
     rederived from their samples: the factory, run again on them, gives every ratio back."""
-    from epiforge.bench.quack_library import LIKE_FOR_LIKE
+    from epiforge.eval.quack_library import LIKE_FOR_LIKE
 
     report = load_report(RESULTS / name)
     assert report.rederived and all(r.fused is not None for r in report.rows)
@@ -100,9 +100,9 @@ def test_a_bench_file_is_not_a_check_report():
     (["--shape-set", "llama1b", "--scales", "1B"], "--scales 1B: not in the llama1b set (llama1b)"),
 ])
 def test_bench_run_refuses_a_shape_set_or_scale_it_does_not_have(argv, line, capsys, tmp_path):
-    """bench/run.py --shape-set picks a tasks/shapes.toml set; a bad one, or a scale outside it,
+    """lab/bench/run.py --shape-set picks a tasks/shapes.toml set; a bad one, or a scale outside it,
     is one line before any GPU work (nothing written)."""
-    from epiforge.bench import run
+    from lab.bench import run
 
     with pytest.raises(SystemExit) as stop:
         run.main([*argv, "--out", str(tmp_path / "out.json")])
@@ -112,7 +112,7 @@ def test_bench_run_refuses_a_shape_set_or_scale_it_does_not_have(argv, line, cap
 
 def test_the_llama3_set_is_the_training_benchmarks_layers():
     from epiforge import tasks
-    from epiforge.bench.training import BATCH, LAYERS, SEQ
+    from lab.bench.training import BATCH, LAYERS, SEQ
 
     rows = tasks.shape_sets()["llama3"]
     assert [(r.M, r.seq, r.d, r.F, r.head_dim) for r in rows] == [
@@ -129,7 +129,7 @@ def test_the_llama3_set_is_the_training_benchmarks_layers():
     (["--tasks", "k0", "--gemm-k", "F", "--liger"], "--gemm-k times the kernel and the plain GEMMs"),
 ])
 def test_bench_run_refuses_a_gemm_k_it_cannot_honour(argv, line, capsys, tmp_path):
-    from epiforge.bench import run
+    from lab.bench import run
 
     with pytest.raises(SystemExit) as stop:
         run.main([*argv, "--out", str(tmp_path / "out.json")])
@@ -145,7 +145,7 @@ def test_gemm_k_makes_k0_the_down_projection_and_its_expert_kernel_computes_it()
     import torch
 
     from epiforge import tasks
-    from epiforge.bench.run import gemm_k_refusal, inputs_at_gemm_k
+    from lab.bench.run import gemm_k_refusal, inputs_at_gemm_k
     from epiforge.eval.kernel import expert_kernel, load_kernel_module
 
     task = tasks.get_task("k0")
@@ -167,7 +167,7 @@ def test_gemm_k_makes_k0_the_down_projection_and_its_expert_kernel_computes_it()
 
 def test_the_llama1b_set_is_llama_3_2_1b_as_the_training_benchmark_runs_it():
     from epiforge import tasks
-    from epiforge.bench.training import BATCH, MODEL_1B, SEQ
+    from lab.bench.training import BATCH, MODEL_1B, SEQ
 
     (row,) = tasks.shape_sets()["llama1b"]
     assert (row.M, row.seq, row.d, row.F, row.V, row.head_dim) == (

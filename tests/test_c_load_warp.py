@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from epiforge import primitives as P
-from epiforge.bench.configs import C_LOAD_WARP_CONFIGS, config_args
+from lab.bench.configs import C_LOAD_WARP_CONFIGS, config_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ C_LOAD_SCRIPT = r"""
 import json, sys
 from pathlib import Path
 from epiforge import primitives as P, tasks
-from epiforge.bench.sass import sass_of
+from lab.bench.sass import sass_of
 from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 from epiforge.primitives import lowering
 

@@ -1,4 +1,4 @@
-"""tests/conftest.py's `spawns` rule: a test that starts a process without the marker fails,
+"""conftest.py's `spawns` rule: a test that starts a process without the marker fails,
 naming the marker; with it, or starting none, it passes; the record mode lists the spawners."""
 
 import os

@@ -174,7 +174,7 @@ from pathlib import Path
 from epiforge import tasks
 from epiforge.primitives import graph
 from epiforge.tasks.tolerance_margins import load_expert, run_expert
-from epiforge.bench.sass import instructions as listed, sass_of
+from lab.bench.sass import instructions as listed, sass_of
 
 cache, replay = Path(sys.argv[1]), sys.argv[2] == "replay"
 

@@ -15,7 +15,7 @@ from epiforge import tasks
 from epiforge.eval import evaluate
 from epiforge.eval.machine import expert_kernel
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = [t.name for t in tasks.load_catalogue()[0]]

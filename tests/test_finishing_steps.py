@@ -12,7 +12,7 @@ from epiforge import tasks
 from epiforge.eval import evaluate
 from epiforge.eval.launches import Launch, classify
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 FINISHING = '''
 import primitives as P

@@ -5,7 +5,7 @@ is judged by default (issue 42, class 6) and --dtype narrows it, the verdict the
 what it left out, a kernel that
 computes or stores bf16 when asked for fp16 is rejected, and results from before fp16 read
 as bf16. (The store, leaderboard and compare keying: tests/eval/test_store.py,
-tests/test_leaderboard.py, tests/eval/test_compare.py, tests/test_compare_export.py.)"""
+tests/test_leaderboard.py, tests/eval/test_compare.py, lab/tests/test_compare_export.py.)"""
 
 import json
 import re

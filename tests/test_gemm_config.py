@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 
 from epiforge import primitives as P
-from epiforge.bench.configs import C_LOAD_WARP_CONFIGS, CANDIDATES, EARLY_C_CONFIGS, EPI_TILE_CONFIGS, config_args
+from lab.bench.configs import C_LOAD_WARP_CONFIGS, CANDIDATES, EARLY_C_CONFIGS, EPI_TILE_CONFIGS, config_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def _stages(tmp_path, *runs: str) -> dict[str, list[int]]:
     """{"task:config": [A/B, D, C stages]} of the one GEMM each run builds, cross-compiled for
     sm_90a in a fresh process by bench.sass_stats."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "epiforge.bench.sass_stats", *runs, "--json", str(tmp_path / "s.json")],
+    out = subprocess.run([sys.executable, "-m", "lab.bench.sass_stats", *runs, "--json", str(tmp_path / "s.json")],
                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     got = {}
@@ -107,7 +107,7 @@ def test_epi_tile_n_widens_the_epilogue_sub_tile(tmp_path):
     TMA stores (D and the residual sum: 16 in the SASS); at epi_tile_n=64 there are 4 (8
     stores). Counted by bench.sass_stats, in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "epiforge.bench.sass_stats", "k0:128x128_c1x2_pp",
+    out = subprocess.run([sys.executable, "-m", "lab.bench.sass_stats", "k0:128x128_c1x2_pp",
                           "k0:128x128_c1x2_pp_en64", "--json", str(tmp_path / "stats.json")],
                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -163,7 +163,7 @@ def test_bench_config_args_take_keys_and_the_early_c_set():
         "128x128_c1x2_pp_cs5_ec", "128x128_c1x2_pp_cs6_ec", "128x128_c1x2_pp_cs8_ec"}
     # the identity GEMM timed beside a fused kernel loads no C: the same config, less the flag
     assert P.GemmConfig.parse("128x128_c1x2_pp_cs5_ec").for_plain_gemm().key() == "128x128_c1x2_pp_cs5"
-    from epiforge.bench.run import fastest_gemms
+    from lab.bench.run import fastest_gemms
     from epiforge.eval.bench_rows import BenchRow, ConfigTimings
     from epiforge.eval.timing import summarize
 
@@ -256,7 +256,7 @@ def test_load_timing_flags_give_the_same_bits_on_the_gpu(flag, tid):
     call (a C stage overwritten early or a wait passing on a stale phase would show as
     differing bits, or hang). Was test_early_c_loads_gives_the_same_bits_on_the_gpu."""
     from epiforge import tasks
-    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 
     install_precompiled()
@@ -281,7 +281,7 @@ def test_epi_tile_n_stores_the_same_values_on_the_gpu(tid):
     every 16-bit output is bit for bit the twin's; a float32 row reduction may add its
     partials in another order (within 1e-5)."""
     from epiforge import tasks
-    from epiforge.bench.gpu_env import install_precompiled
+    from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 
     install_precompiled()
@@ -308,18 +308,18 @@ def test_precompile_builds_the_expert_kernels_in_fp16_too(tmp_path):
     import sys
 
     cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "epiforge.bench.precompile", "--tasks", "k1", "--configs", "128x128_c1x2_pp",
+    cmd = [sys.executable, "-m", "lab.bench.precompile", "--tasks", "k1", "--configs", "128x128_c1x2_pp",
            "--parts", "kernels", "--cache-dir", str(cache), "--dtypes", "bfloat16", "float16"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "k1 128x128_c1x2_pp: ok" in out.stdout and "k1 float16 128x128_c1x2_pp: ok" in out.stdout
     assert "2 compiles, 0 failures" in out.stdout and f"cache in {cache}" in out.stdout
     assert len(list(cache.glob("*/*.o"))) == 2  # a bf16 object and an fp16 one
-    bad = subprocess.run(cmd[:-2] + ["float32"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(cmd[:-2] + ["float32"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and "--dtypes" in bad.stderr and "Traceback" not in bad.stderr
     # --parts described: k1's epilogue rebuilt from its graph (the launcher mode's), one more object
     described = subprocess.run(cmd[:7] + ["--parts", "described", "--cache-dir", str(cache)],
-                               capture_output=True, text=True, timeout=600)
+                               capture_output=True, text=True, timeout=600, cwd=REPO)
     assert described.returncode == 0, described.stdout[-2000:] + described.stderr[-2000:]
     assert "k1 from its graphs 128x128_c1x2_pp: ok" in described.stdout
     assert len(list(cache.glob("*/*.o"))) == 3
@@ -328,7 +328,7 @@ def test_precompile_builds_the_expert_kernels_in_fp16_too(tmp_path):
 def test_precompile_builds_the_gemm_only_baseline_without_the_c_load_flags():
     """A TUNED config with the C-load warp (k7's at 7B) is built for the GEMM-only baseline as
     the GEMM that loads no C which the judge times (the flag refuses a GEMM without C)."""
-    from epiforge.bench.precompile import plain_gemm_configs
+    from lab.bench.precompile import plain_gemm_configs
     from epiforge.eval.kernel import HUMAN_DIR, load_kernel_module
 
     k7 = load_kernel_module(HUMAN_DIR / "k7_gemm_partial_swiglu_bwd.py")
@@ -344,10 +344,10 @@ def test_importing_precompile_leaves_the_environment_alone():
     """Only precompile's main() sets the cross-compile variables: a process that imports the
     module (for plain_gemm_configs) and had the DSL built for another arch must not be told
     QUACK_ARCH=90 (CI's workers then failed every later sm_90a compile: 'got sm_100a')."""
-    code = ("import os; before = dict(os.environ); import epiforge.bench.precompile; "
+    code = ("import os; before = dict(os.environ); import lab.bench.precompile; "
             "print(sorted(set(os.environ.items()) ^ set(before.items())))")
     env = {k: v for k, v in os.environ.items() if k not in ("QUACK_ARCH", "CUTE_DSL_ARCH", "EPIFORGE_CROSS_COMPILE")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.strip() == "[]"
 

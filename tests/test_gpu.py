@@ -1,5 +1,5 @@
 """On a Hopper GPU: the expert track passes at the smoke shapes with exactly the allowed
-launches (bench/check_gpu.py), and one kernel through the isolated evaluator."""
+launches (lab/bench/check_gpu.py), and one kernel through the isolated evaluator."""
 
 import json
 
@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_expert_kernels_pass_with_allowed_launches(tmp_path):
-    from epiforge.bench import check_gpu
+    from lab.bench import check_gpu
 
     out = tmp_path / "check.json"
     rc = check_gpu.main(["--shapes", "smoke", "--out", str(out)])

@@ -125,14 +125,14 @@ def test_agent_sessions_give_pass_at_k_and_costs():
 
 
 def test_the_bench_files_numbers_import_as_results():
-    """bench/import_results.py: each final.json row becomes a shape of a Result whose ratios the
+    """lab/bench/import_results.py: each final.json row becomes a shape of a Result whose ratios the
     evaluator's own factory recomputed from the samples, equal to the file's."""
-    from epiforge.bench.import_results import results_from
+    from lab.bench.import_results import results_from
 
     from epiforge.eval.bench_rows import load_report
 
-    final = json.loads((REPO / "bench" / "results" / "h200" / "final.json").read_text())
-    imported = results_from(load_report(REPO / "bench" / "results" / "h200" / "final.json"), None, "final.json")
+    final = json.loads((REPO / "lab" / "results" / "h200" / "final.json").read_text())
+    imported = results_from(load_report(REPO / "lab" / "results" / "h200" / "final.json"), None, "final.json")
     assert sorted(tasks.id_of(r.task) for r in imported) == sorted(tasks.CODA_TASKS)
     for row in final["rows"]:
         (r,) = [x for x in imported if x.task == row["task"]]
@@ -147,7 +147,7 @@ def test_the_shipped_results_are_compares_of_every_task():
     it has the op, no machine path; each file one run of the judge at one commit, on one GPU.
     eval/data/h100-compare.jsonl: the same on the H100, of every task but k7 (out of the
     judge's memory at 70B there) and the layer."""
-    from epiforge.bench.flashinfer import ROPE_TASKS
+    from epiforge.eval.flashinfer import ROPE_TASKS
     from epiforge.eval.timing import DEFAULT_LEAD, Lead
 
     everything = lb.load_shipped()

@@ -14,9 +14,9 @@ import pytest
 
 from epiforge.eval.machine import REPO
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
-CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels", "bench")
+CODE = ("primitives", "tasks", "eval", "agent", "training", "human_kernels")
 DATA = ("primitive_docs", "generated_kernels", "logs")
 
 
@@ -47,8 +47,8 @@ BUILD_OUTPUT: list[str] = []
 
 
 def test_the_build_prints_no_warning_of_ours(wheel):
-    """setuptools warned once per data folder named like a package that setup.py did not list
-    (23 of them: bench/results/h200, agent/data, ...); setup.py lists them now."""
+    """setuptools warns once per data folder named like a package that setup.py does not list
+    (e.g. agent/data); setup.py lists them."""
     (printed,) = BUILD_OUTPUT
     assert "absent from the `packages` configuration" not in printed and "Warning" not in printed, printed[-3000:]
 
@@ -68,7 +68,7 @@ def test_the_wheel_has_one_top_level_name_and_every_file_the_code_reads(wheel):
     wanted += ["cli.py", "__init__.py", "__main__.py"]
     missing = [f for f in wanted if f not in inside]
     assert not missing, missing[:20]
-    assert "tests/conftest.py" not in inside and not any(n.startswith("pending/") for n in inside)
+    assert "conftest.py" not in inside and not any(n.startswith(("pending/", "tests/")) for n in inside)
 
 
 def test_installed_elsewhere_it_lists_tasks_and_judges_a_kernel(wheel, tmp_path):
@@ -131,9 +131,10 @@ def test_primitives_loaded_under_its_bare_name_without_epiforge_is_refused():
 
 
 def test_the_product_never_imports_the_lab_and_the_wheel_leaves_it_out(wheel):
-    """lab/ (studies and the quack patch) imports the product, never the other way round, and
-    it is not installed: no module of the package folders names `lab`, and no wheel file is
-    under it."""
+    """lab/ (the bench scripts, studies, the quack patch, every result) imports the product,
+    never the other way round, and it is not installed: no module of the package folders
+    names `lab`, no wheel file is under it or the old bench/, and no folder of the wheel is a
+    results folder."""
     import ast
 
     offenders = []
@@ -146,4 +147,7 @@ def test_the_product_never_imports_the_lab_and_the_wheel_leaves_it_out(wheel):
                     offenders.append(str(path.relative_to(REPO)))
     assert offenders == []
     assert (REPO / "lab" / "quack_upstream" / "make_patch.py").is_file()
-    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith(("lab/", "epiforge/lab/"))]
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith(("lab/", "epiforge/lab/", "epiforge/bench/"))]
+    folders = {part for n in names if n.startswith("epiforge/") for part in n.split("/")[1:-1]}
+    assert "results" not in folders

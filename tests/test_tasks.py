@@ -77,7 +77,7 @@ def test_inputs_and_references_match_the_spec(task):
 @pytest.mark.parametrize("task", CATALOGUE, ids=lambda t: t.id)
 def test_unfused_is_the_plain_pipeline_not_the_reference(task):
     """Task.unfused (the timed eager / torch.compile baseline) is the reference code with
-    plain `@` on the inputs as given, as bench/run.py compiles it; the tolerance's
+    plain `@` on the inputs as given, as lab/bench/run.py compiles it; the tolerance's
     low-precision reference is no less precise on any output, and on every float32 output
     far more precise (one rounding, float32 reductions). In a task of several GEMMs both
     pipelines read bf16 intermediates, whose rounding sets both errors: there the two differ,

@@ -409,11 +409,11 @@ def test_a_case_out_of_memory_is_recorded_and_the_run_goes_on(tmp_path):
 @pytest.mark.parametrize("name", ["cpu-smoke", "cpu-heads", "cpu-paper", "h200-paper", "h100-smoke", "h100-heads", "h100-coda",
                                   "h100-paper"])
 def test_the_committed_margins_reports_cover_every_expert_kernel_and_all_pass(name):
-    """tasks/results/tolerance-margins-<name>.json (tasks/tolerance_margins.py): a finished
+    """lab/results/tolerance-margins/tolerance-margins-<name>.json (tasks/tolerance_margins.py): a finished
     run over every task with an expert kernel at every shape of its set and every seed,
     each case within the rule. A case may be an error only on a CPU and only for memory
     (the machine's cap: its message is the allocator's), never a failed check."""
-    report = json.loads((REPO / "tasks/results" / f"tolerance-margins-{name}.json").read_text())
+    report = json.loads((REPO / "lab/results/tolerance-margins" / f"tolerance-margins-{name}.json").read_text())
     shapes = [s.name for s in tasks.shape_sets()[report["shapes"]]]
     assert report["complete"] and report["shapes"] == name.split("-")[1]
     kind = report.get("device_kind") or ("cuda" if report["environment"].get("gpu") else "cpu")  # older files: by the GPU

@@ -7,7 +7,7 @@ from epiforge.training.loss_curve import main
 
 import pytest
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 TINY = ["--steps", "3", "--batch", "2", "--seq", "16", "--vocab", "64", "--layers", "2", "--d", "128",
         "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--ffn", "256", "--seed", "7"]

@@ -25,5 +25,5 @@
               model.norm, lm_head).
     loss_curve.py  trains the fused and the reference model side by side on a synthetic
               Markov-chain token stream (and the reference holding bf16-rounded weights, to
-              split the gap); writes the loss curves (JSON) and a plot (training/results/).
+              split the gap); writes the loss curves (JSON) and a plot into --out.
 """

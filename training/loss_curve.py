@@ -1,6 +1,6 @@
 """Train the fused model (training/model.py) and its unfused float32 reference side by side
 from the same initial weights on the same synthetic token stream, and record both loss
-curves: python -m epiforge.training.loss_curve [--steps 200] [--device cpu|cuda] [--out DIR].
+curves: python -m epiforge.training.loss_curve [--steps 200] [--device cpu|cuda] --out DIR.
 
 The data: sequences from a fixed random Markov chain over the vocabulary (each token has
 --successors likely next tokens, Dirichlet weights), so there is structure to learn and the
@@ -33,9 +33,6 @@ import torch
 
 from epiforge.training.layer import LlamaLayerConfig
 from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, ReferenceLlamaModel
-
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-
 
 def markov_chain(vocab: int, successors: int, gen: torch.Generator) -> torch.Tensor:
     """A (V, V) row-stochastic transition matrix: each token's `successors` next tokens
@@ -98,7 +95,7 @@ def parse_args(argv):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--ffn", type=int, default=768)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON and PNG (default training/results)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the JSON and PNG")
     return p.parse_args(argv)
 
 
@@ -157,7 +154,7 @@ def _plot(path: Path, fused: list[float], ref: list[float], ref_bf16w: list[floa
 
 
 def main(argv=None) -> dict:
-    from epiforge.bench.gpu_env import command_line
+    from epiforge.eval.machine import command_line
     from epiforge.eval.machine import fingerprint
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -207,7 +204,7 @@ def main(argv=None) -> dict:
         "deviation_fused_vs_reference_bf16_weights": deviation(fused_losses, ref_bf16w_losses),
         "deviation_reference_bf16_weights_vs_reference": deviation(ref_bf16w_losses, ref_losses),
         "seconds": {"fused": fused_seconds, "reference": ref_seconds, "reference_bf16_weights": ref_bf16w_seconds},
-        "environment": fingerprint(args.device, command_line("training.loss_curve", argv)),
+        "environment": fingerprint(args.device, command_line("epiforge.training.loss_curve", argv)),
         "uncommitted_tracked_files": uncommitted_tracked_files(),
     }
     args.out.mkdir(parents=True, exist_ok=True)

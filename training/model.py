@@ -140,7 +140,7 @@ class FusedLlamaModel(_ModelParams):
     tokens) for the backward, which overwrites them with dlogits; off, it is k5, whose backward
     recomputes them with a second LM-head GEMM (less memory, one more GEMM). At the 1B step on
     an H100 the stored logits were faster and peaked below torch.compile's step
-    (bench/results/h100/training/step-5.json). Since the backward writes dlogits over them, a
+    (lab/results/h100/training/step-5.json). Since the backward writes dlogits over them, a
     second backward through the same graph (retain_graph=True) fails with an in-place error;
     with store_logits off it works.
 

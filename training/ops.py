@@ -89,7 +89,7 @@ def no_zero_grads(ctx) -> None:
     activations an op returns, mark_non_differentiable's outputs included) reach its
     backward as None, not as zero tensors autograd fills first: in the 1B step about 9 GiB
     of bf16 zeros (every block's x_mid and its M x 2F z), the size of the bf16 FillFunctor
-    kernel's 3.0 ms there (bench/results/h200/training/step-configs-2.json)."""
+    kernel's 3.0 ms there (lab/results/h200/training/step-configs-2.json)."""
     ctx.set_materialize_grads(False)
 
 

@@ -69,7 +69,7 @@ def run(out: Path, shards: int, timeout_s: float, command: str) -> int:
     """Patch, collect, run the shards, write the log; the exit status is pytest's worst. One
     deadline for all the shards; the log is rewritten as each shard ends, so a run cut off
     from outside keeps the shards that finished."""
-    from epiforge.bench.compare_export import scrub_paths
+    from lab.bench.compare_export import scrub_paths
     from epiforge.eval.machine import fingerprint
 
     out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,9 @@ calls; the refused combinations fail with their one-line messages. Beside it the
 unpatched quack builds the same GEMMs (epiforge's C-load warp, primitives/c_load_warp.py,
 for the flag): with the flag off the patched quack's object is byte-identical to
 unpatched quack's, and with it on its SASS is the instruction stream of the kernel measured
-on the H200 (bench/results/h200/c-load-warp.md). The GPU test itself (flag on against off,
+on the H200 (lab/results/h200/c-load-warp.md). The GPU test itself (flag on against off,
 bit for bit) needs an SM90 GPU: off one, its runner (gpu_test.py) is tested here with every
-case skipped, and on the H200 its log is checked (bench/results/h200/quack-upstream/)."""
+case skipped, and on the H200 its log is checked (lab/results/h200/quack-upstream/)."""
 
 import json
 import os
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from lab.quack_upstream import make_patch
-from epiforge.bench.sass import instructions, sass_of
+from lab.bench.sass import instructions, sass_of
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE_DIR = REPO / "lab" / "quack_upstream"
@@ -108,6 +108,7 @@ def _generate(out: Path) -> dict[str, Path]:
     return {p.name: p for p in out.iterdir()}
 
 
+@pytest.mark.spawns
 def test_the_generator_writes_the_patch_its_test_and_its_description(tmp_path):
     files = _generate(tmp_path)
     assert set(files) == {"c-load-warp.patch", "test_gemm_sm90_c_load_warp.py", "DESCRIPTION.md"}
@@ -130,8 +131,8 @@ def test_every_number_in_the_description_comes_from_a_named_results_file():
     """Each table row of the description is a row of a committed results file it names, and
     every decimal number in it occurs in one of those files."""
     text = (TEMPLATE_DIR / "template_DESCRIPTION.md").read_text()
-    named = sorted(set(re.findall(r"bench/results/h200/[\w./-]+\.md", text)))
-    assert "bench/results/h200/c-load-warp.md" in named and "bench/results/h200/k7-cl-pick.md" in named
+    named = sorted(set(re.findall(r"lab/results/h200/[\w./-]+\.md", text)))
+    assert "lab/results/h200/c-load-warp.md" in named and "lab/results/h200/k7-cl-pick.md" in named
     sources = {n: (REPO / n).read_text() for n in named}
     rows = [ln for ln in text.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
     assert len(rows) >= 36
@@ -143,6 +144,7 @@ def test_every_number_in_the_description_comes_from_a_named_results_file():
     assert not unknown, unknown
 
 
+@pytest.mark.spawns
 def test_a_quack_that_is_not_the_expected_text_fails_in_one_line(tmp_path):
     installed = make_patch.quack_root()
     fake = tmp_path / "checkout" / "quack"
@@ -165,6 +167,7 @@ def test_a_quack_that_is_not_the_expected_text_fails_in_one_line(tmp_path):
         make_patch.write(tmp_path / "out", root=fake.parent)
 
 
+@pytest.mark.spawns
 def test_the_patch_applies_and_cross_compiles_for_sm90a_with_the_flag_off_and_on(tmp_path):
     files = _generate(tmp_path / "out")
     installed = make_patch.quack_root() / "quack"
@@ -253,6 +256,7 @@ def test_shards_keep_each_kernels_cases_together():
     assert shard(ids[:2], 8) == [ids[:2]]
 
 
+@pytest.mark.spawns
 def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path):
     """lab/quack_upstream/gpu_test.py, off a GPU: it patches a copy of the installed quack,
     the generated test imports that copy, every case is collected, sharded and (here) skipped
@@ -281,9 +285,9 @@ def test_the_gpu_test_runs_the_generated_test_against_the_patched_copy(tmp_path)
 
 
 def test_the_generated_test_passed_on_the_h200_against_the_patched_quack():
-    """bench/h200.sh quack-upstream: every case of the generated test, on a patched copy of
+    """lab/bench/h200.sh quack-upstream: every case of the generated test, on a patched copy of
     quack-kernels 0.6.5, on an H200; none failed or skipped, and the count is the file's."""
-    log = (REPO / "bench" / "results" / "h200" / "quack-upstream" / "pytest-gpu-quack-upstream.log").read_text()
+    log = (REPO / "lab" / "results" / "h200" / "quack-upstream" / "pytest-gpu-quack-upstream.log").read_text()
     env = json.loads(log.splitlines()[0][len("environment: "):])
     assert env["gpu"] == "NVIDIA H200" and env["quack-kernels"] == "0.6.5" and env["commit"]
     m = re.search(r"quack imported from the patched copy \(its c_load_warp default False\); (\d+) cases in (\d+) shards", log)

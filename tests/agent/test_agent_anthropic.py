@@ -11,7 +11,7 @@ from epiforge.agent.loop import run_session
 from epiforge.agent.session import ApiRetry, Budget, Evaluation, ModelResponse, SessionConfig, read_events
 from epiforge.eval.kernel import read_kernel
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 MODEL = "claude-sonnet-4-5-loopback"  # priced like claude-sonnet-4-5, so cost accounting is exercised
 

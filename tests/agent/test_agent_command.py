@@ -15,7 +15,7 @@ from epiforge.agent.replay import replay
 from epiforge.agent.session import Budget, Evaluation, ModelResponse, SessionConfig, read_events
 from epiforge.eval.kernel import read_kernel
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 

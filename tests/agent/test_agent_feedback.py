@@ -9,7 +9,7 @@ from epiforge.eval.secret_shapes import hidden_shapes
 
 import pytest
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 SEED = 918273645
 PUBLIC_ONLY = '''"""Right on the public smoke shapes only."""

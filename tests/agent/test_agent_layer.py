@@ -11,7 +11,7 @@ from epiforge.eval.machine import REPO
 
 import pytest
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 PRICED = "claude-sonnet-4-5-loopback"
 EXPERT = (REPO / "human_kernels" / "layer_non_attention_fwd_bwd.py").read_text()

@@ -12,7 +12,7 @@ from epiforge.agent.backends import BackendError, make_backend
 from epiforge.agent.loop import run_session
 from epiforge.agent.session import ApiRetry, Budget, SessionConfig, read_events
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 
 def _run(tmp_path, script, fast_retry, said, *, stream, model="qwen2.5-coder-loopback", **cfg):

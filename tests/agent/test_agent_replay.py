@@ -16,7 +16,7 @@ from epiforge.agent.session import Budget, LogError, ModelResponse, SessionConfi
 from epiforge.agent.transcript import rebuild
 from epiforge.eval.kernel import read_kernel
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 MODEL = "scripted-loopback-server"
 

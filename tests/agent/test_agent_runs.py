@@ -18,7 +18,7 @@ from epiforge import cli as epiforge
 from epiforge.agent.session import read_events
 from epiforge.eval.kernel import GENERATED_DIR, REPO
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 PRICED = "claude-sonnet-4-5-loopback"  # priced by the table as claude-sonnet-4
 FAST = ["--no-compile", "--device", "cpu"]

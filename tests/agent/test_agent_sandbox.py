@@ -13,7 +13,7 @@ import pytest
 from epiforge import IMPORT_ROOT, ROOT
 from epiforge.agent.sandbox import CANNOT, available
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 SANDBOX, WHY_NOT = available()
 #: a machine whose kernel lacks unprivileged user namespaces or Linux 5.12's mount API cannot
@@ -43,7 +43,7 @@ print(json.dumps({
     "tests": readable(f"{root}/tests"),
     "readme": readable(f"{root}/README.md"),
     "git": readable(f"{root}/.git"),
-    "results": readable(f"{root}/bench/results"),
+    "results": readable(f"{root}/lab/results"),
     "store": readable(f"{store}/store.sqlite"),
     "home": readable(f"{home}/.secret"),
     "package": readable(f"{root}/eval/judge.py"),

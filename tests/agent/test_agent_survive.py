@@ -20,7 +20,7 @@ from epiforge.agent.session import ApiRetry, Budget, ModelRequest, SessionConfig
 from epiforge.agent.tools import check_timeout_s
 from epiforge.eval.kernel import GENERATED_DIR, REPO
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 PRICED = "claude-sonnet-4-5-loopback"  # the table prices it as claude-sonnet-4 ($3 in, $15 out per MTok)
 FAST = ["--no-compile", "--device", "cpu"]

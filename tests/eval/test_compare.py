@@ -18,7 +18,7 @@ from epiforge.eval.kernel import resolve_kernel
 from epiforge.eval.plausibility import Ceilings
 from epiforge.eval.remote import KernelProcess
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 #: the scripted k8 replay (backend anthropic; the real sessions' kernels are the command backend's)

@@ -9,7 +9,7 @@ import pytest
 
 from epiforge.eval.machine import hopper_available
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 

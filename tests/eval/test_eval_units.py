@@ -22,13 +22,13 @@ from epiforge.eval.secret_shapes import hidden_shapes
 from epiforge.eval.timing import bootstrap_median_ci, paired_ratio, summarize
 
 REPO = Path(__file__).resolve().parents[2]
-H200_CHECK = REPO / "bench" / "results" / "h200" / "check.json"
+H200_CHECK = REPO / "lab" / "results" / "h200" / "check.json"
 
 
 # ---- launches ----------------------------------------------------------------------------
 
 def h200_launches():
-    """task -> the kernel names the expert kernel launched on the H200 (bench/check_gpu.py)."""
+    """task -> the kernel names the expert kernel launched on the H200 (lab/bench/check_gpu.py)."""
     out = {}
     for row in json.loads(H200_CHECK.read_text())["rows"]:
         out.setdefault(row["task"], row["launch_names"])
@@ -38,7 +38,7 @@ def h200_launches():
 def test_every_expert_launch_list_seen_on_the_h200_is_accepted():
     from epiforge import tasks
 
-    seen = h200_launches()  # bench/check_gpu.py ran the CODA track's expert kernels
+    seen = h200_launches()  # lab/bench/check_gpu.py ran the CODA track's expert kernels
     coda = [tasks.get_task(t) for t in tasks.CODA_TASKS]
     assert set(seen) == {t.name for t in coda}
     for task in coda:
@@ -399,7 +399,7 @@ def test_the_h200_check_passed_every_kernel_at_every_shape_with_its_launches():
 
 
 def test_the_h200_check_of_every_expert_kernel_at_a_recent_commit_passed():
-    """bench/results/h200/check-all.json (`bench.check_gpu`, all tasks): every task of the
+    """lab/results/h200/check-all.json (`bench.check_gpu`, all tasks): every task of the
     catalogue with an expert kernel, through the judge on the H200, at the smoke and paper
     shapes and the two hidden shapes of each set; every named shape's launches accepted,
     one fused GEMM a GEMM the task names."""
@@ -432,7 +432,7 @@ def test_the_allowance_takes_the_mainloops_larger_error_up_to_a_cap():
 
 
 def test_the_exploit_suite_passed_on_the_h200():
-    """bench/h200.sh judge-exploits: every shard of the GPU cases passed (known limits xfail
+    """lab/bench/h200.sh judge-exploits: every shard of the GPU cases passed (known limits xfail
     strictly), over 100 cases in all."""
     import re
 
@@ -443,7 +443,7 @@ def test_the_exploit_suite_passed_on_the_h200():
 
 
 def test_the_h200_check_of_both_rope_directions_passed():
-    """bench/results/h200/check-rope.json (`bench.check_gpu --tasks k3 k3hf k4 k4hf`): CODA's
+    """lab/results/h200/check-rope.json (`bench.check_gpu --tasks k3 k3hf k4 k4hf`): CODA's
     direction (k3, k4) and Hugging Face's (k3hf, k4hf), every shape, through the judge."""
     report = json.loads((H200_CHECK.parent / "check-rope.json").read_text())
     rows = report["rows"]
@@ -452,7 +452,7 @@ def test_the_h200_check_of_both_rope_directions_passed():
 
 
 def test_the_h200_check_of_the_qk_norm_task_passed():
-    """bench/results/h200/check-qkn.json (`bench.check_gpu --tasks qkn`): Qwen3's QK-norm +
+    """lab/results/h200/check-qkn.json (`bench.check_gpu --tasks qkn`): Qwen3's QK-norm +
     RoPE as one fused launch (P.HeadRMS), every shape, through the judge."""
     report = json.loads((H200_CHECK.parent / "check-qkn.json").read_text())
     rows = report["rows"]
@@ -462,7 +462,7 @@ def test_the_h200_check_of_the_qk_norm_task_passed():
 
 
 def test_the_h200_check_of_the_layer_task_passed():
-    """bench/results/h200/layer/check-layer.json (`bench.check_gpu --tasks layer`): the task of
+    """lab/results/h200/layer/check-layer.json (`bench.check_gpu --tasks layer`): the task of
     12 GEMMs through the judge on the H200, every named and hidden shape, and the profiler saw
     exactly its 12 fused GEMMs, rope_backward's kernel and the partials' folds (no other launch)."""
     from collections import Counter
@@ -479,7 +479,7 @@ def test_the_h200_check_of_the_layer_task_passed():
 
 
 def test_the_speed_of_light_is_the_fastest_per_repetition_against_cublas():
-    """eval.stats.fastest, the one rule the evaluator and bench/ pick GEMM-only by: per-
+    """eval.stats.fastest, the one rule the evaluator and lab/bench/ pick GEMM-only by: per-
     repetition ratios to cuBLAS (the clock's drift cancels), medians only without samples."""
     from epiforge.eval.stats import fastest, summarize
 

@@ -16,7 +16,7 @@ from epiforge.eval import gpu_stages, numerics
 from epiforge.eval.plausibility import Ceilings
 from epiforge.eval.remote import KernelProcess
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 ROW_SCALE = ("import torch\nimport primitives as P\nTASK = 'k1_gemm_rmsnorm'\ncalls = [0]\n\n"

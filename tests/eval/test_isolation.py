@@ -19,7 +19,7 @@ from epiforge.eval.evaluation import _from_judge
 from epiforge.eval.isolation import NO_UNIX_SOCKETS, TEMP_PREFIX, JudgeRun
 from epiforge.eval.remote import KernelFailure, KernelProcess
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 EXPLOITS = REPO / "tests" / "exploits"

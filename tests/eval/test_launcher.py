@@ -13,7 +13,7 @@ import pytest
 
 from epiforge.eval import evaluate
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 EXPLOITS = Path(__file__).resolve().parents[1] / "exploits"
 REPO = Path(__file__).resolve().parents[2]

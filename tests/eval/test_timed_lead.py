@@ -1,6 +1,6 @@
 """The judge's timed lead (eval/timing.py Lead): what the GPU does before each synchronized
 timed call, chosen by EPIFORGE_TIMED_LEAD; a bad value is one line from the CLI; and
-bench/lead_study.py, which sets compare under each lead beside bench/."""
+lab/bench/lead_study.py, which sets compare under each lead beside lab/bench/."""
 
 import json
 import os
@@ -55,12 +55,12 @@ def test_the_lead_is_read_once_when_the_timer_loads():
 def test_the_lead_study_holds_compare_against_the_first_bench_run(tmp_path):
     """Two leads' stores (the shipped k8 expert Result, its fused / GEMM-only at 7B made 5%
     slower in the second) against a bench file and a copy of it that moved one row by 2%."""
-    from epiforge.bench import lead_study
+    from lab.bench import lead_study
     from epiforge.eval import leaderboard as lb
     from epiforge.eval.store import ResultStore
 
     shipped = next(r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert")
-    bench_raw = json.loads((REPO / "bench" / "results" / "h200" / "agree-3-bench.json").read_text())
+    bench_raw = json.loads((REPO / "lab" / "results" / "h200" / "agree-3-bench.json").read_text())
     theirs = {(r["task"], r["shape"]): r["fused_over_gemm_only"] for r in bench_raw["rows"] if r["task"] == shipped.task}
     ours = {s.shape: s.timing.fused_over_gemm_only.median for s in shipped.per_shape if s.timing}
     assert set(ours) == {shape for _, shape in theirs}
@@ -92,12 +92,12 @@ def test_the_lead_study_holds_compare_against_the_first_bench_run(tmp_path):
 def test_repeated_compare_runs_are_held_to_the_larger_run_to_run_change(tmp_path, capsys):
     """Two heat:3 runs, both 5% (and 5.5%) slower at 7B than the shipped k8 Result, against
     bench runs that differ by 2% at 1B: the noise bound is 2%, and 7B lies beyond it."""
-    from epiforge.bench import lead_study
+    from lab.bench import lead_study
     from epiforge.eval import leaderboard as lb
     from epiforge.eval.store import ResultStore
 
     shipped = next(r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert")
-    bench_raw = json.loads((REPO / "bench" / "results" / "h200" / "agree-3-bench.json").read_text())
+    bench_raw = json.loads((REPO / "lab" / "results" / "h200" / "agree-3-bench.json").read_text())
     theirs = {r["shape"]: r["fused_over_gemm_only"] for r in bench_raw["rows"] if r["task"] == shipped.task}
     ours = {s.shape: s.timing.fused_over_gemm_only.median for s in shipped.per_shape if s.timing}
     stores = []
@@ -133,14 +133,14 @@ def test_repeated_compare_runs_are_held_to_the_larger_run_to_run_change(tmp_path
 def test_the_lead_study_refuses_a_store_named_for_another_lead(tmp_path, capsys):
     """The shipped k8 Result was timed under heat:3: named heat:10, its store is refused in
     one line that says which lead it was timed under."""
-    from epiforge.bench import lead_study
+    from lab.bench import lead_study
     from epiforge.eval import leaderboard as lb
     from epiforge.eval.store import ResultStore
 
     shipped = next(r for r in lb.load_shipped() if r.task == "k8_gemm_swiglu" and r.track == "expert")
     assert shipped.environment["timed_lead"] == Lead.parse("heat:3").describe()
     ResultStore(tmp_path / "s.sqlite").add(shipped)
-    bench = REPO / "bench" / "results" / "h200" / "agree-3-bench.json"
+    bench = REPO / "lab" / "results" / "h200" / "agree-3-bench.json"
     args = ["--bench", str(bench), "--commit", "c", "--command", "x", "--out", str(tmp_path / "o.md")]
     assert lead_study.main(["--lead", f"heat:10={tmp_path / 's.sqlite'}", *args]) == 2
     err = capsys.readouterr().err
@@ -152,7 +152,7 @@ def test_a_lead_labelled_with_repetitions_must_have_been_timed_with_that_many(tm
     """heat:3@N names compare runs timed with N repetitions per shape: the shipped k8 Result's
     own count is accepted, any other count and a malformed N are one line each, and heat:3
     and heat:3@N are two separate sets of runs in the report."""
-    from epiforge.bench import lead_study
+    from lab.bench import lead_study
     from epiforge.eval import leaderboard as lb
     from epiforge.eval.store import ResultStore
 
@@ -161,7 +161,7 @@ def test_a_lead_labelled_with_repetitions_must_have_been_timed_with_that_many(tm
     assert len(counts) == 1
     n = counts.pop()
     ResultStore(tmp_path / "s.sqlite").add(shipped)
-    bench = REPO / "bench" / "results" / "h200" / "agree-3-bench.json"
+    bench = REPO / "lab" / "results" / "h200" / "agree-3-bench.json"
     out = tmp_path / "o.md"
     args = ["--bench", str(bench), "--commit", "c", "--command", "x", "--out", str(out)]
     assert lead_study.main(["--lead", f"heat:3@{n + 60}={tmp_path / 's.sqlite'}", *args]) == 2
@@ -178,7 +178,7 @@ def test_a_lead_labelled_with_repetitions_must_have_been_timed_with_that_many(tm
 
 
 def test_the_lead_study_refuses_a_store_that_is_not_there(tmp_path, capsys):
-    from epiforge.bench import lead_study
+    from lab.bench import lead_study
 
     assert lead_study.main(["--lead", f"spin={tmp_path / 'nope.sqlite'}", "--bench", str(tmp_path / "b.json"),
                             "--commit", "c", "--command", "x", "--out", str(tmp_path / "o.md")]) == 2
@@ -202,7 +202,7 @@ def test_heating_keeps_the_gpu_busy_for_about_the_milliseconds_asked():
 
 
 def test_the_lead_study_says_in_one_line_that_a_bench_file_is_not_one(tmp_path, capsys):
-    from epiforge.bench import lead_study
+    from lab.bench import lead_study
 
     store = tmp_path / "s.jsonl"
     store.write_text("")

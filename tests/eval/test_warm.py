@@ -5,7 +5,7 @@ from epiforge.eval.warm import warm_all
 
 import pytest
 
-pytestmark = pytest.mark.spawns  # its tests start processes (tests/conftest.py)
+pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
 
 def test_each_task_is_warmed_in_its_own_process_and_a_bad_one_says_why():

@@ -1,0 +1,1 @@
+"""GPU benchmarks of the expert track against its baselines (lab/README.md)."""
