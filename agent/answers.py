@@ -1,5 +1,5 @@
 """What a task's pack must not hand out: its expert's epilogues and its expert's tuning
-(issue 43, point 1), found by machine.
+(found by machine).
 
 - An epilogue is compared by what it computes, not by its name or its text: its declared
   graph (primitives/graph.py: the operations its function applies, in order, its

@@ -1,7 +1,7 @@
 """The command backend's sandbox: the agent CLI runs where it sees its workspace (read-write),
 the Python environment read-only, an empty home and /tmp of its own, and nothing else of the
 repository, the home or the store: no expert kernel, no generated kernel, no test, no
-session log, no measurement (issue 43, point 2).
+session log, no measurement.
 
     python -m epiforge.agent.sandbox --workspace WS [--expose PATH ...] -- COMMAND [ARG ...]
 

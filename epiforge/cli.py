@@ -518,9 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None, help="also record every Result in this SQLite file")
     p.add_argument("--warm", action="store_true",
                    help="with --all on a GPU: build every task's baselines ahead, several at a time, before the "
-                        "first timed run (eval/warm.py; otherwise the judge builds each task's as it comes to it). Measured on the "
-                        "H200 (2026-12-02) it did not pay: ~200 s ahead, and the judges' warmup stage stayed "
-                        "8-18 s per task")
+                        "first timed run (eval/warm.py; otherwise the judge builds each task's as it comes to it). "
+                        "It saves a new machine's cold builds, not each judge's own first builds")
     p.add_argument("--one-process", action="store_true",
                    help="run each kernel in its own process instead of from its description (as eval --one-process)")
     add_dtype_flag(p)

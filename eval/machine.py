@@ -70,7 +70,7 @@ PACKAGES = ("nvidia-cutlass-dsl", "quack-kernels", "triton", "liger-kernel", "fl
 def source_commit(where: Path | None = None) -> str | None:
     """The git commit the sources came from (+ "-dirty" with uncommitted changes), or
     $EPIFORGE_COMMIT where the caller set it: a machine that received a copy of the working
-    tree may hold no .git, or a stale one (the H200's, 2026-12-02), so the caller's word wins."""
+    tree may hold no .git, or a stale one, so the caller's word wins."""
     if os.environ.get("EPIFORGE_COMMIT"):
         return os.environ["EPIFORGE_COMMIT"]
     where = where or REPO

@@ -365,8 +365,8 @@ def _link_farm(source: Path, dest: Path, depth: int) -> Path:
     Lock files and half-written temp files are not linked: quack opens its per-key
     `{sha}.lock` for writing before it compiles a key whose object is missing, and a link to
     the shared (read-only in the sandbox) lock made that open fail with EROFS whenever
-    another process had compiled, or was compiling, the same key (CI, 2026-12-04). The
-    runner makes its own locks in its own dir."""
+    another process had compiled, or was compiling, the same key. The runner makes its own
+    locks in its own dir."""
     dest.mkdir(parents=True, exist_ok=True)
     if depth == 0 or not source.is_dir():
         return dest

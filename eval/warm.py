@@ -11,13 +11,10 @@ that follow find what they would have built. Nothing is timed here, and all of i
 before the first judge starts: no timed phase ever shares the GPU with this work. A task
 that fails to warm is only slower to judge; its judge builds, and reports, the same thing.
 
-Opt-in (`compare --all --warm`): on the H200 (2026-12-02, lab/results/h200/compare-all-3.md)
-warming 17 tasks with FlashInfer took about 200 s, and each judge's warmup stage still took
-8-18 s, so it did not shorten the run. What that stage spent was mostly each process's own
-first builds, which no disk cache saves (lab/results/h200/build-costs/: ~19 s for a
-process's first task, cold or warm); compare --all now judges every task in one judge
-process instead. What warming still saves is the cold builds of a new machine: quack's
-library epilogues (2-4 s per shape) and qkn's torch.compile (8-13 s per shape).
+Opt-in (`compare --all --warm`): what it saves is a new machine's cold builds (quack's
+library epilogues, qkn's torch.compile); a process's own first builds, which no disk cache
+saves, it cannot (compare --all pays those once, in its one judge). Its measured cost and
+gain: lab/results/h200/compare-all-3.md, lab/results/h200/build-costs/.
 
     python -m epiforge.eval.warm --task k1 --shapes paper --baselines torch_compile liger   (one task)
     warm_all(["k1", "k8"], "paper", ["torch_compile", "liger"], jobs=8)             -> {task: line}

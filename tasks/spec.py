@@ -32,8 +32,8 @@ from epiforge.tasks import dims as dimexpr
 TASKS_DIR = Path(__file__).resolve().parent
 #: the task API this epiforge reads (tasks/AUTHORING.md, "Versions"). 2: reference(inputs, dims,
 #: mm=) computes the fused GEMM as mm(a, b), a task of several GEMMs takes store= too, and
-#: make_inputs(dims, gen, device, dtype=) draws the "precision" tensors in dtype. 1 (before
-#: 2026-12-05, no `api` key): reference(inputs, dims) and make_inputs(dims, gen, device).
+#: make_inputs(dims, gen, device, dtype=) draws the "precision" tensors in dtype. 1 (a folder
+#: with no `api` key): reference(inputs, dims) and make_inputs(dims, gen, device).
 TASK_API = 2
 #: more folders of task folders, os.pathsep-separated (tasks written outside the repo, and tests)
 ENV_TASKS_PATH = "EPIFORGE_TASKS_PATH"
@@ -174,7 +174,7 @@ class Tolerance(_Strict):
     guard catches a systematic error the max rule lets through (a 1% scale error at bf16,
     tests/test_expert_kernels.py): a kernel that rounds once is no worse in RMS either.
     The element rule catches what both global rules let through, a wrong value where the
-    values are small (every |y| < 0.01 flushed to zero, issue 42 class 5):
+    values are small (every |y| < 0.01 flushed to zero):
         |out_i - ref_i| <= factor * (|lowprec_i - ref_i| + ulp_i) + element_floor * s + atol
     for every element i, where ulp_i is one unit in the last place of the output's dtype at
     ref_i (the rounding an honest kernel may land on the other side of) and s the RMS of the

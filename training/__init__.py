@@ -1,4 +1,4 @@
-"""The fused kernels as PyTorch ops for training code (issue 15: a fused LLaMA-3 layer).
+"""The fused kernels as PyTorch ops for training code: a fused LLaMA-3 layer.
 
     ops.py    torch.library custom ops with autograd and fake (meta) implementations, so
               they run in eager mode and under torch.compile(fullgraph=True). Each op calls
