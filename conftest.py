@@ -15,7 +15,7 @@ from pathlib import Path
 
 # The test processes pin the CPU numerics as the judge's processes do (eval/isolation.py
 # NUMERICS_PINS, read by MKL when it starts, so before torch is imported): the tests that
-# compare two in-process runs bit for bit (tests/test_program.py, test_epilogue_graph.py)
+# compare two in-process runs bit for bit (tests/primitives/test_program.py, test_epilogue_graph.py)
 # then see MKL take the same path both times.
 from epiforge.eval.isolation import NUMERICS_PINS  # noqa: E402 - imports no torch
 

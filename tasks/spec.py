@@ -172,7 +172,7 @@ class Tolerance(_Strict):
     references use torch.mm(..., out_dtype=float32)). So a float32 output (rstd, lse, loss,
     zdz, dw) is held to float32 accuracy, and a bf16 one to about one rounding. The RMS
     guard catches a systematic error the max rule lets through (a 1% scale error at bf16,
-    tests/test_expert_kernels.py): a kernel that rounds once is no worse in RMS either.
+    tests/human_kernels/test_expert_kernels.py): a kernel that rounds once is no worse in RMS either.
     The element rule catches what both global rules let through, a wrong value where the
     values are small (every |y| < 0.01 flushed to zero):
         |out_i - ref_i| <= factor * (|lowprec_i - ref_i| + ulp_i) + element_floor * s + atol

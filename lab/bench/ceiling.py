@@ -50,7 +50,7 @@ def ceiling_rows(files: list[str]) -> list[dict]:
     """One dict per task and shape of TARGETS found in the files: target, before/after (config,
     ratio), the reduction's smallest cost over the configs and where, and each floor (None where the
     diagnostic did not run). A later file's row replaces an earlier one's."""
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
 
     scale_of = {}
     for f in files:

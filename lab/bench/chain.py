@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         k7_variants = [GemmConfig.parse(k) for k in args.k7_configs]
     except ValueError as e:
         ap.error(f"--k7-configs: {e}")
-    from epiforge.eval.bench_rows import BenchReport, ChainReport, ChainRow, load_report
+    from lab.bench.rows import BenchReport, ChainReport, ChainRow, load_report
 
     try:
         picked_from = [(load_report(f, BenchReport), bool(args.configs_from))

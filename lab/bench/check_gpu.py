@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     from epiforge.eval.machine import command_line
     from epiforge.eval.precompiled import install_precompiled
     from epiforge.eval import evaluate
-    from epiforge.eval.bench_rows import CheckReport, CheckRow
+    from lab.bench.rows import CheckReport, CheckRow
 
     print(f"installed {install_precompiled()} precompiled objects", flush=True)
     from epiforge.eval.machine import expert_kernel

@@ -98,7 +98,7 @@ class Agreement(NamedTuple):
 
 def agreement(results: list, bench) -> list[Agreement]:
     """An Agreement for each expert row of the Results that the bench file (an
-    eval.bench_rows.BenchReport) has too: bf16 Results only, the precision lab/bench/run.py
+    lab.bench.rows.BenchReport) has too: bf16 Results only, the precision lab/bench/run.py
     times (each task's first)."""
     theirs = {(row.task, row.shape): row for row in bench.rows if row.fused is not None}
     rows = []
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     body = [render_comparison(c) for c in comparisons(results)]
     tail = []
     if args.bench:
-        from epiforge.eval.bench_rows import BenchReport, load_report
+        from lab.bench.rows import BenchReport, load_report
 
         try:
             bench = load_report(args.bench, BenchReport)

@@ -1,5 +1,5 @@
 """GPU-side setup shared by the bench scripts: the environment fingerprint every result
-file carries and how a result file is written (eval/bench_rows.py reads them)."""
+file carries and how a result file is written (lab/bench/rows.py reads them)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,6 @@ def report_json(report: dict) -> str:
 
 
 def write_report(path, report) -> None:
-    """Write a result file of rows (eval.bench_rows.BenchReport, ChainReport), its fields left
+    """Write a result file of rows (lab.bench.rows.BenchReport, ChainReport), its fields left
     at their defaults left out."""
     Path(path).write_text(report_json(report.model_dump(mode="json", exclude_defaults=True)))

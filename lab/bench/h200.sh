@@ -181,7 +181,7 @@ case "${1:-}" in
     mkdir -p "$OUT"
     install_objects
     { fingerprint_line "bash lab/bench/h200.sh epi-tile"
-      timeout 200 $PY -m pytest -m gpu tests/test_gemm_config.py -k epi_tile -q -p no:cacheprovider -rfEX 2>&1 || true
+      timeout 200 $PY -m pytest -m gpu tests/primitives/test_gemm_config.py -k epi_tile -q -p no:cacheprovider -rfEX 2>&1 || true
     } > "$OUT/pytest-gpu-epi-tile.log"
     tail -2 "$OUT/pytest-gpu-epi-tile.log"
     timeout "${EPI_TILE_TIMEOUT_S:-330}" $PY -m lab.bench.run --tasks k0 k7 --scales 1B 7B --configs epi-tile \
@@ -221,9 +221,9 @@ case "${1:-}" in
     # the loss curve against the unfused float32 model (lab/results/training-check holds the last ones)
     mkdir -p "$OUT"
     install_objects
-    { fingerprint_line "python -m pytest -m gpu tests/test_training_ops.py tests/test_training_layer.py tests/test_training_model.py tests/test_training_qk_norm.py -q"
-      timeout "${TRAINING_TESTS_TIMEOUT_S:-360}" $PY -m pytest -m gpu tests/test_training_ops.py tests/test_training_layer.py \
-        tests/test_training_model.py tests/test_training_qk_norm.py -q -p no:cacheprovider -rfEX 2>&1 || echo "pytest: exit $?"
+    { fingerprint_line "python -m pytest -m gpu tests/training/test_training_ops.py tests/training/test_training_layer.py tests/training/test_training_model.py tests/training/test_training_qk_norm.py -q"
+      timeout "${TRAINING_TESTS_TIMEOUT_S:-360}" $PY -m pytest -m gpu tests/training/test_training_ops.py tests/training/test_training_layer.py \
+        tests/training/test_training_model.py tests/training/test_training_qk_norm.py -q -p no:cacheprovider -rfEX 2>&1 || echo "pytest: exit $?"
     } > "$OUT/pytest-gpu-training.log"
     tail -1 "$OUT/pytest-gpu-training.log"
     timeout "${LOSS_CURVE_TIMEOUT_S:-200}" $PY -m epiforge.training.loss_curve --steps 200 --device cuda --out "$OUT" \

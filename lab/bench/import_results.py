@@ -27,7 +27,7 @@ BASELINES = {"gemm_cublas": "cublas", "gemm_quack": "quack_gemm_at_config", "gem
 
 
 def results_from(report, check: dict | None, source: str) -> list:
-    """report: an eval.bench_rows.BenchReport."""
+    """report: an lab.bench.rows.BenchReport."""
     from epiforge.eval.result import Outcome, Result, ShapeResult, ShapeTiming
 
     env = {**report.environment, "imported_from": source, "rederived": report.rederived}
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", default=None, help="the check file of the same kernels (python -m lab.bench.check_gpu)")
     ap.add_argument("--out", required=True, help="JSON lines, one Result each")
     args = ap.parse_args(argv)
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
 
     try:
         report = load_report(Path(args.report), BenchReport)

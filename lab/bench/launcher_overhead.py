@@ -6,7 +6,7 @@ repetition; 1.0 means running the description costs nothing per call.
 
     python -m lab.bench.launcher_overhead --tasks k1 k7 --shapes paper --out FILE.json [--reps 30]
 
-Prints one line per task and shape; writes eval.bench_rows.LauncherReport (the rows and
+Prints one line per task and shape; writes lab.bench.rows.LauncherReport (the rows and
 every Result). Exit 1 if a kernel failed in either mode (its Result says why).
 """
 
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from lab.bench.gpu_env import fingerprint, report_json
     from epiforge.eval.machine import command_line
     from epiforge.eval.precompiled import install_precompiled
-    from epiforge.eval.bench_rows import LauncherReport, LauncherRow
+    from lab.bench.rows import LauncherReport, LauncherRow
     from epiforge.eval.compare import compare_all
     from lab.bench.compare_export import scrub_paths
     from epiforge.eval.kernel import expert_kernel

@@ -26,7 +26,7 @@ from pathlib import Path
 
 
 def _report(bench_path: Path):
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
 
     return load_report(bench_path, BenchReport)
 

@@ -1,8 +1,8 @@
 """Render lab/bench/run.py result files as one markdown table (lab/results/h200/README.md).
 
-The table shows the ratios the files hold (eval.bench_rows: BenchRow, ChainRow). --rederive
+The table shows the ratios the files hold (lab.bench.rows: BenchRow, ChainRow). --rederive
 first recomputes every bench.run row's ratios from the samples the file holds, with the code
-bench.run computes them with (eval.bench_rows.BenchRow.rederived), and writes them back (the file records when and at which commit): for a
+bench.run computes them with (lab.bench.rows.BenchRow.rederived), and writes them back (the file records when and at which commit): for a
 definition added after the run, e.g. a like-for-like library comparison.
 
     python -m lab.bench.report lab/results/h200/run-*.json --out lab/results/h200/README.md
@@ -87,9 +87,9 @@ def rederive(report) -> int:
 
 
 def markdown(reports: list, rerun=None) -> str:
-    """reports: BenchReports and ChainReports (eval.bench_rows); rerun: a second run of the same
+    """reports: BenchReports and ChainReports (lab.bench.rows); rerun: a second run of the same
     rows (bench.run again), shown beside the first."""
-    from epiforge.eval.bench_rows import ChainReport
+    from lab.bench.rows import ChainReport
 
     chains = [r for r in reports if isinstance(r, ChainReport)]
     reports = [r for r in reports if not isinstance(r, ChainReport)]
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     files = args.files + ([args.rerun] if args.rerun else [])
     loaded = {}
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
 
     for f in files:
         try:

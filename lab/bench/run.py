@@ -18,7 +18,7 @@ overhead stays out, warm-up, rotating inputs, median of many); everything of one
 config included, in ONE interleaved run, so that clock, temperature or power-cap drift cannot
 bias the ratios or the choice of config. Every ratio, and every ranking of configs (speed:
 against the row's cuBLAS GEMM), is taken repetition by repetition (eval.timing.paired_ratio).
-Every row is an eval.bench_rows.BenchRow (its one factory, BenchRow.measured, takes the
+Every row is an lab.bench.rows.BenchRow (its one factory, BenchRow.measured, takes the
 ratios), with the GPU's clocks over its run (eval/clocks.py) on every timing. Writes JSON
 (with the environment); lab/bench/report.py renders the tables, lab/bench/tuning.py turns a sweep into
 TUNED tables.
@@ -115,7 +115,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     """Every config of the fused kernel, the identity-epilogue quack GEMM at each config,
     and every baseline, timed in ONE interleaved run (eval.timing), so that the configs are
     compared with each other as fairly as with the baselines; the row is made by
-    eval.bench_rows.BenchRow.measured.
+    lab.bench.rows.BenchRow.measured.
 
     library: quack's own library epilogue for a task whose expert kernel is ours
     ((fn(inputs, config), note, tuned table)), timed at every swept config too, or at
@@ -128,7 +128,7 @@ def bench_task(task, module, shape, configs, with_compile, compiled_ref, liger=N
     from epiforge import primitives as P
     from epiforge.eval.quack_library import LIKE_FOR_LIKE
     from epiforge.eval.baselines import identity_gemm as gemm_only
-    from epiforge.eval.bench_rows import BenchRow, ConfigTimings
+    from lab.bench.rows import BenchRow, ConfigTimings
     from epiforge.eval.timing import time_cuda_interleaved
 
     dims = shape.dims()
@@ -209,7 +209,7 @@ def row_shape_name(shape: str, gemm_k: int | None) -> str:
 
 
 def fastest_gemms(row, n: int = 3) -> list[str]:
-    """The sweep row's (eval.bench_rows.BenchRow) n fastest configs of the identity-epilogue
+    """The sweep row's (lab.bench.rows.BenchRow) n fastest configs of the identity-epilogue
     GEMM (distinct kernels: epi_c_stages does not change a GEMM that loads no C), as that GEMM
     runs them (without early_c_loads, which it refuses)."""
     from epiforge.primitives.config import GemmConfig
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
         ap.error("--reps must be at least 5 (medians and quartiles of fewer mean little)")
     if args.configs_from and args.sol_from:
         ap.error("--configs-from already gives the speed-of-light configs; pass one of the two")
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
 
     try:  # before any GPU work: a bad file is one line, not a traceback minutes in
         picked_from = [load_report(f, BenchReport) for f in (args.configs_from or args.sol_from or [])]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def table(reports: list, top: int = 3) -> dict[str, list[str]]:
-    """reports: eval.bench_rows.BenchReports."""
+    """reports: lab.bench.rows.BenchReports."""
     from epiforge import tasks
     from lab.bench.run import fastest_gemms
 
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
 
     try:
         reports = [load_report(p, BenchReport) for p in args.sweeps]

@@ -28,7 +28,7 @@ def config_ratios(files: list[str], what: str = "fused") -> dict[str, dict[str, 
     """{task: {"MxNxK": {config key: time / GEMM-only}}}, each ratio within one sweep (one
     interleaved run; eval.stats.speed); a later file's row for the same task and shape
     replaces an earlier one's (ratios from different runs are not compared)."""
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
     from epiforge.eval.stats import speed
 
     rows = {}
@@ -64,7 +64,7 @@ def flag_pairs(files: list[str], suffix: str) -> list[tuple[str, str, str, list[
     every config key holding `suffix` (a flag's key part, e.g. "_cl", or "_en64" before a
     "_cl") whose twin without it ran in the same row: the median of per-repetition ratios within one interleaved run
     (eval.stats.paired_ratio), None where a file lacks the pair or their samples."""
-    from epiforge.eval.bench_rows import BenchReport, load_report
+    from lab.bench.rows import BenchReport, load_report
     from epiforge.eval.stats import paired_ratio
 
     reports = [{(r.task, r.shape): r for r in load_report(f, BenchReport).rows} for f in files]

@@ -25,9 +25,9 @@ def _t(us, drift=(1.0,) * 5):
 
 
 def _row(task="k8_gemm_swiglu", configs=None, gemm_cublas=None, **timed):
-    """A bench row from timings, by the one factory (eval.bench_rows.BenchRow.measured);
+    """A bench row from timings, by the one factory (lab.bench.rows.BenchRow.measured);
     configs: {key: {what: Timing}}."""
-    from epiforge.eval.bench_rows import BenchRow, ConfigTimings
+    from lab.bench.rows import BenchRow, ConfigTimings
 
     return BenchRow.measured(task=task, shape="1B", dims={"M": 16384, "d": 2048, "F": 5632},
                              gemm_mnk=(16384, 11264, 2048), flops=1.0, min_bytes=1.0,
@@ -37,7 +37,7 @@ def _row(task="k8_gemm_swiglu", configs=None, gemm_cublas=None, **timed):
 
 def _write(path, rows, environment=None):
     from lab.bench.gpu_env import write_report
-    from epiforge.eval.bench_rows import BenchReport
+    from lab.bench.rows import BenchReport
 
     write_report(path, BenchReport(environment=environment or {}, rows=rows))
     return str(path)
@@ -139,7 +139,7 @@ def test_configs_are_ranked_repetition_by_repetition():
 
 
 def test_chain_gemm_only_adds_the_two_gemms_repetition_by_repetition():
-    from epiforge.eval.bench_rows import ChainRow
+    from lab.bench.rows import ChainRow
 
     k7, k6 = [60.0, 50.0, 60.0, 50.0, 60.0], [40.0, 50.0, 40.0, 50.0, 40.0]  # 100 us together in every repetition
     timed = {name: _s(v) for name, v in {
@@ -182,7 +182,7 @@ def test_rederive_recomputes_ratios_from_samples_and_refuses_files_without(tmp_p
 
 def test_diagnostics_are_reported_against_the_same_speed_of_light():
     from lab.bench.report import markdown
-    from epiforge.eval.bench_rows import BenchReport
+    from lab.bench.rows import BenchReport
 
     row = _row("k7_gemm_partial_swiglu_bwd", gemm_cublas=_t(110.0), diagnostic_notes={"without_zdz": "no ZdZ"},
                configs={"128x128_c1x2_pp": {"fused": _t(130.0), "gemm_quack": _t(100.0),
@@ -210,7 +210,7 @@ def test_confirmation_run_takes_the_sweeps_fastest_configs(tmp_path):
     """--configs-from --top N re-times a row at its sweep's N fastest fused configs (those
     that ran), fastest first; --top without --configs-from is refused before any GPU work."""
     from lab.bench import run
-    from epiforge.eval.bench_rows import load_report
+    from lab.bench.rows import load_report
 
     rows = load_report(_sweep(tmp_path)).rows
     assert rows[0].fastest_configs("fused", 3) == ["128x128_c1x2_pp", "128x192_c2x1_pp"]
@@ -302,7 +302,7 @@ def test_ratios_lists_every_config_fastest_first(tmp_path, capsys):
 
 def test_a_file_that_is_not_a_result_is_one_line_before_any_gpu_work(tmp_path, capsys):
     from lab.bench import report, run
-    from epiforge.eval.bench_rows import load_report
+    from lab.bench.rows import load_report
 
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"rows": 3}')

@@ -8,7 +8,7 @@ from lab.bench import compare_export
 from epiforge.eval import leaderboard as lb
 from epiforge.eval.machine import REPO
 from epiforge.eval.result import Result
-from epiforge.eval.bench_rows import load_report
+from lab.bench.rows import load_report
 from epiforge.eval.store import ResultStore
 
 

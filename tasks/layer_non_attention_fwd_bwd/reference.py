@@ -3,7 +3,7 @@ forward as the fused cut computes it (each norm deferred to the next GEMM), the 
 the chain k6 -> k7 -> k6 with the weight gradients. `store` marks every tensor a fused
 pipeline writes to memory and another kernel reads back (Task.reference rounds it once to
 the run's precision in the low-precision reference; the exact one keeps it); values an epilogue uses
-straight from its accumulator are not stored. tests/test_layer_task.py checks the written
+straight from its accumulator are not stored. tests/tasks/test_layer_task.py checks the written
 backward against torch.autograd of the forward in float64."""
 
 import torch

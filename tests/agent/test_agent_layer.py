@@ -1,6 +1,6 @@
 """The agent can be asked for the task of several GEMMs (issue 15, section 5): its prompt
 names the 12 GEMMs and their launches, and a session that writes the expert cut passes it
-(tests/test_layer_task.py: a kernel that leaves a GEMM to torch does not)."""
+(tests/tasks/test_layer_task.py: a kernel that leaves a GEMM to torch does not)."""
 
 import json
 

@@ -293,7 +293,7 @@ def test_one_kernel_is_judged_in_both_modes_side_by_side():
 
 
 def test_a_launcher_row_is_the_per_repetition_ratio_of_the_two_modes(tmp_path):
-    from epiforge.eval.bench_rows import LauncherRow
+    from lab.bench.rows import LauncherRow
 
     res = timed_together({"_task": "k8_gemm_swiglu", "expert": REPO / "human_kernels/k8_gemm_swiglu.py",
                           "gen": GENERATED}, tmp_path, reps=9)

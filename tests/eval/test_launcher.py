@@ -24,7 +24,7 @@ HONEST = sorted((REPO / "tests" / "eval" / "honest_kernels").glob("*.py")) + [
     sorted(task.glob("*.py"))[-1] for task in sorted((REPO / "generated_kernels").iterdir()) if any(task.glob("*.py"))]
 
 
-# every expert kernel passes in the launcher mode, the judge's default: tests/test_expert_kernels.py
+# every expert kernel passes in the launcher mode, the judge's default: tests/human_kernels/test_expert_kernels.py
 
 
 @pytest.mark.parametrize("path", HONEST, ids=lambda p: p.stem)

@@ -1,6 +1,6 @@
 """The expert track on a CPU: every kernel PASSES through the emulator (one through the CLI),
 and every one compiles for sm_90a (the exact GPU kernel, cross-compiled, no GPU needed), in
-bf16, the default precision (in fp16: tests/test_fp16.py through the judge, tests/test_tolerance.py
+bf16, the default precision (in fp16: tests/tasks/test_fp16.py through the judge, tests/tasks/test_tolerance.py
 in process)."""
 
 import json
@@ -17,7 +17,7 @@ from epiforge.eval.machine import expert_kernel
 
 pytestmark = pytest.mark.spawns  # its tests start processes (conftest.py)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = [t.name for t in tasks.load_catalogue()[0]]
 TASKS = [t for t in CATALOGUE if expert_kernel(t)]  # the expert track (a task may have no expert kernel)
 # Known, not understood (2026-12-02): through the judge on a CPU, the cross-entropy tasks'
@@ -65,8 +65,8 @@ def check_expert_verdict(task: str, seed: int, result: dict) -> None:
 def test_expert_kernel_passes_on_cpu_and_compiles_for_sm90a(task):
     """The evaluation a user's `eval --compile` runs, with the sm_90a build of every GEMM it
     runs (one evaluation for both: CI's time), narrowed to bf16: fp16's numerics are in
-    tests/test_tolerance.py (every expert in process, every precision), its sm_90a builds in
-    tests/test_gemm_config.py (the fp16 precompile of every expert). Through evaluate(), whose
+    tests/tasks/test_tolerance.py (every expert in process, every precision), its sm_90a builds in
+    tests/primitives/test_gemm_config.py (the fp16 precompile of every expert). Through evaluate(), whose
     judge the suite's warm zygote forks (a new Python per judge cost each task ~7 s more); the
     CLI's own way to the same verdict is the test below."""
     # a new seed every run, as a user's evaluation gets; named, so that a failure can be replayed
@@ -111,7 +111,7 @@ def test_the_head_tasks_not_built_at_other_head_dims_share_a_built_ones_epilogue
 def test_expert_kernel_passes_and_compiles_at_head_dim_64_and_256(task):
     assert {s.head_dim for s in tasks.shape_sets()["heads"]} == {64, 256}
     build = task not in ROPE_BUILT_BY
-    # bf16: fp16's numerics at these shapes in process (tests/test_tolerance.py), its builds in test_gemm_config.py
+    # bf16: fp16's numerics at these shapes in process (tests/tasks/test_tolerance.py), its builds in test_gemm_config.py
     r = evaluate(task, "human", device="cpu", shapes="heads", seed=1, compile=build, dtype="bf16")
     assert r.outcome.value == "PASSED", r.message + r.stderr_tail
     if build:

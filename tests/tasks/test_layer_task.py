@@ -21,7 +21,7 @@ from epiforge.tasks import common
 from epiforge.tasks.layer_non_attention_fwd_bwd import reference as layer_ref
 from epiforge.tasks.spec import TaskError, load_task_file
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASK = tasks.get_task("layer")
 EXPERT = REPO / "human_kernels" / f"{TASK.name}.py"
 #: input -> the output that is its gradient

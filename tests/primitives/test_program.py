@@ -257,7 +257,7 @@ def test_the_device_test_exploit_describes_its_gpu_branch_for_a_gpu():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent / "exploits" / "device_test_in_run.py"
+    path = Path(__file__).resolve().parents[1] / "exploits" / "device_test_in_run.py"
     spec = importlib.util.spec_from_file_location("device_test_in_run", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

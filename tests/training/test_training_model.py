@@ -5,7 +5,7 @@ reference, on the CPU through the emulator; its ops against unfused float64 math
 torch.library.opcheck; HF LlamaForCausalLM weights against a plain HF-style float32 model;
 torch.compile(fullgraph=True) against eager; and on an H200.
 
-Tolerance, from the bf16 arithmetic as in tests/test_training_layer.py: a stored bf16
+Tolerance, from the bf16 arithmetic as in tests/training/test_training_layer.py: a stored bf16
 intermediate is off by at most u = 2^-8 of itself; the longest chain here (the embedding's
 gradient: dlogits, the LM head's k6, then per layer k7's dz, k6's dx, the attention
 backward, the RoPE backward and the input norm's k6, then the index_add) rounds about 16

@@ -24,7 +24,7 @@ CATALOGUE = tasks.load_catalogue()[0]
 PRECISE = [pytest.param(t.at(p), id=t.id if p == "bfloat16" else f"{t.id}-{p}") for t in CATALOGUE for p in t.dtypes]
 #: the tasks of one GEMM, whose low-precision reference rounds each output once. A task of
 #: several GEMMs stores bf16 intermediates by design (Task.reference's `store`), so a rounding
-#: of one of them flips later values: tests/test_layer_task.py checks its stores instead,
+#: of one of them flips later values: tests/tasks/test_layer_task.py checks its stores instead,
 #: against the expert kernel's
 ONE_GEMM = [p for p in PRECISE if p.values[0].gemm_count == 1]
 SMOKE = tasks.shape_sets()["smoke"]

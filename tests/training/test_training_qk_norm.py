@@ -1,7 +1,7 @@
 """training/: the Qwen3 variant (LlamaLayerConfig(qk_norm=True)): the per-head QK-norm before
 RoPE through the qkn expert kernel forward, torch then k6 backward, on the CPU through the
 emulator; the layer against the unfused float32 reference layer (with the plain bf16
-pipeline's error as the second bound, tests/test_training_layer.py's rule and tolerance), a
+pipeline's error as the second bound, tests/training/test_training_layer.py's rule and tolerance), a
 plain HF-style Qwen3 attention input, unfused float64 op math, opcheck and torch.compile; a
 2-layer Qwen3 model against its float32 reference, its launches, its ops by opcheck.
 Measured at head_dim 64 and 128 (these seeds): 0.31% (y) to 0.73% (dk_norm) fused, 0.49% to 1.39%
@@ -19,7 +19,7 @@ from epiforge.training.model import FusedLlamaModel, LlamaModelConfig, Reference
 from epiforge.training.model_ops import decoder_block, embed_rmsnorm_qkv_rope
 from epiforge.training.ops import QK_NORM_EPS, rmsnorm_qk_norm_rope, rotate_adjacent_pairs
 
-#: a layer's bound (tests/test_training_layer.py) and a 2-layer model's (tests/test_training_model.py)
+#: a layer's bound (tests/training/test_training_layer.py) and a 2-layer model's (tests/training/test_training_model.py)
 REL_TOL = 4 * U
 MODEL_REL_TOL = 6 * U
 
@@ -186,7 +186,7 @@ def _against_float32_reference(cfg, batch, seq, device):
 def test_a_qwen3_model_loss_and_every_gradient_match_the_float32_reference(cfg):
     """The fused model with qk_norm (qkn in the entry op and in decoder_block, the rest as in
     LLaMA's): its loss and every gradient, q_norm and k_norm included, within the model test's
-    bound (6 u, tests/test_training_model.py) and 2x plain bf16's error. Measured (these seeds),
+    bound (6 u, tests/training/test_training_model.py) and 2x plain bf16's error. Measured (these seeds),
     head64: the gradients 0.44% (final_norm) to 1.06% (layers.1.k_norm) fused, 0.76% to 2.2%
     plain bf16; the loss 6.8e-5 fused, 1.4e-4 plain. head128 (q 512 wide, d 256): 0.46% to 1.05%
     fused, 0.69% to 1.56% plain; the loss 6.7e-5 fused, 1.4e-4 plain."""

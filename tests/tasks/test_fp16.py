@@ -5,7 +5,7 @@ is judged by default (issue 42, class 6) and --dtype narrows it, the verdict the
 what it left out, a kernel that
 computes or stores bf16 when asked for fp16 is rejected, and results from before fp16 read
 as bf16. (The store, leaderboard and compare keying: tests/eval/test_store.py,
-tests/test_leaderboard.py, tests/eval/test_compare.py, lab/tests/test_compare_export.py.)"""
+tests/eval/test_leaderboard.py, tests/eval/test_compare.py, lab/tests/test_compare_export.py.)"""
 
 import json
 import re
@@ -24,7 +24,7 @@ from epiforge.eval.result import Result
 from epiforge.tasks.spec import TaskError, load_task_file
 from epiforge.tasks.tolerance import check_output
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = tasks.load_catalogue()[0]
 SMOKE = tasks.shape_sets()["smoke"][0].dims()
 
@@ -138,7 +138,7 @@ def test_an_output_computed_in_bf16_fails_the_fp16_rule():
 def test_an_expert_kernel_passes_in_fp16_through_the_judge_and_builds_for_sm90a():
     """k7 (a packed-pair epilogue, two outputs) as a user runs it in fp16 only: the judge's
     numerics at every shape, hidden ones too, and its GEMMs cross-compiled for fp16 operands.
-    The other experts pass the fp16 rule in process (tests/test_tolerance.py)."""
+    The other experts pass the fp16 rule in process (tests/tasks/test_tolerance.py)."""
     r = evaluate("k7", "human", device="cpu", shapes="smoke", seed=6, dtype="fp16", compile=True)
     assert r.outcome.value == "PASSED", r.message + r.stderr_tail
     assert "in float16" in r.message

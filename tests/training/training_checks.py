@@ -1,4 +1,4 @@
-"""What the training tests share (tests/test_training_layer.py, _model.py, _qk_norm.py): the
+"""What the training tests share (tests/training/test_training_layer.py, _model.py, _qk_norm.py): the
 rule a fused layer or model is held to against its unfused float32 reference, and random
 weights in Hugging Face's layout with a plain float32 HF-style layer to load them into.
 

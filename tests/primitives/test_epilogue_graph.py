@@ -19,7 +19,7 @@ from epiforge.eval.machine import expert_kernel
 from epiforge.primitives import graph
 from epiforge.tasks.tolerance_margins import load_expert, run_expert
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASKS = [t for t in tasks.load_catalogue()[0] if expert_kernel(t.name)]
 
 

@@ -1,7 +1,7 @@
 """GemmConfig.c_load_warp (primitives/c_load_warp.py): its key and rules, its refusals, the
 sm_90a cross-compile of k0, k7 and k6 with it, with the C TMA loads found in the producer
 warpgroup's code of the SASS. Its GPU check (the same bits as without it) is
-tests/test_gemm_config.py's test_load_timing_flags_give_the_same_bits_on_the_gpu."""
+tests/primitives/test_gemm_config.py's test_load_timing_flags_give_the_same_bits_on_the_gpu."""
 
 import json
 import os
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from epiforge import primitives as P
 from lab.bench.configs import C_LOAD_WARP_CONFIGS, config_args
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_c_load_warp_key_and_rules():
@@ -33,7 +33,7 @@ def test_c_load_warp_key_and_rules():
 def test_c_load_warp_takes_a_tile_load_without_c():
     """The C-load warp also issues TileLoad sub-tiles (k6's x): an epilogue that loads a tile
     but no C takes the flag (the emulator's values unchanged); the no-C refusal is in
-    tests/test_gemm_config.py (test_c_load_timing_flags_in_the_emulator)."""
+    tests/primitives/test_gemm_config.py (test_c_load_timing_flags_in_the_emulator)."""
     g = torch.Generator().manual_seed(0)
     a, w = torch.randn(300, 64, generator=g).bfloat16(), (torch.randn(200, 64, generator=g) / 8).bfloat16()
     x = torch.randn(300, 200, generator=g).bfloat16()

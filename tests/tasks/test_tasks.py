@@ -20,7 +20,7 @@ from epiforge import tasks
 from epiforge.tasks.spec import TaskCodeError, TaskError, load_task_file
 from epiforge.tasks.tolerance import check_output
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CATALOGUE, ERRORS = tasks.load_catalogue()
 
 

@@ -1,4 +1,4 @@
-"""eval/bench_rows.py: lab/bench/'s result rows as models. Every committed bench.run and bench.chain
+"""lab/bench/rows.py: lab/bench/'s result rows as models. Every committed bench.run and bench.chain
 file under lab/results/h200 loads (earlier layouts migrated), keeps its numbers, and the
 factory derives the rederived files' ratios again from their samples; the schema refuses rows
 whose parts disagree."""
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from epiforge.eval.bench_rows import BenchReport, BenchRow, ChainReport, CheckReport, load_report
+from lab.bench.rows import BenchReport, BenchRow, ChainReport, CheckReport, load_report
 
-RESULTS = Path(__file__).resolve().parents[1] / "lab" / "results" / "h200"
+RESULTS = Path(__file__).resolve().parents[2] / "lab" / "results" / "h200"
 
 
 def _made_by(raw: dict) -> str:

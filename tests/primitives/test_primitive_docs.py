@@ -5,7 +5,7 @@ is documented, every finishing step is named, and links between pages resolve.
 A block that is deliberately not runnable starts with `# not-run: <reason>`; there may be
 at most MAX_NOT_RUN of them. Run just these tests with:
 
-    .venv/bin/python -m pytest -q tests/test_primitive_docs.py
+    .venv/bin/python -m pytest -q tests/primitives/test_primitive_docs.py
 
 With EPIFORGE_DOCS_COMPILE=1 every block also runs once with the sm_90a cross-compile on
 (each epilogue call builds the real GPU kernel first; ~2 minutes on 2 cores): examples must
@@ -27,7 +27,7 @@ import torch
 from epiforge import primitives
 from epiforge.primitives.finish import BUILTIN_STEPS
 
-DOCS = Path(__file__).resolve().parent.parent / "primitive_docs"
+DOCS = Path(__file__).resolve().parents[2] / "primitive_docs"
 MAX_NOT_RUN = 3
 NOT_RUN = "# not-run:"
 COMPILE_FAILS = "# compile-fails:"

@@ -1,7 +1,7 @@
 """GemmConfig: keys, the SM90 tile rules, the epilogue C-stage knob's effect on the
 compiled kernel's shared-memory split, and the early prologue C loads (both checked by
 cross-compiling for sm_90a); the GPU check of both load-timing flags (early_c_loads,
-c_load_warp: tests/test_c_load_warp.py has the rest of the latter)."""
+c_load_warp: tests/primitives/test_c_load_warp.py has the rest of the latter)."""
 
 import json
 import os
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from epiforge import primitives as P
 from lab.bench.configs import C_LOAD_WARP_CONFIGS, CANDIDATES, EARLY_C_CONFIGS, EPI_TILE_CONFIGS, config_args
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("cfg", CANDIDATES + EARLY_C_CONFIGS, ids=lambda c: c.key())
@@ -164,7 +164,7 @@ def test_bench_config_args_take_keys_and_the_early_c_set():
     # the identity GEMM timed beside a fused kernel loads no C: the same config, less the flag
     assert P.GemmConfig.parse("128x128_c1x2_pp_cs5_ec").for_plain_gemm().key() == "128x128_c1x2_pp_cs5"
     from lab.bench.run import fastest_gemms
-    from epiforge.eval.bench_rows import BenchRow, ConfigTimings
+    from lab.bench.rows import BenchRow, ConfigTimings
     from epiforge.eval.timing import summarize
 
     timing = summarize([1.0] * 5, keep=True)
