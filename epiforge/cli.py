@@ -257,6 +257,10 @@ def cmd_compare(args) -> int:
         _gpu_refused(device)
     if args.reps < 1:
         raise ValueError(f"--reps must be at least 1 (got {args.reps})")
+    if args.ray is not None:  # before any work: without Ray, one line that says what to install
+        from epiforge.eval.cluster import import_ray
+
+        import_ray()
     if not args.all:
         names = list(dict.fromkeys(tasks.get_task(t).name for t in args.task))  # one judge, in the order given
     else:
@@ -304,7 +308,7 @@ def cmd_compare(args) -> int:
 
         def done(cmp) -> None:
             comparisons.append(cmp)
-            if store is not None:
+            if store is not None and args.ray is None:  # on Ray, compare_on_ray stores each under its key
                 for r in cmp.results:
                     store.add(r)
             if not args.json:  # each task's table as soon as it is judged: a long --all shows its progress
@@ -312,10 +316,20 @@ def cmd_compare(args) -> int:
             progress.advance(job)
 
         kernels_of = {name: len(kernels) for name, kernels in plans}
-        progress.update(job, description=f"{plans[0][0]}: {kernels_of[plans[0][0]]} kernel(s) on {device}")
-        compare_all(plans, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu", reps=args.reps,
-                    baselines=args.baselines, dtype=args.dtype, on_done=done, launcher=not args.one_process,
-                    on_stage=lambda name, st: progress.update(job, description=f"{name}: {st}"))
+        if args.ray is not None:
+            from epiforge.eval.cluster import compare_on_ray
+
+            progress.update(job, description=f"{len(plans)} task(s) on the Ray cluster")
+            compare_on_ray(plans, address=None if args.ray == "local" else args.ray, device=device,
+                           shapes=args.shapes, seed=args.seed, compile=device == "cpu", reps=args.reps,
+                           baselines=args.baselines, dtype=args.dtype, launcher=not args.one_process,
+                           on_done=done, store=store)
+        else:
+            progress.update(job, description=f"{plans[0][0]}: {kernels_of[plans[0][0]]} kernel(s) on {device}")
+            compare_all(plans, device=device, shapes=args.shapes, seed=args.seed, compile=device == "cpu",
+                        reps=args.reps, baselines=args.baselines, dtype=args.dtype, on_done=done,
+                        launcher=not args.one_process,
+                        on_stage=lambda name, st: progress.update(job, description=f"{name}: {st}"))
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in comparisons], indent=1))
     return 0 if all(r.passed for c in comparisons for r in c.results) else 1
@@ -522,6 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "It saves a new machine's cold builds, not each judge's own first builds")
     p.add_argument("--one-process", action="store_true",
                    help="run each kernel in its own process instead of from its description (as eval --one-process)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="spread the tasks over a Ray cluster, one Ray task each (eval/cluster.py): ADDRESS a running "
+                        "cluster's (auto: the one this machine is in), none: a local one started for this run. "
+                        "Needs pip install 'epiforge[ray]'")
     add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)

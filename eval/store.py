@@ -9,8 +9,9 @@ precision (the Result's dtype: what it was timed in, the first judged), outcome,
 as JSON, summary speed columns) and `shape_timings` (per shape: median, IQR and n of the
 kernel, the GEMM-only baseline, fused / GEMM-only, the fraction of GEMM-only time, the
 speedup against each baseline, the roofline floor; the timings are in the evaluation's
-precision). A store of schema 2 (before fp16) gains the precision column on opening, its
-rows bfloat16, as their Results read. IMPLAUSIBLE results keep their timings
+precision), and the evaluation's key where its writer gave one (unique: an evaluation
+retried on a cluster is stored once). A store of an older schema gains the columns on
+opening (schema 2's rows bfloat16, as their Results read). IMPLAUSIBLE results keep their timings
 (quarantined) but are never `ranked`; the leaderboard (eval/leaderboard.py) ranks.
 
 Concurrency: WAL journal (readers never block the writer), a busy timeout, and each add()
@@ -34,9 +35,11 @@ from epiforge.eval.machine import STATE_DIR
 DEFAULT_PATH = STATE_DIR / "results.sqlite"  # git-ignored
 ENV_PATH = "EPIFORGE_RESULTS"
 BUSY_TIMEOUT_MS = 30_000
-SCHEMA_VERSION = 3
-#: what opening a store of an older schema adds to it (its rows keep their values)
-MIGRATIONS = {2: "ALTER TABLE evaluations ADD COLUMN dtype TEXT NOT NULL DEFAULT 'bfloat16'"}
+SCHEMA_VERSION = 4
+#: what opening a store of an older schema adds to it, one version at a time (its rows keep
+#: their values): 2 -> 3 the precision, 3 -> 4 the evaluation key (add(key=...))
+MIGRATIONS = {2: "ALTER TABLE evaluations ADD COLUMN dtype TEXT NOT NULL DEFAULT 'bfloat16'",
+              3: "ALTER TABLE evaluations ADD COLUMN eval_key TEXT"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -66,11 +69,13 @@ CREATE TABLE IF NOT EXISTS evaluations (
     median_speedup_vs_gemm_only REAL,
     wall_s REAL,
     environment TEXT,
-    result TEXT NOT NULL
+    result TEXT NOT NULL,
+    eval_key TEXT
 );
 CREATE INDEX IF NOT EXISTS evaluations_task ON evaluations (task, outcome);
 CREATE INDEX IF NOT EXISTS evaluations_kernel ON evaluations (kernel_sha256);
 CREATE INDEX IF NOT EXISTS evaluations_task_dtype ON evaluations (task, dtype);
+CREATE UNIQUE INDEX IF NOT EXISTS evaluations_eval_key ON evaluations (eval_key);
 CREATE TABLE IF NOT EXISTS shape_timings (
     evaluation_id INTEGER NOT NULL REFERENCES evaluations (id) ON DELETE CASCADE,
     shape TEXT NOT NULL,
@@ -116,8 +121,9 @@ class ResultStore:
                 if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
                     raise StoreError(self._foreign(version) + "; move it aside or name another file")
                 db.execute("PRAGMA journal_mode=WAL")
-                if version in MIGRATIONS:
+                while version in MIGRATIONS:
                     db.execute(MIGRATIONS[version])
+                    version += 1
                 db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except (sqlite3.Error, OSError) as e:
@@ -151,8 +157,11 @@ class ResultStore:
 
     # ---- writing -----------------------------------------------------------------------
 
-    def add(self, result: Result) -> int:
-        """Record one Result; returns the new row's id."""
+    def add(self, result: Result, key: str | None = None) -> int:
+        """Record one Result; returns its row's id. key: the evaluation's own key (e.g. a
+        run's id and the task and kernel label): a Result added again under a key already
+        stored is not added twice (a retried evaluation of a cluster run), and the first
+        row's id is returned."""
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
         if not isinstance(result, Result):
@@ -171,13 +180,18 @@ class ResultStore:
             "worst_fused_over_gemm_only": max(ratios) if ratios else None,
             "median_speedup_vs_gemm_only": sorted(1 / r for r in ratios)[len(ratios) // 2] if ratios else None,
             "wall_s": result.wall_s, "environment": json.dumps(result.environment, sort_keys=True),
-            "result": result.model_dump_json(),
+            "result": result.model_dump_json(), "eval_key": key,
         }
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")  # take the write lock now: writers queue, never deadlock
+            if key is not None:
+                seen = db.execute("SELECT id FROM evaluations WHERE eval_key = ?", (key,)).fetchone()
+                if seen is not None:
+                    db.execute("COMMIT")
+                    return seen[0]
             cur = db.execute(f"INSERT INTO evaluations ({cols}) VALUES ({marks})", row)
             eid = cur.lastrowid
             for shape, t in timed:
