@@ -91,6 +91,8 @@ def test_a_store_from_before_fp16_opens_and_its_rows_read_as_bf16(tmp_path):
         db.execute("UPDATE evaluations SET result = ?", (json.dumps(old),))
         db.execute("DROP INDEX evaluations_task_dtype")
         db.execute("ALTER TABLE evaluations DROP COLUMN dtype")
+        db.execute("DROP INDEX evaluations_eval_key")
+        db.execute("ALTER TABLE evaluations DROP COLUMN eval_key")
         db.execute("PRAGMA user_version=2")
     store = ResultStore(path)
     (row,) = store.rows(dtype="bfloat16")
@@ -100,7 +102,27 @@ def test_a_store_from_before_fp16_opens_and_its_rows_read_as_bf16(tmp_path):
     store.add(result(dtypes=["float16"]))
     assert [r.result.dtype for r in store.rows()] == ["float16", "bfloat16"]
     with store._connect() as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+
+
+def test_a_store_of_schema_3_gains_the_evaluation_key_and_keeps_a_key_unique(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "s3.sqlite"
+    eid = ResultStore(path).add(result())
+    with sqlite3.connect(path) as db:
+        db.execute("DROP INDEX evaluations_eval_key")
+        db.execute("ALTER TABLE evaluations DROP COLUMN eval_key")
+        db.execute("PRAGMA user_version=3")
+    store = ResultStore(path)
+    assert [r.id for r in store.rows()] == [eid]
+    first = store.add(result(), key="run/k1/expert")
+    assert store.add(result(kernel="other.py"), key="run/k1/expert") == first  # stored once, the first kept
+    assert store.add(result(), key="run/k1/again") != first and store.add(result()) not in (first, eid)
+    assert [r.result.kernel for r in store.rows()].count("other.py") == 0 and len(store.rows()) == 4
+    with store._connect() as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert sorted(k for (k,) in db.execute("SELECT eval_key FROM evaluations") if k) == ["run/k1/again", "run/k1/expert"]
 
 
 def test_path_from_the_environment(tmp_path, monkeypatch):
