@@ -116,6 +116,10 @@ def add_commands(sub) -> None:
                         "a run is left to --resume (default: one session, no summary)")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="with --runs: at most C sessions at a time (default: 1)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="with --runs: each run a Ray task on a cluster's worker (agent/runs.py), retried where its "
+                        "worker dies by resuming its log; ADDRESS a running cluster's, none: a local one started for "
+                        "the runs. --log-dir must be storage every node sees. Needs pip install 'epiforge[ray]'")
     _output_options(p)
     p.add_argument("--json", action="store_true", help="print the session_ended event as JSON on stdout (with --runs: "
                                                        "one object, the runs and pass@k); progress goes to stderr")
@@ -413,6 +417,8 @@ def cmd_generate(args) -> int:
     say = _say(args)
     if args.concurrency is not None and args.runs is None:
         return _die("--concurrency goes with --runs N")
+    if args.ray is not None and args.runs is None:
+        return _die("--ray goes with --runs N")
     if args.runs is not None:
         return _generate_runs(args, say)
     try:
@@ -462,6 +468,15 @@ def _generate_runs(args, say) -> int:
 
     if args.resume:
         return _die("--runs starts new sessions; --resume continues one (resume each run's log on its own)")
+    if args.ray is not None:
+        if args.concurrency:
+            return _die("--concurrency is for runs on this machine; on --ray the cluster's CPUs decide")
+        from epiforge.eval.cluster import import_ray
+
+        try:
+            import_ray()
+        except ValueError as e:
+            return _die(str(e))
     if not (args.task and args.backend):
         return _die("generate needs --task and --backend")
     if args.workspace:
@@ -482,7 +497,7 @@ def _generate_runs(args, say) -> int:
         log_dir = Path(args.log_dir) if args.log_dir else data_path("sessions")
         rep = run_sessions(config, lambda note: _live_backend(args, note=note), runs=args.runs,
                            concurrency=args.concurrency or 1, log_dir=log_dir, out_dir=_out_dir(args, log_dir),
-                           docs_dir=args.docs_dir, say=say, note=_note)
+                           docs_dir=args.docs_dir, say=say, note=_note, ray=args.ray)
     except (BackendError, ConfigError) as e:
         return _die(str(e))
     except OSError as e:  # the last resort: the folders were checked before the runs began

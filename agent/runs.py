@@ -15,7 +15,11 @@ unfinished run, or one ended by a backend error, is not counted, and the report 
 many were left out).
 
 run_pool is the part that runs sessions side by side; `epiforge ablate` (agent/ablate.py)
-runs its conditions through it too.
+runs its conditions through it too. With `ray` (an address, or "local"), each run is a Ray
+task on a worker of a cluster instead of a thread here (run_pool_on_ray): the log and the
+workspace go where this machine says (log_dir: storage every node sees), and a run whose
+worker died is retried by Ray, resuming its session from its log (resume_session) rather
+than starting it again; a retry that finds its session ended only reports it.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ class Run:
 
 def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], None]], object], *, runs: int,
                  concurrency: int = 1, log_dir: Path, out_dir: Path | None, docs_dir: Path | None = None,
-                 say: Callable[[str], None] = print, note: Callable[[str], None] | None = None) -> dict:
+                 say: Callable[[str], None] = print, note: Callable[[str], None] | None = None,
+                 ray: str | None = None) -> dict:
     """Run `runs` sessions of `config`, at most `concurrency` at a time; `make_backend(tell)`
     gives each run a fresh backend (`tell`: where it reports retries, the run's tagged `say`).
     Returns the report (`report()`), with "interrupted" true when Ctrl-C cut the runs short.
@@ -79,23 +84,25 @@ def run_sessions(config: SessionConfig, make_backend: Callable[[Callable[[str], 
     # screens what is left within its own)
     with ScreenWatch(note or say, task.id, config.budget.max_wall_s) as watch:
         build_pack(task, docs_dir, config.pack_without, watch=watch)
-    say(f"runs: {runs} sessions of {task.name} with {config.backend} / {config.model}, at most {concurrency} at a "
-        f"time; the budgets apply to each run; logs in {log_dir}")
+    where = f"on the Ray cluster ({ray})" if ray else f"at most {concurrency} at a time"
+    say(f"runs: {runs} sessions of {task.name} with {config.backend} / {config.model}, {where}; the budgets apply "
+        f"to each run; logs in {log_dir}")
     all_runs, interrupted = run_pool([config] * runs, make_backend, concurrency=concurrency, log_dir=log_dir,
-                                     out_dir=out_dir, docs_dir=docs_dir, say=say, note=note)
+                                     out_dir=out_dir, docs_dir=docs_dir, say=say, note=note, ray=ray)
     return report(config, [r.row() for r in all_runs], interrupted=interrupted)
 
 
 def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str], None]], object], *,
              concurrency: int = 1, log_dir: Path, out_dir: Path | None, docs_dir: Path | None = None,
              say: Callable[[str], None] = print, tags: list[str] | None = None,
-             note: Callable[[str], None] | None = None) -> tuple[list[Run], bool]:
+             note: Callable[[str], None] | None = None, ray: str | None = None) -> tuple[list[Run], bool]:
     """One session per configuration, in order, at most `concurrency` at a time, each in a
     thread of its own with a fresh backend (`make_backend(tell)`, as run_sessions') and a
     session id of its own; `tags[i]`: what run i's progress lines start with (default
     "[run i/N] "); `note`: where each run's screening of the pack says how it goes, tagged too
     (default: `say`). A run's failure (an exception) is its own: the others go on. Returns the
-    runs and whether Ctrl-C cut them short."""
+    runs and whether Ctrl-C cut them short. ray: run them on a Ray cluster (module docstring;
+    `concurrency` then does not apply: the cluster's CPUs decide)."""
     from epiforge import tasks
     from epiforge.agent.loop import beside, run_session
 
@@ -108,6 +115,9 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
             ids.append(sid)
     all_runs = [Run(i + 1, sid, Path(log_dir) / f"{sid}.jsonl", config=c,
                     tag=tags[i] if tags else f"[run {i + 1}/{runs}] ") for i, (sid, c) in enumerate(zip(ids, configs))]
+    if ray is not None:
+        return all_runs, run_pool_on_ray(all_runs, make_backend, address=None if ray == "local" else ray,
+                                         log_dir=log_dir, out_dir=out_dir, docs_dir=docs_dir, say=say)
     todo: queue.SimpleQueue[Run] = queue.SimpleQueue()
     for run in all_runs:
         todo.put(run)
@@ -154,6 +164,79 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
             quiet.set()
         interrupted = True
     return all_runs, interrupted
+
+
+#: how often Ray retries a run whose worker died
+MAX_RETRIES = 3
+
+
+def _session_on_worker(run: Run, make_backend, log_dir: Path, out_dir: Path | None, docs_dir: Path | None) -> dict:
+    """On a Ray worker: the run's session, or (a retry: the log is there) its resumption.
+    Returns what it said and the error that ended it, if any."""
+    from epiforge.agent.loop import beside, resume_session, run_session
+    from epiforge.agent.session import read_events
+    from epiforge.agent.transcript import rebuild
+
+    import os
+
+    from epiforge.eval.cluster import PROGRESS_DIR_ENV
+
+    if os.environ.get(PROGRESS_DIR_ENV):  # where a watcher finds this worker (eval/cluster.py)
+        Path(os.environ[PROGRESS_DIR_ENV], f"{run.session}.{os.getpid()}").touch()
+    lines: list[str] = []
+    backend = None
+    try:
+        if run.log.is_file() and run.log.stat().st_size:
+            ended = rebuild(read_events(run.log)[0]).ended
+            if ended is not None and ended.outcome != "backend_error":
+                return {"lines": [f"session {run.session}: already ended ({ended.outcome})"], "error": None}
+            backend = make_backend(lines.append)
+            resume_session(run.log, backend, config=run.config, out_dir=out_dir, docs_dir=docs_dir, say=lines.append)
+        else:
+            backend = make_backend(lines.append)
+            run_session(run.config, backend, log_dir=log_dir, session_id=run.session, out_dir=out_dir,
+                        docs_dir=docs_dir, say=lines.append, workspaces=beside(log_dir, "workspaces"))
+        return {"lines": lines, "error": None}
+    except Exception as e:  # this run's failure is its own: the others go on
+        return {"lines": lines, "error": (str(e).splitlines() or [type(e).__name__])[0]}
+    finally:
+        if backend is not None:
+            backend.close()
+
+
+def run_pool_on_ray(all_runs: list[Run], make_backend, *, address: str | None, log_dir: Path,
+                    out_dir: Path | None, docs_dir: Path | None, say: Callable[[str], None]) -> bool:
+    """The runs as Ray tasks (one CPU each), each run's lines said when it ends; returns
+    whether Ctrl-C cut them short. address: a running cluster's, None: a local one started
+    here for these runs."""
+    from epiforge.eval.cluster import import_ray
+
+    ray = import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, num_cpus=1)(_session_on_worker)
+        pending = {remote.remote(run, make_backend, Path(log_dir), out_dir, docs_dir): run for run in all_runs}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            run = pending.pop(ready[0])
+            try:
+                got = ray.get(ready[0])
+            except Exception as e:  # noqa: BLE001 - lost for good (retries spent): the run's own failure
+                got = {"lines": [], "error": f"the cluster lost this run: {type(e).__name__}: "
+                                             f"{(str(e).splitlines() or [''])[0][:200]}"}
+            for line in got["lines"]:
+                say(run.tag + line)
+            if got["error"]:
+                run.error = got["error"]
+                say(f"{run.tag}failed: {run.error}")
+        return False
+    except KeyboardInterrupt:
+        return True
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 def check_folders(log_dir: Path, out_dir: Path | None) -> None:

@@ -1,10 +1,10 @@
 """A scripted stand-in for a coding-agent CLI, for the command backend's tests: run in the
 prepared workspace, it behaves like an agent that gets k1 wrong once and then right.
 
-    fake_agent.py [--no-check] [--hang]
+    fake_agent.py [--no-check] [--hang] [--right-first]
 
 Round 0 (no FEEDBACK.md): writes a kernel with a 2% scale error (--hang: one whose run()
-never returns) and runs ./check.
+never returns; --right-first: the correct one, so the session passes at once) and runs ./check.
 Round 1 (FEEDBACK.md names the failure): writes the correct kernel.
 """
 
@@ -19,7 +19,8 @@ prompt = sys.stdin.read()
 feedback = Path("FEEDBACK.md")
 if not feedback.exists():
     assert "k1_gemm_rmsnorm" in prompt and Path("check").exists() and Path("docs").is_dir(), "workspace not prepared"
-    Path("kernel.py").write_text(K1_HANGS if "--hang" in sys.argv else K1_OFF_BY_2PCT)
+    Path("kernel.py").write_text(K1_HANGS if "--hang" in sys.argv else K1_GOOD if "--right-first" in sys.argv
+                                 else K1_OFF_BY_2PCT)
     print("fake agent: wrote a first kernel")
     if "--no-check" not in sys.argv:
         out = subprocess.run(["./check", "--no-compile"], capture_output=True, text=True)
