@@ -33,10 +33,12 @@ class Row:
 
 
 def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, pages: list[str], runs: int, log_dir: Path,
-                 docs_dir: Path | None = None, say: Callable[[str], None] = print, concurrency: int = 1) -> list[Path]:
+                 docs_dir: Path | None = None, say: Callable[[str], None] = print, concurrency: int = 1,
+                 ray: str | None = None) -> list[Path]:
     """`runs` sessions with the full pack, then `runs` without each page, at most `concurrency`
     at a time (agent/runs.py run_pool, as `generate --runs`: a run that fails is its own and
-    the others go on; Ctrl-C stops them all); returns the logs there are, in that order."""
+    the others go on; Ctrl-C stops them all), or on a Ray cluster (`ray`: its address, or
+    "local"; run_pool's); returns the logs there are, in that order."""
     from epiforge.agent.loop import ScreenWatch, config_problem
     from epiforge.agent.pack import build_pack
     from epiforge.agent.runs import run_pool
@@ -60,9 +62,10 @@ def run_ablation(config: SessionConfig, make_backend: Callable[[], object], *, p
     tags = [f"[{'without ' + without[0] if without else FULL}, run {i + 1} of {runs}] "
             for without in conditions for i in range(runs)]
     say(f"ablation: {len(configs)} sessions of {task.name} ({runs} per condition: {FULL}"
-        + "".join(f", without {p}" for p in pages) + f"), at most {concurrency} at a time; logs in {log_dir}")
+        + "".join(f", without {p}" for p in pages)
+        + (f"), on the Ray cluster ({ray})" if ray else f"), at most {concurrency} at a time") + f"; logs in {log_dir}")
     done, interrupted = run_pool(configs, lambda note: make_backend(), concurrency=concurrency, log_dir=log_dir,
-                                 out_dir=None, docs_dir=docs_dir, say=say, tags=tags)
+                                 out_dir=None, docs_dir=docs_dir, say=say, tags=tags, ray=ray)
     if interrupted:
         say("ablation: interrupted by Ctrl-C; the report covers the sessions that finished")
     return [r.log for r in done if r.log.is_file()]

@@ -163,6 +163,9 @@ def add_commands(sub) -> None:
     p.add_argument("--runs", type=int, default=3, help="sessions per condition (default: 3)")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="at most C sessions at a time, each with its own backend, log and budgets (default: 1)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="the sessions as Ray tasks on a cluster (as generate --runs --ray); --log-dir must be "
+                        "storage every node sees. Needs pip install 'epiforge[ray]'")
     p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR "
                                                                     "(default: run the sessions, then report)")
     p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: DATA/ablations/<time>/; "
@@ -644,6 +647,15 @@ def cmd_ablate(args) -> int:
         problem = _number_problem(args)
         if problem:
             return _die(problem)
+        if args.ray is not None:
+            if args.concurrency:
+                return _die("--concurrency is for sessions on this machine; on --ray the cluster's CPUs decide")
+            from epiforge.eval.cluster import import_ray
+
+            try:
+                import_ray()
+            except ValueError as e:
+                return _die(str(e))
         from epiforge import tasks
 
         tasks.get_task(args.task)
@@ -656,7 +668,7 @@ def cmd_ablate(args) -> int:
             probe.close()
             logs = run_ablation(config, lambda: _live_backend(args), pages=args.pack_without, runs=args.runs,
                                 log_dir=log_dir, docs_dir=args.docs_dir, say=_say(args),
-                                concurrency=args.concurrency or 1)
+                                concurrency=args.concurrency or 1, ray=args.ray)
         except (BackendError, ConfigError) as e:
             return _die(str(e))
     rows = report(logs, warn=lambda line: print(line, file=sys.stderr))

@@ -74,3 +74,17 @@ def test_eight_runs_on_ray_survive_a_killed_worker(tmp_path, monkeypatch):
     starts = {p.stem: len(list(progress.glob(f"{p.stem}.*"))) for p in logs}
     assert starts[killed[0]] == 2 and all(n == 1 for s, n in starts.items() if s != killed[0])  # retried once
     assert resumed == killed  # the retry continued the killed session's own log
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["generate", "--task", "k1", "--backend", "command", "--command", "x", "--ray"], "--ray goes with --runs N"),
+    (["generate", "--task", "k1", "--backend", "command", "--command", "x", "--runs", "2", "--concurrency", "2",
+      "--ray"], "--concurrency is for runs on this machine; on --ray the cluster's CPUs decide"),
+    (["ablate", "--task", "k1", "--backend", "command", "--command", "x", "--pack-without", "pitfalls",
+      "--concurrency", "2", "--ray"], "--concurrency is for sessions on this machine; on --ray the cluster's CPUs decide"),
+])
+def test_ray_options_that_do_not_go_together_are_one_line(argv, line, capsys):
+    from epiforge import cli
+
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"epiforge: {line}"
