@@ -119,7 +119,8 @@ def add_commands(sub) -> None:
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="with --runs: each run a Ray task on a cluster's worker (agent/runs.py), retried where its "
                         "worker dies by resuming its log; ADDRESS a running cluster's, none: a local one started for "
-                        "the runs. --log-dir must be storage every node sees. Needs pip install 'epiforge[ray]'")
+                        "the runs. --log-dir must be storage every node sees. Needs pip install 'epiforge[ray]' "
+                        "(default: the runs on this machine)")
     _output_options(p)
     p.add_argument("--json", action="store_true", help="print the session_ended event as JSON on stdout (with --runs: "
                                                        "one object, the runs and pass@k); progress goes to stderr")
@@ -165,7 +166,8 @@ def add_commands(sub) -> None:
                    help="at most C sessions at a time, each with its own backend, log and budgets (default: 1)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="the sessions as Ray tasks on a cluster (as generate --runs --ray); --log-dir must be "
-                        "storage every node sees. Needs pip install 'epiforge[ray]'")
+                        "storage every node sees. Needs pip install 'epiforge[ray]' (default: the sessions on this "
+                        "machine)")
     p.add_argument("--from-logs", metavar="DIR", default=None, help="only report, from the session logs in DIR "
                                                                     "(default: run the sessions, then report)")
     p.add_argument("--log-dir", default=None, help="where the sessions' logs go (default: DATA/ablations/<time>/; "

@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="spread the tasks over a Ray cluster, one Ray task each (eval/cluster.py): ADDRESS a running "
                         "cluster's (auto: the one this machine is in), none: a local one started for this run. "
-                        "Needs pip install 'epiforge[ray]'")
+                        "Needs pip install 'epiforge[ray]' (default: every task on this machine, one judge)")
     add_dtype_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)

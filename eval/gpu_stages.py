@@ -78,8 +78,10 @@ class StageFailure(Exception):
         self.outcome, self.message = outcome, message
 
 
-def _put(task, kp: KernelProcess, name: str, dims, seed: int, stage: str, device: str) -> InputSet:
-    iset = make_input_set(name, task, task.make_inputs(dims, seed, device), device)
+def _put(task, kp: KernelProcess, name: str, inputs: dict, stage: str, device: str) -> InputSet:
+    """inputs: the judge's private copy (several kernels' sets may share it); the runner gets a
+    shared copy of its own, and prepares from it."""
+    iset = make_input_set(name, task, inputs, device)
     iset.put(kp, stage)
     consts = [t.name for t in task.inputs if t.constant]
     kp.ask({"op": "prepare", "set": name, "consts": consts}, stage=stage)
@@ -130,14 +132,16 @@ def _benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int,
     stage("warmup")
     dims = shape.dims()
     seeds = [derive_seed(master_seed, shape_index, 100 + j) for j in range(rotate)]
+    # the judge's private copy of each set, one for every kernel (their values are the same);
+    # each kernel's runner reads a shared copy of its own
+    private = [task.make_inputs(dims, seeds[j], device) for j in range(rotate)]
     sets = {}
     for name, kp in kernels.items():
         try:
-            sets[name] = [_put(task, kp, f"b{shape_index}r{j}", dims, seeds[j], "benchmark", device)
+            sets[name] = [_put(task, kp, f"b{shape_index}r{j}", private[j], "benchmark", device)
                           for j in range(rotate)]
         except KernelFailure as f:
             raise KernelStageFailure(name, Outcome(f.outcome), f.message) from None
-    private = [sets[next(iter(kernels))][j].private for j in range(rotate)]  # the same values for every kernel
     bufs = {name: OutputBuffers.for_task(task, dims, device) for name in kernels}
     clock = "cuda" if device == "cuda" else "wall"
     order = random.Random(derive_seed(master_seed, shape_index, 300))  # the order, the profiled call's place
@@ -152,8 +156,8 @@ def _benchmark(task, kernels: dict[str, KernelProcess], shape, master_seed: int,
         (its shared copy) and the baselines (the judge's): nothing a kernel saw before."""
         fresh = task.make_inputs(dims, derive_seed(master_seed, shape_index, 1000 + i), device)
         for name in variable:
+            private[j][name].copy_(fresh[name])
             for kernel_sets in sets.values():
-                kernel_sets[j].private[name].copy_(fresh[name])
                 kernel_sets[j].shared[name].copy_(fresh[name])
         del fresh
         for remote in remotes.values():
@@ -344,7 +348,8 @@ def run_timed_stages(task, kernels: dict[str, tuple[KernelProcess, object]], sha
     for name, (kp, res) in kernels.items():
         try:
             set_name = f"l{shape_index}"
-            _put(task, kp, set_name, dims, derive_seed(master_seed, shape_index, 50), "launches", device)
+            _put(task, kp, set_name, task.make_inputs(dims, derive_seed(master_seed, shape_index, 50), device),
+                 "launches", device)
             ok, launch_line, names = check_launches(task, kp, set_name, "launches")
             kp.ask({"op": "drop", "set": set_name}, stage="launches")
         except KernelFailure as f:
