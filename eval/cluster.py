@@ -17,8 +17,8 @@ already stored is not stored again). Faults: a worker that dies mid-task (its pr
 killed, its node lost) is retried on another by Ray (max_retries); a retried task starts
 its judge afresh under the same run and keys, so a Result is stored exactly once, and the
 Results that had already reached the head are kept whatever happens to the cluster after.
-A task still failing after its retries comes back as a RUNTIME_ERROR Result for each of its
-kernels, saying so.
+A task whose worker died on every try, or whose compare raised, comes back as a RUNTIME_ERROR
+Result for each of its kernels, saying so.
 
 A cluster's nodes need epiforge installed, at the same version and with the same kernel
 files as the head (the kernels are sent as paths, read by the worker). Ray is optional:
@@ -27,6 +27,7 @@ files as the head (the kernels are sent as paths, read by the worker). Ray is op
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
@@ -68,9 +69,16 @@ def _one_task(plan: tuple[str, list[tuple[str, str]]], kw: dict, progress_dir: s
 
 def _lost(task: str, kernels: list[tuple[str, str]], device: str, shapes: str, why: str) -> Comparison:
     """Every kernel of a task whose Ray task failed for good: a RUNTIME_ERROR Result each."""
-    results = [Result.stopped({"task": task, "kernel": path, "kernel_sha256": "", "track": "candidate",
+    def sha(path: str) -> str:
+        try:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            return ""
+
+    results = [Result.stopped({"task": task, "kernel": path, "kernel_sha256": sha(path), "track": "candidate",
                                "device": device, "shapes": shapes}, Outcome.RUNTIME_ERROR, "load",
-                              f"the cluster lost this task after {MAX_RETRIES} retries: {why}")
+                              f"the cluster could not run this task (a worker lost {MAX_RETRIES + 1} times, or its "
+                              f"compare failed): {why}")
                for _, path in kernels]
     return Comparison(task=task, device=device, shapes=shapes, labels=[label for label, _ in kernels], results=results)
 

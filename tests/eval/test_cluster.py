@@ -43,7 +43,8 @@ def test_a_killed_worker_is_retried_and_every_result_is_stored_once(tmp_path, mo
     monkeypatch.setenv(PROGRESS_DIR_ENV, str(progress))  # the workers inherit it from the cluster started here
     plans = [("k1_gemm_rmsnorm", [("expert", EXPERT / "k1_gemm_rmsnorm.py")]),
              ("k8_gemm_swiglu", [("expert", EXPERT / "k8_gemm_swiglu.py"),
-                                 ("again", EXPERT / "k8_gemm_swiglu.py")])]
+                                 ("again", EXPERT / "k8_gemm_swiglu.py")]),
+             ("x9_no_such_task", [("expert", EXPERT / "k1_gemm_rmsnorm.py")])]  # its compare raises on the worker
     store = ResultStore(tmp_path / "r.sqlite")
     ray.init(num_cpus=2, resources={"emulated_gpu": 2}, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
@@ -61,18 +62,23 @@ def test_a_killed_worker_is_retried_and_every_result_is_stored_once(tmp_path, mo
         ray.shutdown()
     assert killed, "the watcher never saw k8's worker start"
     assert len(list(progress.glob("k8_gemm_swiglu.*"))) == 2  # the killed attempt, then the retry
-    assert [c.task for c in got] == ["k1_gemm_rmsnorm", "k8_gemm_swiglu"]  # the plans' order
-    assert sorted(c.task for c in heard) == ["k1_gemm_rmsnorm", "k8_gemm_swiglu"]
-    assert all(r.passed and r.provisional for c in got for r in c.results), [r.message for c in got for r in c.results]
+    assert [c.task for c in got] == ["k1_gemm_rmsnorm", "k8_gemm_swiglu", "x9_no_such_task"]  # the plans' order
+    assert sorted(c.task for c in heard) == ["k1_gemm_rmsnorm", "k8_gemm_swiglu", "x9_no_such_task"]
+    *judged, lost = got
+    assert all(r.passed and r.provisional for c in judged for r in c.results), [r.message for c in got for r in c.results]
+    (r,) = lost.results
+    assert r.outcome.value == "RUNTIME_ERROR" and r.message.startswith("the cluster could not run this task")
+    assert "x9_no_such_task" in r.message and r.kernel_sha256 == judged[0].results[0].kernel_sha256
     with sqlite3.connect(store.path) as db:
         keys = [k for (k,) in db.execute("SELECT eval_key FROM evaluations ORDER BY eval_key")]
     assert keys == sorted([evaluation_key("run1", "k1_gemm_rmsnorm", "expert"),
                            evaluation_key("run1", "k8_gemm_swiglu", "again"),
-                           evaluation_key("run1", "k8_gemm_swiglu", "expert")])
+                           evaluation_key("run1", "k8_gemm_swiglu", "expert"),
+                           evaluation_key("run1", "x9_no_such_task", "expert")])
     # a retried evaluation that reaches the head again is not stored twice
     first = store.rows()[0]
     assert store.add(first.result, key=evaluation_key("run1", first.result.task, "expert")) in {r.id for r in store.rows()}
-    assert len(store.rows()) == 3
+    assert len(store.rows()) == 4
 
 
 def test_without_ray_the_cli_says_what_to_install(tmp_path):
