@@ -224,8 +224,9 @@ def run_pool_on_ray(all_runs: list[Run], make_backend, *, address: str | None, l
             try:
                 got = ray.get(ready[0])
             except Exception as e:  # noqa: BLE001 - lost for good (retries spent): the run's own failure
-                got = {"lines": [], "error": f"the cluster lost this run: {type(e).__name__}: "
-                                             f"{(str(e).splitlines() or [''])[0][:200]}"}
+                from epiforge.eval.cluster import failure_line
+
+                got = {"lines": [], "error": f"the cluster lost this run: {failure_line(e)}"}
             for line in got["lines"]:
                 say(run.tag + line)
             if got["error"]:

@@ -54,6 +54,13 @@ def import_ray():
     return ray
 
 
+def failure_line(e: BaseException) -> str:
+    """One line for a Ray task that failed: its own exception where Ray wraps one (RayTaskError's
+    cause), else Ray's (a worker lost)."""
+    cause = getattr(e, "cause", None) or e
+    return f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
+
+
 def evaluation_key(run: str, task: str, label: str) -> str:
     return f"{run}/{task}/{label}"
 
@@ -115,7 +122,7 @@ def compare_on_ray(plans: list[tuple[str, list[tuple[str, Path]]]], *, address: 
             try:
                 cmp = Comparison.model_validate(ray.get(ready[0]))
             except Exception as e:  # noqa: BLE001 - the task died for good: its kernels get a verdict that says so
-                cmp = _lost(task, kernels, dev, shapes, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                cmp = _lost(task, kernels, dev, shapes, failure_line(e))
             if store is not None:
                 for label, result in zip(cmp.labels, cmp.results):
                     store.add(result, key=evaluation_key(run, cmp.task, label))
