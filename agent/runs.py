@@ -166,23 +166,15 @@ def run_pool(configs: list[SessionConfig], make_backend: Callable[[Callable[[str
     return all_runs, interrupted
 
 
-#: how often Ray retries a run whose worker died
-MAX_RETRIES = 3
-
-
 def _session_on_worker(run: Run, make_backend, log_dir: Path, out_dir: Path | None, docs_dir: Path | None) -> dict:
     """On a Ray worker: the run's session, or (a retry: the log is there) its resumption.
     Returns what it said and the error that ended it, if any."""
     from epiforge.agent.loop import beside, resume_session, run_session
     from epiforge.agent.session import read_events
     from epiforge.agent.transcript import rebuild
+    from epiforge.eval.cluster import mark_started
 
-    import os
-
-    from epiforge.eval.cluster import PROGRESS_DIR_ENV
-
-    if os.environ.get(PROGRESS_DIR_ENV):  # where a watcher finds this worker (eval/cluster.py)
-        Path(os.environ[PROGRESS_DIR_ENV], f"{run.session}.{os.getpid()}").touch()
+    mark_started(run.session)
     lines: list[str] = []
     backend = None
     try:
@@ -206,38 +198,26 @@ def _session_on_worker(run: Run, make_backend, log_dir: Path, out_dir: Path | No
 
 def run_pool_on_ray(all_runs: list[Run], make_backend, *, address: str | None, log_dir: Path,
                     out_dir: Path | None, docs_dir: Path | None, say: Callable[[str], None]) -> bool:
-    """The runs as Ray tasks (one CPU each), each run's lines said when it ends; returns
-    whether Ctrl-C cut them short. address: a running cluster's, None: a local one started
-    here for these runs."""
-    from epiforge.eval.cluster import import_ray
+    """The runs as Ray tasks (one CPU each; eval/cluster.py on_ray), each run's lines said
+    when it ends; returns whether Ctrl-C cut them short. address: a running cluster's, None:
+    a local one started here for these runs."""
+    from epiforge.eval.cluster import on_ray
 
-    ray = import_ray()
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    def heard(i: int, got: dict | None, error: str | None) -> None:
+        run = all_runs[i]
+        got = got or {"lines": [], "error": f"the cluster lost this run: {error}"}
+        for line in got["lines"]:
+            say(run.tag + line)
+        if got["error"]:
+            run.error = got["error"]
+            say(f"{run.tag}failed: {run.error}")
+
     try:
-        remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, num_cpus=1)(_session_on_worker)
-        pending = {remote.remote(run, make_backend, Path(log_dir), out_dir, docs_dir): run for run in all_runs}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            run = pending.pop(ready[0])
-            try:
-                got = ray.get(ready[0])
-            except Exception as e:  # noqa: BLE001 - lost for good (retries spent): the run's own failure
-                from epiforge.eval.cluster import failure_line
-
-                got = {"lines": [], "error": f"the cluster lost this run: {failure_line(e)}"}
-            for line in got["lines"]:
-                say(run.tag + line)
-            if got["error"]:
-                run.error = got["error"]
-                say(f"{run.tag}failed: {run.error}")
-        return False
+        on_ray(_session_on_worker, [(run, make_backend, Path(log_dir), out_dir, docs_dir) for run in all_runs],
+               address=address, resources={"num_cpus": 1}, on_result=heard)
     except KeyboardInterrupt:
         return True
-    finally:
-        if started_here:
-            ray.shutdown()
+    return False
 
 
 def check_folders(log_dir: Path, out_dir: Path | None) -> None:

@@ -249,18 +249,22 @@ def cmd_compare(args) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     device = args.device
-    if device == "auto":
-        from epiforge.eval.machine import hopper_available
-
-        device = "gpu" if hopper_available() else "cpu"
-    else:
-        _gpu_refused(device)
-    if args.reps < 1:
-        raise ValueError(f"--reps must be at least 1 (got {args.reps})")
     if args.ray is not None:  # before any work: without Ray, one line that says what to install
         from epiforge.eval.cluster import import_ray
 
         import_ray()
+        if device == "auto":  # this machine's GPU says nothing of the cluster's workers
+            raise ValueError("--ray: name the workers' device, --device gpu or --device cpu")
+        if args.warm:
+            raise ValueError("--warm builds the baselines on this machine; on --ray each worker builds its own")
+    elif device == "auto":
+        from epiforge.eval.machine import hopper_available
+
+        device = "gpu" if hopper_available() else "cpu"
+    else:
+        _gpu_refused(device)  # on --ray the workers' judges check their own GPU
+    if args.reps < 1:
+        raise ValueError(f"--reps must be at least 1 (got {args.reps})")
     if not args.all:
         names = list(dict.fromkeys(tasks.get_task(t).name for t in args.task))  # one judge, in the order given
     else:

@@ -61,15 +61,47 @@ def failure_line(e: BaseException) -> str:
     return f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
 
 
+def on_ray(fn, calls: list[tuple], *, address: str | None, resources: dict, on_result) -> None:
+    """fn(*call) for every call, each a Ray task asking for `resources`, retried MAX_RETRIES
+    times where its worker dies (never where fn raised), on the cluster at `address` (None: a
+    local one started here, shut down after; a Ray already initialized in this process is
+    used as it is). on_result(i, value, error) hears each as it ends, in the order they end:
+    error is None, or one line (failure_line) and value None."""
+    ray = import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)(fn)
+        pending = {remote.remote(*call): i for i, call in enumerate(calls)}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(ready[0])
+            try:
+                value, error = ray.get(ready[0]), None
+            except Exception as e:  # noqa: BLE001 - the task failed for good: the caller's verdict says so
+                value, error = None, failure_line(e)
+            on_result(i, value, error)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def mark_started(name: str) -> None:
+    """On a worker: "<name>.<pid>" in $EPIFORGE_RAY_PROGRESS_DIR where that is set (a watcher's
+    way to find the worker; the workers of a cluster started here inherit the variable)."""
+    if os.environ.get(PROGRESS_DIR_ENV):
+        Path(os.environ[PROGRESS_DIR_ENV], f"{name}.{os.getpid()}").touch()
+
+
 def evaluation_key(run: str, task: str, label: str) -> str:
     return f"{run}/{task}/{label}"
 
 
-def _one_task(plan: tuple[str, list[tuple[str, str]]], kw: dict, progress_dir: str | None) -> dict:
+def _one_task(plan: tuple[str, list[tuple[str, str]]], kw: dict) -> dict:
     """On a worker: compare_all() of one task; returns its Comparison as plain data."""
     task, kernels = plan
-    if progress_dir:
-        Path(progress_dir, f"{task}.{os.getpid()}").touch()
+    mark_started(task)
     (cmp,) = compare_all([(task, [(label, Path(path)) for label, path in kernels])], **kw)
     return cmp.model_dump(mode="json")
 
@@ -100,36 +132,23 @@ def compare_on_ray(plans: list[tuple[str, list[tuple[str, Path]]]], *, address: 
     this call. run: the run's id in the evaluation keys (default: a fresh one). store: a
     ResultStore the head adds each Result to, under its key. Returns the Comparisons in
     the plans' order."""
-    ray = import_ray()
     run = run or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
     dev = "cuda" if device in ("gpu", "cuda") else "cpu"
-    request = resources or ({"num_gpus": 1} if dev == "cuda" else {"num_cpus": 1})
     kw = dict(device=device, shapes=shapes, seed=seed, reps=reps, baselines=list(baselines), dtype=dtype,
               compile=compile, launcher=launcher)
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, **request)(_one_task)
-        progress = os.environ.get(PROGRESS_DIR_ENV)
-        sent = [(task, [(label, str(Path(path).resolve())) for label, path in kernels]) for task, kernels in plans]
-        pending = {remote.remote(plan, kw, progress): i for i, plan in enumerate(sent)}
-        done: dict[int, Comparison] = {}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            i = pending.pop(ready[0])
-            task, kernels = sent[i]
-            try:
-                cmp = Comparison.model_validate(ray.get(ready[0]))
-            except Exception as e:  # noqa: BLE001 - the task died for good: its kernels get a verdict that says so
-                cmp = _lost(task, kernels, dev, shapes, failure_line(e))
-            if store is not None:
-                for label, result in zip(cmp.labels, cmp.results):
-                    store.add(result, key=evaluation_key(run, cmp.task, label))
-            done[i] = cmp
-            if on_done is not None:
-                on_done(cmp)
-        return [done[i] for i in range(len(sent))]
-    finally:
-        if started_here:
-            ray.shutdown()
+    sent = [(task, [(label, str(Path(path).resolve())) for label, path in kernels]) for task, kernels in plans]
+    done: dict[int, Comparison] = {}
+
+    def heard(i: int, value: dict | None, error: str | None) -> None:
+        task, kernels = sent[i]
+        cmp = Comparison.model_validate(value) if error is None else _lost(task, kernels, dev, shapes, error)
+        if store is not None:
+            for label, result in zip(cmp.labels, cmp.results):
+                store.add(result, key=evaluation_key(run, cmp.task, label))
+        done[i] = cmp
+        if on_done is not None:
+            on_done(cmp)
+
+    on_ray(_one_task, [(plan, kw) for plan in sent], address=address,
+           resources=resources or ({"num_gpus": 1} if dev == "cuda" else {"num_cpus": 1}), on_result=heard)
+    return [done[i] for i in range(len(sent))]

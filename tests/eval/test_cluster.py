@@ -92,3 +92,15 @@ def test_without_ray_the_cli_says_what_to_install(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["epiforge: --ray needs Ray: pip install 'epiforge[ray]'"]
     assert out.stdout == ""
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--ray"], "--ray: name the workers' device, --device gpu or --device cpu"),
+    (["--ray", "--device", "cpu", "--warm"], "--warm builds the baselines on this machine; on --ray each worker "
+                                             "builds its own"),
+])
+def test_ray_options_this_machine_cannot_decide_are_one_line(argv, line, capsys):
+    from epiforge import cli
+
+    assert cli.main(["compare", "--task", "k1", *argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"epiforge: {line}"]
